@@ -1,0 +1,32 @@
+"""Gradient-checkpointing policies, depth schedules and scan combinators for JAX."""
+
+import importlib.metadata
+
+from ._combinators import (
+    chain as chain,
+    scan_layers as scan_layers,
+    set_checkpoint as set_checkpoint,
+    stack as stack,
+)
+from ._policies import (
+    POLICIES as POLICIES,
+    offload_names as offload_names,
+    policy as policy,
+    save_all_but_names as save_all_but_names,
+    save_names as save_names,
+)
+from ._residuals import (
+    Residual as Residual,
+    print_residuals as print_residuals,
+    residuals as residuals,
+)
+from ._schedules import (
+    Checkpoint as Checkpoint,
+    Schedule as Schedule,
+    every as every,
+    nested as nested,
+    recursive as recursive,
+)
+
+
+__version__ = importlib.metadata.version("eqx-remat")

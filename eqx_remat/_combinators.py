@@ -1,0 +1,259 @@
+"""Combinators: stack layers, scan over them, chain callables, switch schedules."""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+
+from ._engine import remat_scan
+from ._policies import policy as _normalise_policy
+from ._schedules import Checkpoint, Schedule
+
+
+_T = TypeVar("_T")
+
+
+def stack(make_layer: Callable[[Any], _T], keys: Any) -> _T:
+    """Build `D` layers with a leading depth axis on every array.
+
+    **Arguments:**
+
+    - `make_layer`: a function from one PRNG key to one layer (any pytree, e.g. an
+      `eqx.Module`).
+    - `keys`: the keys, shape `(D, ...)` — typically `jax.random.split(key, D)`.
+
+    **Returns:**
+
+    One layer of the same type whose arrays have a leading axis of size `D`, ready
+    for [`eqx_remat.scan_layers`][].
+    """
+    shape = jnp.shape(keys)
+    if len(shape) == 0 or (
+        not jax.dtypes.issubdtype(jnp.asarray(keys).dtype, jax.dtypes.prng_key)
+        and len(shape) < 2
+    ):
+        raise ValueError(
+            "stack expected keys with a leading depth axis, e.g. "
+            f"jax.random.split(key, depth). Got keys of shape {shape}."
+        )
+    if shape[0] == 0:
+        raise ValueError("stack expected at least one key (depth >= 1). Got 0 keys.")
+    return eqx.filter_vmap(make_layer)(keys)
+
+
+def _depth(stacked: Any, what: str) -> int:
+    leaves = jtu.tree_leaves(eqx.filter(stacked, eqx.is_array))
+    if not leaves:
+        raise ValueError(f"scan_layers expected {what} to hold arrays. Got none.")
+    depths = {jnp.ndim(x) and x.shape[0] for x in leaves}
+    if any(jnp.ndim(x) == 0 for x in leaves):
+        raise ValueError(
+            f"scan_layers expected every array in {what} to have a leading depth "
+            "axis. Got a scalar."
+        )
+    if len(depths) != 1:
+        raise ValueError(
+            f"scan_layers expected every array in {what} to have the same leading "
+            f"depth axis. Got depths {sorted(depths)}."
+        )
+    return depths.pop()
+
+
+def _apply(
+    step: Callable[[Any, Any, Any], Any],
+    consts: Any,
+    stacked: Any,
+    carry: Any,
+    depth: int,
+    checkpoint: Checkpoint,
+) -> Any:
+    """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
+    if depth < 1:
+        raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
+    if isinstance(checkpoint, Schedule):
+        return remat_scan(step, consts, stacked, carry, checkpoint._plan(depth))
+    try:
+        pol = _normalise_policy(checkpoint)
+    except ValueError as e:
+        raise ValueError(
+            f"checkpoint expected None, a policy name, a JAX policy or a schedule "
+            f"(every, nested, recursive, binomial). {e}"
+        ) from None
+    body = lambda c, s: (step(consts, s, c), None)
+    if pol is not None:
+        body = jax.checkpoint(body, policy=pol, prevent_cse=False)
+    return lax.scan(body, carry, stacked)[0]
+
+
+def scan_layers(
+    layers: Any, carry: Any, xs: Any = None, *, checkpoint: Checkpoint = None
+) -> Any:
+    """Apply stacked layers in order, checkpointed by `checkpoint`.
+
+    Computes `carry = layers[i](carry)` (or `layers[i](carry, xs[i])` when `xs` is
+    given) for `i = 0, ..., D - 1` with a `lax.scan`, so the traced program does not
+    grow with the depth.
+
+    **Arguments:**
+
+    - `layers`: `D` layers stacked with a leading depth axis, e.g. by
+      [`eqx_remat.stack`][]. Called as `layer(carry)` or `layer(carry, x)`.
+    - `carry`: the input of the first layer (any pytree of arrays); each layer
+      returns a value of the same structure, shapes and dtypes.
+    - `xs`: optional per-layer inputs with a leading depth axis `D` (dropout keys,
+      positions, ...).
+    - `checkpoint`: `None` (no checkpointing: every layer's residuals are saved), a
+      policy or its name (`jax.checkpoint` on each layer: saves the layer inputs
+      plus what the policy saves), or a schedule ([`eqx_remat.every`][],
+      [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
+
+    **Returns:**
+
+    The output of the last layer.
+    """
+    depth = _depth(layers, "layers")
+    if xs is not None:
+        xs_depth = _depth(xs, "xs")
+        if xs_depth != depth:
+            raise ValueError(
+                f"scan_layers expected xs with leading axis {depth} (the depth of "
+                f"layers). Got {xs_depth}."
+            )
+    params, static = eqx.partition(layers, eqx.is_array)
+
+    def step(_, s, c):
+        p, x = s
+        layer = eqx.combine(p, static)
+        out = layer(c) if xs is None else layer(c, x)
+        _check_carry(c, out)
+        return out
+
+    return _apply(step, None, (params, xs), carry, depth, checkpoint)
+
+
+def _check_carry(before: Any, after: Any) -> None:
+    s1, s2 = jtu.tree_structure(before), jtu.tree_structure(after)
+    if s1 != s2:
+        raise ValueError(
+            "Each layer must return a value with the structure of its input carry. "
+            f"Got input {s1} and output {s2}."
+        )
+    for a, b in zip(jtu.tree_leaves(before), jtu.tree_leaves(after)):
+        if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
+            raise ValueError(
+                "Each layer must return a carry with the shapes and dtypes of its "
+                f"input. Got input {jnp.shape(a)} {jnp.result_type(a)} and output "
+                f"{jnp.shape(b)} {jnp.result_type(b)}."
+            )
+
+
+def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None):
+    """Compose a sequence of callables, applied first to last, checkpointed by
+    `checkpoint`.
+
+    `chain([jnp.sin] * 16, checkpoint=recursive())(x)` is `sin` applied 16 times,
+    with `O(log 16)` stored carries on the backward pass.
+
+    The callables may differ (they are selected with `lax.switch` inside one
+    scan; identical callables share one branch) and may close over arrays,
+    including ones being differentiated. Each must map its input to a value of the
+    same structure, shapes and dtypes.
+
+    **Arguments:**
+
+    - `fns`: a non-empty sequence of callables of one argument (functions or
+      `eqx.Module`s).
+    - `checkpoint`: as in [`eqx_remat.scan_layers`][].
+
+    **Returns:**
+
+    A function `x -> fns[-1](...fns[0](x))`.
+    """
+    fns = list(fns)
+    if len(fns) == 0:
+        raise ValueError("chain expected at least one function (depth >= 1). Got 0.")
+    for i, f in enumerate(fns):
+        if not callable(f):
+            raise ValueError(f"chain expected callables. Got {f!r} at position {i}.")
+    unique: list = []
+    index: list[int] = []
+    for f in fns:
+        for j, u in enumerate(unique):
+            if u is f:
+                index.append(j)
+                break
+        else:
+            index.append(len(unique))
+            unique.append(f)
+
+    def call(x):
+        # A module's arrays, and any array a function closes over (tracers
+        # included), become explicit arguments of the scan body, so they are
+        # differentiated and batched like parameters.
+        dynamic, static = eqx.partition(unique, eqx.is_array)
+        converted, consts = [], []
+        for d, s in zip(dynamic, static):
+            f = lambda d, x, s=s: eqx.combine(d, s)(x)
+            f, hoisted = jax.closure_convert(f, d, x)
+            converted.append(f)
+            consts.append((d, hoisted))
+
+        def step(cs, i, c):
+            branches = [
+                lambda c, j=j: converted[j](cs[j][0], c, *cs[j][1])
+                for j in range(len(converted))
+            ]
+            out = branches[0](c) if len(branches) == 1 else lax.switch(i, branches, c)
+            _check_carry(c, out)
+            return out
+
+        order = jnp.asarray(index, dtype=jnp.int32)
+        return _apply(step, tuple(consts), order, x, len(fns), checkpoint)
+
+    return call
+
+
+def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
+    """A copy of `tree` with every `checkpoint` field replaced by `spec`.
+
+    Works on any pytree: zoo models, modules nested inside other modules, lists of
+    models. Use it to change the schedule of a trained model, or to compare
+    schedules on the same weights.
+
+    **Arguments:**
+
+    - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field.
+    - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule.
+
+    **Returns:**
+
+    The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
+    """
+    if not isinstance(spec, Schedule):
+        try:
+            _normalise_policy(spec)
+        except ValueError as e:
+            raise ValueError(f"set_checkpoint: invalid spec. {e}") from None
+
+    def is_module(x) -> bool:
+        return isinstance(x, eqx.Module)
+
+    def replace(x):
+        if not is_module(x):
+            return x
+        new = object.__new__(type(x))
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if f.name == "checkpoint":
+                value = spec
+            else:
+                value = jtu.tree_map(replace, value, is_leaf=is_module)
+            object.__setattr__(new, f.name, value)
+        return new
+
+    return jtu.tree_map(replace, tree, is_leaf=is_module)

@@ -1,0 +1,1 @@
+"""A model zoo of typed Equinox modules with a `checkpoint` field."""
