@@ -11,7 +11,7 @@ import jax.tree_util as jtu
 from jax import lax
 
 from ._engine import remat_scan
-from ._policies import policy as _normalise_policy
+from ._policies import checkpointed, policy as _normalise_policy
 from ._schedules import Checkpoint, Schedule
 
 
@@ -86,7 +86,7 @@ def _apply(
         ) from None
     body = lambda c, s: (step(consts, s, c), None)
     if pol is not None:
-        body = jax.checkpoint(body, policy=pol, prevent_cse=False)
+        body = checkpointed(body, pol)
     return lax.scan(body, carry, stacked)[0]
 
 

@@ -42,6 +42,7 @@ from jax import lax
 from jax._src import core as _jax_core
 from jax._src.interpreters import batching as _jax_batching
 
+from ._policies import checkpointed
 from ._schedules import Plan
 
 
@@ -141,7 +142,7 @@ def _custom_vjp(step, plan: Plan):
         # Differentiate `plan.leaf` layers starting at `start`, from `carry`.
         layer_fn = step
         if plan.policy is not None:
-            layer_fn = jax.checkpoint(step, policy=plan.policy, prevent_cse=False)
+            layer_fn = checkpointed(step, plan.policy)
 
         def leaf(start, carry, ct, gs, gc):
             idx = start + jnp.arange(plan.leaf)

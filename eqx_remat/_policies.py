@@ -39,7 +39,7 @@ class save_names:
 
     names: frozenset[str]
 
-    def __init__(self, *names: str):
+    def __init__(self, *names):
         _check_names("save_names", names)
         object.__setattr__(self, "names", frozenset(names))
 
@@ -55,7 +55,12 @@ class save_all_but_names:
     Unlike `jax.checkpoint_policies.save_anything_except_these_names` in jax 0.10.2
     (which ignores its names and saves everything), this really excludes the named
     values: a tagged value is recomputed from the inputs of the operation that
-    produced it.
+    produced it. A per-operation policy alone cannot do that (the producer's output
+    *is* the tagged value, and would be saved in its place), so eqx_remat's
+    combinators (`scan_layers`, `chain`, the schedules and the zoo) trace each
+    layer once to find the producers of the excluded values and recompute them
+    too. Passed directly to `jax.checkpoint`, this policy excludes the tags but
+    not their producers, and saves about as much as `"everything"`.
 
     Compares and hashes by value.
 
@@ -66,7 +71,7 @@ class save_all_but_names:
 
     names: frozenset[str]
 
-    def __init__(self, *names: str):
+    def __init__(self, *names):
         _check_names("save_all_but_names", names)
         object.__setattr__(self, "names", frozenset(names))
 
@@ -98,7 +103,7 @@ class offload_names:
     src: str
     dst: str
 
-    def __init__(self, *names: str, src: str = "device", dst: str = "pinned_host"):
+    def __init__(self, *names, src="device", dst="pinned_host"):
         _check_names("offload_names", names)
         for arg, value in (("src", src), ("dst", dst)):
             if not isinstance(value, str):
@@ -167,7 +172,7 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
 """
 
 
-def policy(spec: "None | str | Policy") -> Policy | None:
+def policy(spec: Any) -> Policy | None:
     """Normalise a policy specification into a JAX policy.
 
     **Arguments:**
@@ -199,3 +204,115 @@ def policy(spec: "None | str | Policy") -> Policy | None:
         "policy expected None, a policy name (one of "
         f"{sorted(POLICIES)}) or a JAX policy callable. Got {spec!r}."
     )
+
+
+def checkpointed(fn: Callable, pol: Policy) -> Callable:
+    """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact."""
+    if isinstance(pol, save_all_but_names):
+        return _ExcludeProducers(fn, pol)
+    return jax.checkpoint(fn, policy=pol, prevent_cse=False)
+
+
+class _ExcludeProducers:
+    """`jax.checkpoint(fn)` with a `save_all_but_names` policy that also recomputes
+    the operations producing the excluded values.
+
+    A JAX policy sees one operation at a time — its primitive, input shapes and
+    parameters — so the producers are found by tracing `fn` once and matching on
+    that signature (input shapes as suffixes, so leading batch axes added by
+    `jax.vmap` still match). An operation elsewhere with the same signature is
+    recomputed too: more recomputation, never a different gradient.
+    """
+
+    def __init__(self, fn: Callable, pol: save_all_but_names):
+        self.fn = fn
+        self.pol = pol
+
+    def __call__(self, *args):
+        flat, treedef = jax.tree.flatten(args)
+        closed = jax.make_jaxpr(lambda *f: self.fn(*jax.tree.unflatten(treedef, f)))(
+            *flat
+        )
+        producers = frozenset(_producers(closed.jaxpr, self.pol.names))
+        pol = _ResolvedSaveAllBut(self.pol.names, producers)
+        return jax.checkpoint(self.fn, policy=pol, prevent_cse=False)(*args)
+
+
+def _signature(eqn) -> tuple:
+    params = []
+    for k, v in sorted(eqn.params.items()):
+        try:
+            hash(v)
+        except TypeError:
+            continue
+        if hasattr(v, "eqns") or hasattr(v, "jaxpr"):
+            continue
+        params.append((k, v))
+    shapes = tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.invars)
+    return eqn.primitive.name, tuple(params), shapes
+
+
+def _producers(jaxpr, names) -> list[tuple]:
+    """Signatures of the operations whose outputs are tagged with one of `names`,
+    looking inside calls (jit, custom_jvp, ...) for the innermost producer."""
+    producer_of = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+    out = []
+
+    def innermost(eqn, var):
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if sub is not None and eqn.primitive.name != "scan":
+            sub = getattr(sub, "jaxpr", sub)
+            k = eqn.outvars.index(var)
+            inner_var = sub.outvars[k]
+            inner = {v: e for e in sub.eqns for v in e.outvars}.get(inner_var)
+            if inner is not None:
+                return innermost(inner, inner_var)
+        return _signature(eqn)
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name" and eqn.params.get("name") in names:
+            producer = producer_of.get(eqn.invars[0])
+            if producer is not None:
+                out.append(innermost(producer, eqn.invars[0]))
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, tuple) else (v,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    out.extend(_producers(sub, names))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResolvedSaveAllBut:
+    names: frozenset[str]
+    producers: frozenset[tuple]
+
+    def __call__(self, prim, *avals, **params) -> bool:
+        if _is_name(prim, params):
+            return params["name"] not in self.names
+        if self.producers:
+            name, key, shapes = _signature(_FakeEqn(prim, avals, params))
+            for p_name, p_key, p_shapes in self.producers:
+                if (
+                    name == p_name
+                    and key == p_key
+                    and len(shapes) == len(p_shapes)
+                    and all(
+                        len(a) >= len(b) and tuple(a[len(a) - len(b) :]) == b
+                        for a, b in zip(shapes, p_shapes)
+                    )
+                ):
+                    return False
+        return True
+
+
+class _FakeEqn:
+    def __init__(self, prim, avals, params):
+        self.primitive = prim
+        self.invars = [_FakeVar(a) for a in avals]
+        self.params = params
+
+
+class _FakeVar:
+    def __init__(self, aval):
+        self.aval = aval

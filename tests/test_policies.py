@@ -1,0 +1,150 @@
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import eqx_remat as er
+
+
+def test_policies_mapping():
+    assert {
+        "everything",
+        "nothing",
+        "dots",
+        "dots_no_batch",
+        "offload_dots_no_batch",
+    } <= set(er.POLICIES)
+    with pytest.raises(TypeError):
+        er.POLICIES["mine"] = jax.checkpoint_policies.nothing_saveable  # type: ignore
+
+
+def test_policy_normalises():
+    assert er.policy(None) is None
+    assert er.policy("dots") is jax.checkpoint_policies.dots_saveable
+    p = er.save_names("a")
+    assert er.policy(p) is p
+
+
+def test_policy_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match="Unknown policy 'dot'.*'dots'.*'nothing'"):
+        er.policy("dot")
+
+
+@pytest.mark.parametrize("bad", [3, int, ["dots"]], ids=["int", "type", "list"])
+def test_policy_bad_type(bad):
+    with pytest.raises(ValueError, match="policy expected None, a policy name"):
+        er.policy(bad)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [er.save_names, er.save_all_but_names, er.offload_names],
+    ids=["save_names", "save_all_but_names", "offload_names"],
+)
+def test_name_policies_value_semantics(make):
+    assert make("a", "b") == make("b", "a")
+    assert hash(make("a", "b")) == hash(make("b", "a"))
+    assert make("a") != make("b")
+    with pytest.raises(ValueError, match="expected at least one name"):
+        make()
+    with pytest.raises(ValueError, match="expected names as strings"):
+        make(1)
+
+
+def test_offload_names_checks_spaces():
+    assert er.offload_names("a", dst="pinned_host") != er.offload_names(
+        "a", dst="device"
+    )
+    with pytest.raises(ValueError, match="dst must be a memory-space name"):
+        er.offload_names("a", dst=3)
+
+
+def test_rebuilt_policy_does_not_recompile():
+    def f(x, pol):
+        return jax.checkpoint(jnp.sin, policy=pol)(x)
+
+    jitted = jax.jit(jax.grad(lambda x, pol: f(x, pol).sum()), static_argnums=1)
+    x = jnp.ones(4)
+    for pol in [er.save_names("a"), er.save_names("a"), er.save_all_but_names("a")]:
+        jitted(x, pol)
+    jitted(x, er.save_all_but_names("a"))
+    jitted(x, er.offload_names("a"))
+    jitted(x, er.offload_names("a"))
+    assert jitted._cache_size() == 3
+
+
+def _tagged(x, w1, w2):
+    # A small layer with two tagged matmuls: `a` is wide (4 × 256), computed from
+    # narrow inputs, so recomputing it is cheap in memory.
+    a = checkpoint_name(jnp.sin(x) @ w1, "a")
+    b = checkpoint_name(jnp.tanh(a) @ w2, "b")
+    return jnp.sum(jnp.cos(b))
+
+
+_ARGS = (jnp.ones((4, 8)), jnp.ones((8, 256)) / 8, jnp.ones((256, 8)) / 256)
+
+
+def _saved(pol):
+    fn = jax.checkpoint(_tagged, policy=er.policy(pol))
+    return er.residuals(fn, *_ARGS)
+
+
+def _bytes(res):
+    return sum(r.nbytes for r in res)
+
+
+def test_named_policies_order_memory():
+    everything = _bytes(_saved("everything"))
+    dots = _bytes(_saved("dots"))
+    nothing = _bytes(_saved("nothing"))
+    assert everything > dots > nothing
+    # "nothing" saves the arguments alone.
+    assert nothing == sum(a.nbytes for a in _ARGS)
+
+
+def test_save_names_saves_exactly_the_names():
+    res = _saved(er.save_names("a"))
+    assert [r.name for r in res if r.name is not None] == ["a"]
+    arg_bytes = sum(a.nbytes for a in _ARGS)
+    assert _bytes(res) == arg_bytes + 4 * 256 * 4
+    res = _saved(er.save_names("a", "b"))
+    assert sorted(r.name for r in res if r.name) == ["a", "b"]
+
+
+def _chain_bytes(pol):
+    w1, w2 = _ARGS[1], _ARGS[2]
+
+    def layer(x):
+        a = checkpoint_name(jnp.sin(x) @ w1, "a")
+        return (a * a) @ w2  # the backward pass of `a * a` needs `a`
+
+    fn = lambda x: er.chain([layer], checkpoint=pol)(x).sum()
+    return _bytes(er.residuals(fn, _ARGS[0]))
+
+
+def test_save_all_but_names_excludes_the_names():
+    everything = _chain_bytes("everything")
+    excluded = _chain_bytes(er.save_all_but_names("a"))
+    # `a` (4 × 256 f32) is no longer saved; recomputing it needs only the narrow
+    # sin(x) (4 × 8).
+    assert excluded == everything - 4 * 256 * 4 + 4 * 8 * 4
+    assert _chain_bytes(er.save_all_but_names("not_a_tag")) == everything
+
+
+def test_jax_save_anything_except_these_names_is_broken():
+    # The reason save_all_but_names exists: in jax 0.10.2 the names are ignored.
+    jax_pol = jax.checkpoint_policies.save_anything_except_these_names("a")
+    assert _bytes(_saved(jax_pol)) == _bytes(_saved("everything"))
+
+
+def test_save_all_but_names_gradients():
+    x = _ARGS[0]
+    w1 = _ARGS[1]
+
+    def loss(x, pol):
+        layer = lambda x: jnp.tanh(checkpoint_name(jnp.sin(x) @ w1, "a")) @ w1.T
+        return er.chain([layer, layer], checkpoint=pol)(x).sum()
+
+    g0 = jax.grad(loss)(x, None)
+    g1 = jax.grad(loss)(x, er.save_all_but_names("a"))
+    assert jnp.allclose(g0, g1, rtol=1e-5, atol=1e-6)
