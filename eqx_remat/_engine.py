@@ -111,6 +111,9 @@ def _vmapped(step, plan):
 
 
 def _custom_vjp(step, plan: Plan):
+    if not isinstance(plan, Plan):
+        # A schedule with its own backward pass (binomial's RevolvePlan).
+        return plan.custom_vjp(step)
     depth = plan.depth
     masked = plan.padded > depth
 
