@@ -71,10 +71,13 @@ def remat_scan(
     consts: Any,
     stacked: Any,
     carry: Any,
-    plan: Plan,
+    plan: Any,
 ):
     """Apply `step(consts, stacked[i], carry)` for `i < plan.depth`, checkpointed
-    by `plan`. `stacked` has a leading axis of length `plan.depth`."""
+    by `plan`. `stacked` has a leading axis of length `plan.depth`.
+
+    `plan` is a `Plan`, or a plan with its own backward pass: an object with a
+    `custom_vjp(step)` method (binomial's `RevolvePlan`)."""
     if _innermost_is_vmap():
         return _vmapped(step, plan)(consts, stacked, carry)
     return _custom_vjp(step, plan)(consts, stacked, carry)
@@ -110,7 +113,7 @@ def _vmapped(step, plan):
     return fn
 
 
-def _custom_vjp(step, plan: Plan):
+def _custom_vjp(step, plan: Any):
     if not isinstance(plan, Plan):
         # A schedule with its own backward pass (binomial's RevolvePlan).
         return plan.custom_vjp(step)
