@@ -2,6 +2,7 @@
 
 import importlib.metadata
 
+from ._binomial import binomial as binomial
 from ._combinators import (
     chain as chain,
     scan_layers as scan_layers,
