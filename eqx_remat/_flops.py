@@ -1,0 +1,492 @@
+"""Counting FLOPs by walking a function's jaxpr.
+
+XLA's `compiled.cost_analysis()["flops"]` counts the body of a loop once, whatever
+its trip count, so it cannot measure a scanned stack of layers, nor the extra
+forward passes that checkpointing adds. `count_flops` walks the jaxpr instead,
+multiplying loop bodies by their trip counts, and counts each primitive the way
+XLA's `HloCostAnalysis` does, so that on loop-free programs the two agree.
+"""
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+# `dce_jaxpr` is not exported publicly; the jax version range is pinned in
+# pyproject.toml.
+from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+
+
+class FlopCount(int):
+    """The FLOPs of a function: an `int`, with what was counted apart from it.
+
+    It is the number of floating-point (and integer) operations, so it compares,
+    adds and divides like an `int` (arithmetic returns plain `int`s).
+
+    **Attributes:**
+
+    - `transcendentals`: the number of transcendental operations (`exp`, `log`,
+      `tanh`, `sin`, `sqrt`, `rsqrt`, `erf`, `pow`, ...), counted apart from the
+      FLOPs, as XLA's `cost_analysis()["transcendentals"]` does.
+    - `unknown`: the primitives that `count_flops` has no rule for, counted as
+      zero FLOPs: a mapping from primitive name to the number of times it runs
+      (loop trip counts included). Empty when every operation was counted.
+    - `dynamic_loops`: the number of `while` loops whose trip count is not known
+      when tracing; the body of each was counted once.
+    """
+
+    transcendentals: int
+    unknown: Mapping[str, int]
+    dynamic_loops: int
+
+    def __new__(
+        cls,
+        flops: int,
+        transcendentals: int = 0,
+        unknown: Mapping[str, int] | None = None,
+        dynamic_loops: int = 0,
+    ):
+        self = super().__new__(cls, flops)
+        self.transcendentals = int(transcendentals)
+        self.unknown = dict(sorted((unknown or {}).items()))
+        self.dynamic_loops = int(dynamic_loops)
+        return self
+
+    def __repr__(self) -> str:
+        return (
+            f"FlopCount({int(self)}, transcendentals={self.transcendentals}, "
+            f"unknown={self.unknown}, dynamic_loops={self.dynamic_loops})"
+        )
+
+    def __reduce__(self):
+        return (
+            FlopCount,
+            (int(self), self.transcendentals, self.unknown, self.dynamic_loops),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The count as a JSON-serialisable `dict`."""
+        return {
+            "flops": int(self),
+            "transcendentals": self.transcendentals,
+            "unknown": dict(self.unknown),
+            "dynamic_loops": self.dynamic_loops,
+        }
+
+
+def _is_leaf_input(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _abstract(x: Any) -> jax.ShapeDtypeStruct:
+    # Shardings are dropped: FLOPs are counted for the whole program.
+    return jax.ShapeDtypeStruct(
+        np.shape(x), x.dtype, weak_type=getattr(x, "weak_type", False)
+    )
+
+
+def _split(args: tuple) -> tuple[Any, Any]:
+    """Array-like leaves (arrays, `ShapeDtypeStruct`s) are dynamic; every other
+    leaf is static, as in `eqx.filter_jit`."""
+    return eqx.partition(args, _is_leaf_input)
+
+
+def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
+    """Count the FLOPs of `fn(*args)`, including loop trip counts and
+    recomputation.
+
+    The function is traced (nothing is compiled or run) and its jaxpr walked:
+
+    - the body of a `lax.scan` counts `length` times; a `while` loop counts its
+      body as many times as it runs when the trip count is static (the pattern
+      `lax.fori_loop` produces with constant bounds), else once — and
+      `dynamic_loops` says how many loops that was;
+    - a `lax.cond` / `lax.switch` counts its most expensive branch (so a layer
+      skipped by a `cond`, as in the padding of an uneven depth schedule, is
+      counted as run);
+    - calls (`jax.jit`, `jax.checkpoint`, `custom_jvp` / `custom_vjp` /
+      `custom_vmap` functions, `shard_map` once per device) count their bodies.
+      In a jaxpr of `jax.grad(f)`, the backward pass — custom VJPs and the
+      recomputation of `jax.checkpoint` included — is already expanded, so pass
+      `jax.grad(loss)` (or `jax.value_and_grad`) to count a training step;
+    - dead code is dropped first, as XLA would (e.g. the loss value that
+      `jax.grad` computes and discards).
+
+    Each primitive counts as XLA's `HloCostAnalysis` counts it, so on loop-free
+    functions the total equals `jax.jit(fn).lower(*args).compile()
+    .cost_analysis()["flops"]` up to XLA's own rewrites (algebraic
+    simplification, constant folding):
+
+    - `dot_general`: `2 · batch · M · N · K`; `conv_general_dilated`: 2 per
+      multiply-add that touches the input (padding skipped, like XLA);
+    - elementwise arithmetic, comparisons, `select_n`, type conversions: 1 per
+      output element (`integer_pow`: its multiplies);
+    - transcendental functions (`exp`, `log`, `tanh`, `sqrt`, `erf`, `pow`, ...):
+      1 *transcendental* per element, not a FLOP — reported in
+      `.transcendentals`; functions XLA expands into several operations
+      (`logistic`, `erfc`, `lgamma`, `sinh`, ...) count as XLA's f32 expansion;
+    - reductions: one operation per input element that is combined into an
+      output (`size(in) - size(out)`); `reduce_window`: `size(out) ·
+      (window - 1)`; `scatter-add` and friends: 1 per update element;
+    - data movement (reshape, transpose, slicing, gather, scatter, padding,
+      broadcasting, concatenation, sharding annotations): 0.
+
+    Primitives without a rule (sorting, cumulative sums, random bit generation,
+    collectives, custom kernels, ...) count as zero and are listed in
+    `.unknown`, never silently dropped.
+
+    **Arguments:**
+
+    - `fn`: the function to count. Pass `jax.grad(loss)` to count a backward
+      pass.
+    - `*args`: its arguments, any pytrees (Equinox modules included). Array
+      leaves may be `jax.ShapeDtypeStruct`s; nothing is allocated. Non-array
+      leaves (Python numbers included) are static, as in `eqx.filter_jit`.
+
+    **Returns:**
+
+    A [`eqx_remat.FlopCount`][]: the number of FLOPs (an `int`), with
+    `.transcendentals`, `.unknown` and `.dynamic_loops`.
+    """
+    dynamic, static = _split(args)
+    dynamic = jax.tree.map(_abstract, dynamic)
+
+    def f(dynamic):
+        out = fn(*eqx.combine(dynamic, static))
+        return eqx.filter(out, eqx.is_array)
+
+    closed = jax.make_jaxpr(f)(dynamic)
+    jaxpr, _ = _dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), True)
+    acc = _Count()
+    _count_jaxpr(jaxpr, acc, 1)
+    return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
+
+
+@dataclasses.dataclass
+class _Count:
+    flops: int = 0
+    transcendentals: int = 0
+    unknown: collections.Counter = dataclasses.field(
+        default_factory=collections.Counter
+    )
+    dynamic_loops: int = 0
+
+    def add(self, other: "_Count", mult: int) -> None:
+        self.flops += mult * other.flops
+        self.transcendentals += mult * other.transcendentals
+        for k, v in other.unknown.items():
+            self.unknown[k] += mult * v
+        self.dynamic_loops += other.dynamic_loops
+
+
+def _inner(j: Any) -> Any:
+    """The open jaxpr of a `Jaxpr` or `ClosedJaxpr`."""
+    return getattr(j, "jaxpr", j)
+
+
+def _size(var: Any) -> int:
+    return math.prod(getattr(var.aval, "shape", ()))
+
+
+def _out_size(eqn) -> int:
+    return sum(_size(v) for v in eqn.outvars)
+
+
+# --- per-primitive rules: eqn -> (flops, transcendentals) --------------------
+
+# One FLOP per output element.
+_ELEMENTWISE = frozenset(
+    """
+    abs add add_any sub mul div rem max min neg sign floor ceil round is_finite
+    square eq ne lt le gt ge and or xor not shift_left shift_right_logical
+    shift_right_arithmetic population_count clz clamp reduce_precision conj real
+    imag complex bitcast_convert_type mulhi
+    """.split()
+)
+
+# (FLOPs, transcendentals) per output element. Single transcendentals are as in
+# XLA's HloCostAnalysis; the others are how XLA expands them (measured with
+# jaxlib 0.10.2 on f32, where cost_analysis counts the expansion).
+_PER_ELEMENT = {
+    **{
+        name: (0, 1)
+        for name in """
+        exp log log1p expm1 tanh sin cos tan atan atan2 sqrt rsqrt cbrt erf pow
+        """.split()
+    },
+    "exp2": (1, 1),
+    "logistic": (3, 1),
+    "asin": (5, 2),
+    "acos": (3, 2),
+    "sinh": (10, 3),
+    "cosh": (3, 2),
+    "asinh": (11, 3),
+    "acosh": (7, 4),
+    "atanh": (6, 2),
+    "erfc": (60, 1),
+    "erf_inv": (37, 2),
+    "lgamma": (52, 4),
+    "digamma": (73, 3),
+    "bessel_i0e": (83, 1),
+    "bessel_i1e": (83, 1),
+    "nextafter": (23, 0),
+}
+
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or "
+    "reduce_xor".split()
+)
+
+_REDUCE_WINDOWS = frozenset(
+    "reduce_window_sum reduce_window_max reduce_window_min".split()
+)
+
+_SCATTER_COMBINE = frozenset(
+    "scatter-add scatter-sub scatter-mul scatter-min scatter-max".split()
+)
+
+_FREE = frozenset(
+    """
+    broadcast_in_dim broadcast_to reshape squeeze transpose slice dynamic_slice
+    dynamic_update_slice gather scatter concatenate pad rev iota copy
+    device_put name optimization_barrier sharding_constraint reshard pvary
+    stop_gradient split tile stack unstack random_wrap random_unwrap axis_index
+    create_token after_all debug_callback debug_print layout_constraint
+    inspect_sharding zeros_like empty shape_assertion platform_index tie pin
+    unpin mesh_cast
+    """.split()
+)
+
+
+def _convert(eqn) -> tuple[int, int]:
+    # XLA drops conversions that do not change the dtype (only weak typing).
+    (x,) = eqn.invars
+    if x.aval.dtype == eqn.params["new_dtype"]:
+        return 0, 0
+    return _out_size(eqn), 0
+
+
+def _integer_pow(eqn) -> tuple[int, int]:
+    # jax lowers x ** y to square-and-multiply, plus a division for y < 0.
+    y = eqn.params["y"]
+    if y == 0:
+        return 0, 0
+    n = abs(y)
+    muls = n.bit_length() - 1 + bin(n).count("1") - 1 + (1 if y < 0 else 0)
+    return muls * _out_size(eqn), 0
+
+
+def _select_n(eqn) -> tuple[int, int]:
+    # A boolean predicate is one select; an integer one is a tree of
+    # compare-and-select.
+    which, *cases = eqn.invars
+    per = 1 if which.aval.dtype == np.bool_ else 2 * (len(cases) - 1)
+    return per * _out_size(eqn), 0
+
+
+def _reduction(eqn) -> tuple[int, int]:
+    return _size(eqn.invars[0]) - _size(eqn.outvars[0]), 0
+
+
+def _argminmax(eqn) -> tuple[int, int]:
+    # XLA's comparator of the (value, index) reduction: 9 operations for floats
+    # (NaN handling), 7 for integers.
+    per = 9 if np.issubdtype(eqn.invars[0].aval.dtype, np.inexact) else 7
+    return per * (_size(eqn.invars[0]) - _size(eqn.outvars[0])), 0
+
+
+def _reduce_window(eqn) -> tuple[int, int]:
+    window = math.prod(eqn.params["window_dimensions"])
+    return _out_size(eqn) * (window - 1), 0
+
+
+def _scatter_combine(eqn) -> tuple[int, int]:
+    # operand, indices, updates
+    return _size(eqn.invars[2]), 0
+
+
+def _dot_general(eqn) -> tuple[int, int]:
+    lhs, rhs = eqn.invars[:2]
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    rhs_free = [d for i, d in enumerate(rhs.aval.shape) if i not in rc and i not in rb]
+    return 2 * _size(lhs) * math.prod(rhs_free), 0
+
+
+def _conv(eqn) -> tuple[int, int]:
+    """XLA's `HloCostAnalysis::GetConvolutionFlops`: two FLOPs per multiply-add
+    whose input position is inside the (dilated, unpadded) input."""
+    p = eqn.params
+    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+    out = eqn.outvars[0].aval.shape
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    batch, in_feature = lhs[lhs_spec[0]], lhs[lhs_spec[1]]
+    out_feature = out[out_spec[1]]
+    n_spatial = len(lhs_spec) - 2
+    valid = 1
+    for s in range(n_spatial):
+        k_lim = rhs[rhs_spec[2 + s]]
+        o_lim = out[out_spec[2 + s]]
+        i_lim = lhs[lhs_spec[2 + s]]
+        stride = p["window_strides"][s]
+        pad_lo = p["padding"][s][0]
+        base = p["lhs_dilation"][s]
+        wdil = p["rhs_dilation"][s]
+        count = 0
+        for k in range(k_lim):
+            o = np.arange(o_lim)
+            undilated = o * stride - pad_lo + k * wdil
+            ok = undilated % base == 0
+            idx = undilated // base
+            count += int(np.sum(ok & (idx >= 0) & (idx < i_lim)))
+        valid *= count
+    fma = (
+        (in_feature // p["feature_group_count"])
+        * out_feature
+        * (batch // p["batch_group_count"])
+        * valid
+    )
+    return 2 * fma, 0
+
+
+_RULES: dict[str, Callable[[Any], tuple[int, int]]] = {
+    "convert_element_type": _convert,
+    "integer_pow": _integer_pow,
+    "select_n": _select_n,
+    "argmax": _argminmax,
+    "argmin": _argminmax,
+    "dot_general": _dot_general,
+    "conv_general_dilated": _conv,
+    **{name: (lambda eqn: (_out_size(eqn), 0)) for name in _ELEMENTWISE},
+    **{
+        name: (lambda eqn, f=f, t=t: (f * _out_size(eqn), t * _out_size(eqn)))
+        for name, (f, t) in _PER_ELEMENT.items()
+    },
+    **{name: _reduction for name in _REDUCTIONS},
+    **{name: _reduce_window for name in _REDUCE_WINDOWS},
+    **{name: _scatter_combine for name in _SCATTER_COMBINE},
+    **{name: (lambda eqn: (0, 0)) for name in _FREE},
+}
+
+
+# --- higher-order primitives ---------------------------------------------------
+
+# Primitives that call one jaxpr once, and the parameter that holds it.
+_CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_vmap_call": "call",
+    "linear_call": "callee",
+}
+
+
+def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        rule = _RULES.get(name)
+        if rule is not None:
+            f, t = rule(eqn)
+            acc.flops += mult * f
+            acc.transcendentals += mult * t
+        elif name in _CALLS:
+            _count_jaxpr(_inner(eqn.params[_CALLS[name]]), acc, mult)
+        elif name == "scan":
+            _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * eqn.params["length"])
+        elif name == "while":
+            _count_while(eqn, acc, mult)
+        elif name == "cond":
+            branches = []
+            for b in eqn.params["branches"]:
+                sub = _Count()
+                _count_jaxpr(_inner(b), sub, 1)
+                branches.append(sub)
+            acc.add(max(branches, key=lambda c: (c.flops, c.transcendentals)), mult)
+        elif name == "shard_map":
+            # The body runs once per device of the axes it makes manual.
+            mesh = eqn.params["mesh"]
+            axes = eqn.params.get("newly_manual_axes") or mesh.axis_names
+            shards = math.prod(dict(mesh.shape)[a] for a in axes)
+            _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * shards)
+        else:
+            acc.unknown[name] += mult
+
+
+def _count_while(eqn, acc: _Count, mult: int) -> None:
+    p = eqn.params
+    body, cond = _inner(p["body_jaxpr"]), _inner(p["cond_jaxpr"])
+    trips = _static_trip_count(eqn)
+    if trips is None:
+        acc.dynamic_loops += 1
+        _count_jaxpr(body, acc, mult)
+        _count_jaxpr(cond, acc, mult)
+    else:
+        _count_jaxpr(body, acc, mult * trips)
+        _count_jaxpr(cond, acc, mult * (trips + 1))
+
+
+def _literal(x: Any) -> int | None:
+    val = getattr(x, "val", None)
+    if val is None or np.ndim(val) != 0:
+        return None
+    if not np.issubdtype(np.asarray(val).dtype, np.integer):
+        return None
+    return int(val)
+
+
+def _static_trip_count(eqn) -> int | None:
+    """The trip count of `while i < n: i += 1` with constant `i` and `n` (what
+    `lax.fori_loop` builds), else `None`."""
+    p = eqn.params
+    cond, body = _inner(p["cond_jaxpr"]), _inner(p["body_jaxpr"])
+    if p["cond_nconsts"] != 0 or len(cond.eqns) != 1:
+        return None
+    (lt,) = cond.eqns
+    if lt.primitive.name != "lt" or lt.outvars[0] != cond.outvars[0]:
+        return None
+    carry_in = eqn.invars[p["cond_nconsts"] + p["body_nconsts"] :]
+    cond_carry = list(cond.invars)
+    body_carry = list(body.invars[p["body_nconsts"] :])
+
+    def position(v) -> int | None:
+        if hasattr(v, "val"):  # a literal
+            return None
+        return next((k for k, c in enumerate(cond_carry) if c is v), None)
+
+    i_pos = position(lt.invars[0])
+    if i_pos is None:
+        return None
+    lower = _literal(carry_in[i_pos])
+    n_pos = position(lt.invars[1])
+    if n_pos is None:
+        upper = _literal(lt.invars[1])
+    else:
+        # the bound must be passed through the body unchanged
+        if body.outvars[n_pos] is not body_carry[n_pos]:
+            return None
+        upper = _literal(carry_in[n_pos])
+    if lower is None or upper is None:
+        return None
+    # the counter must be incremented by one
+    inc = body.outvars[i_pos]
+    for e in body.eqns:
+        if any(o is inc for o in e.outvars):
+            if (
+                e.primitive.name == "add"
+                and len(e.invars) == 2
+                and any(v is body_carry[i_pos] for v in e.invars)
+                and any(_literal(v) == 1 for v in e.invars)
+            ):
+                return max(0, upper - lower)
+            return None
+    return None
