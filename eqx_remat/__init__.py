@@ -9,6 +9,12 @@ from ._combinators import (
     set_checkpoint as set_checkpoint,
     stack as stack,
 )
+from ._flops import FlopCount as FlopCount, count_flops as count_flops
+from ._memory import (
+    MemoryReport as MemoryReport,
+    memory_report as memory_report,
+    v5e_mesh as v5e_mesh,
+)
 from ._policies import (
     POLICIES as POLICIES,
     offload_names as offload_names,

@@ -1,0 +1,245 @@
+"""Compiled memory of a function, on the local backend or TPU v5e ahead of time."""
+
+import functools
+import importlib.util
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ._flops import _split, count_flops
+
+
+_V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
+
+_VALID_TARGETS = (
+    'None (the default backend), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" '
+    '(e.g. "v5e:2x4", "v5e:4x4")'
+)
+
+_TPU_EXTRA_HINT = (
+    "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
+    "it with `pip install 'eqx-remat[tpu]'`."
+)
+
+
+class MemoryReport(NamedTuple):
+    """What a compiled function needs in memory, and its FLOPs.
+
+    For a target with several chips, the byte counts are per chip (XLA compiles
+    one SPMD program per chip); `flops` is for the whole program.
+
+    **Attributes:**
+
+    - `temp_bytes`: device memory for temporaries (activations, residuals saved
+      for the backward pass, workspace): `memory_analysis().temp_size_in_bytes`.
+    - `argument_bytes`: device memory of the arguments.
+    - `output_bytes`: device memory of the outputs.
+    - `host_temp_bytes`: host memory for temporaries — what offloading policies
+      move off the device. `0` where the backend has no separate host memory
+      space (the CPU).
+    - `flops`: [`eqx_remat.count_flops`][] of the function (loop trip counts and
+      recomputation included).
+    - `target`: what it was compiled for: the default backend's platform
+      (`"cpu"`, `"gpu"`, ...) or a TPU topology such as `"v5e:2x2"`.
+    """
+
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    host_temp_bytes: int
+    flops: int
+    target: str
+
+    def __str__(self) -> str:
+        return (
+            f"temp {_mib(self.temp_bytes)}, args {_mib(self.argument_bytes)}, "
+            f"out {_mib(self.output_bytes)}, host temp {_mib(self.host_temp_bytes)}, "
+            f"{self.flops / 1e9:.3f} GFLOPs [{self.target}]"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-serialisable `dict` (plain `int`s and `str`)."""
+        return {
+            k: (v if isinstance(v, str) else int(v)) for k, v in self._asdict().items()
+        }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def memory_report(
+    fn: Callable[..., Any],
+    *args: Any,
+    target: str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> MemoryReport:
+    """Compile `fn(*args)` ahead of time and report its memory and FLOPs.
+
+    Compiles `jax.jit(fn).lower(*args).compile()` and reads its
+    `memory_analysis()`: deterministic numbers, the same on every run, with
+    nothing executed. Arguments may be `jax.ShapeDtypeStruct`s, so a model far
+    larger than this machine's memory can be measured without allocating it.
+
+    `target="v5e"` compiles for a TPU v5e slice with libtpu, without a TPU (the
+    way MaxText's `train_compile.py` does), and reports per-chip memory:
+
+    - By default every argument is replicated on every chip. To shard one, pass
+      it as a `jax.ShapeDtypeStruct` whose `sharding` is a `NamedSharding` on
+      [`eqx_remat.v5e_mesh`][]`(target)` — a mesh with one axis, `"data"`, over
+      all chips. For example, a batch split across the chips:
+      `jax.ShapeDtypeStruct((8, 2048, 1024), jnp.bfloat16,
+      sharding=NamedSharding(eqx_remat.v5e_mesh(), PartitionSpec("data")))`.
+    - XLA keeps intermediates in the chip's on-chip VMEM when they fit, and
+      `temp_bytes` counts only HBM. A small program can therefore report
+      `temp_bytes == 0`. To count every intermediate in HBM — to compare
+      policies on shapes too small to leave VMEM — pass
+      `compiler_options={"xla_vf_vmem_memory_space_assignment": False}` (a
+      libtpu flag, found in libtpu 0.0.42; not a stable interface).
+    - Offloading policies ([`eqx_remat.offload_names`][],
+      `"offload_dots_no_batch"`) show up as `host_temp_bytes`. On the CPU there
+      is one memory: offloaded values stay where they are, `host_temp_bytes` is
+      `0` and `temp_bytes` is that of saving the same values, so offloading
+      can only be measured on a TPU (or GPU) target.
+
+    **Arguments:**
+
+    - `fn`: the function, e.g. a training step or `jax.grad(loss)`.
+    - `*args`: its arguments, any pytrees (Equinox modules included). Array
+      leaves may be arrays or `jax.ShapeDtypeStruct`s; other leaves (Python
+      numbers included) are static, as in `eqx.filter_jit`. Non-array leaves of
+      the output are dropped.
+    - `target`: `None` for the default backend, `"v5e"` for a TPU v5e 2x2 slice
+      (4 chips), or `"v5e:AxB"` for another slice shape (e.g. `"v5e:2x4"`).
+    - `compiler_options`: XLA options passed to `.compile(...)`.
+
+    **Returns:**
+
+    A [`eqx_remat.MemoryReport`][].
+
+    **Raises:**
+
+    `ValueError` for an unknown target, listing the valid ones; `ImportError`
+    naming the `tpu` extra (`pip install 'eqx-remat[tpu]'`) when `target` is a
+    TPU and libtpu is not installed.
+    """
+    dynamic, static = _split(args)
+    if target is None:
+        name = jax.default_backend()
+    else:
+        name, mesh = _v5e(target)
+        dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
+
+    def f(dynamic):
+        out = fn(*eqx.combine(dynamic, static))
+        return eqx.filter(out, eqx.is_array)
+
+    lowered = jax.jit(f).lower(dynamic)
+    compiled = lowered.compile(dict(compiler_options or {}))
+    m = compiled.memory_analysis()
+    return MemoryReport(
+        temp_bytes=int(m.temp_size_in_bytes),
+        argument_bytes=int(m.argument_size_in_bytes),
+        output_bytes=int(m.output_size_in_bytes),
+        host_temp_bytes=int(getattr(m, "host_temp_size_in_bytes", 0)),
+        flops=int(count_flops(fn, *args)),
+        target=name,
+    )
+
+
+def v5e_mesh(target: str = "v5e") -> Mesh:
+    """The device mesh that `memory_report(..., target=target)` compiles for.
+
+    One axis, `"data"`, over all the chips of the slice. Use it to give
+    `jax.ShapeDtypeStruct` arguments a sharding, e.g.
+    `NamedSharding(v5e_mesh(), PartitionSpec("data"))` to split a batch across
+    the chips. The mesh is built once per target (its devices are TPU v5e chips
+    of a topology description: nothing can run on them, only compile).
+
+    **Arguments:**
+
+    - `target`: `"v5e"` (2x2, 4 chips) or `"v5e:AxB"`.
+
+    **Returns:**
+
+    A `jax.sharding.Mesh` with axis names `("data",)`.
+    """
+    return _v5e(target)[1]
+
+
+def _v5e(target: Any) -> tuple[str, Mesh]:
+    match = _V5E.fullmatch(target) if isinstance(target, str) else None
+    if match is None:
+        raise ValueError(
+            f"Unknown target {target!r}. It needs to be one of {_VALID_TARGETS}."
+        )
+    a, b = (2, 2) if match.group(1) is None else map(int, match.groups())
+    if a < 1 or b < 1:
+        raise ValueError(
+            f"Unknown target {target!r}: a slice needs at least one chip per "
+            f"side. It needs to be one of {_VALID_TARGETS}."
+        )
+    if importlib.util.find_spec("libtpu") is None:
+        raise ImportError(
+            f"memory_report(target={target!r}): libtpu is not installed. "
+            + _TPU_EXTRA_HINT
+        )
+    return f"v5e:{a}x{b}", _mesh(a, b)
+
+
+@functools.cache
+def _mesh(a: int, b: int) -> Mesh:
+    from jax.experimental import topologies
+
+    # What libtpu reads to describe a slice without querying a TPU VM's metadata
+    # server. Only set when the user has not.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"v5litepod-{a * b}")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
+    # slices are made of 2x2 hosts.
+    per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
+    try:
+        topo = topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=f"v5e:{a}x{b}",
+            chip_config_name="default",
+            chips_per_host_bounds=per_host,
+            num_slices=1,
+            wrap=[False, False, False],
+        )
+    except Exception as e:  # libtpu's errors are plain RuntimeErrors
+        raise ValueError(
+            f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
+            f"need to be one of {_VALID_TARGETS}, for a slice shape that TPU v5e "
+            "comes in."
+        ) from e
+    n = len(topo.devices)
+    return topologies.make_mesh(topo, (n,), ("data",))
+
+
+def _place(mesh: Mesh, name: str, x: Any) -> jax.ShapeDtypeStruct:
+    """An argument as a `ShapeDtypeStruct` on `mesh`: its own sharding if it is a
+    `ShapeDtypeStruct` sharded on `mesh`'s devices, else replicated."""
+    sharding = (
+        getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+    )
+    if sharding is None:
+        sharding = NamedSharding(mesh, PartitionSpec())
+    elif set(sharding.device_set) != set(mesh.devices.flat):
+        raise ValueError(
+            f"memory_report(target={name!r}) expected ShapeDtypeStruct shardings "
+            f"on eqx_remat.v5e_mesh({name!r}). Got {sharding}."
+        )
+    return jax.ShapeDtypeStruct(
+        np.shape(x),
+        x.dtype,
+        sharding=sharding,
+        weak_type=getattr(x, "weak_type", False),
+    )
