@@ -127,7 +127,10 @@ def memory_report(
 
     `ValueError` for an unknown target, listing the valid ones; `ImportError`
     naming the `tpu` extra (`pip install 'eqx-remat[tpu]'`) when `target` is a
-    TPU and libtpu is not installed.
+    TPU and libtpu is not installed; XLA's `JaxRuntimeError`
+    (`RESOURCE_EXHAUSTED: ... the total memory required for HLO temporaries
+    (18.02G) exceeds available HBM (15.75G)`) when the program does not fit in
+    one chip — XLA refuses to compile it, so there is no report to return.
     """
     dynamic, static = _split(args)
     if target is None:
@@ -141,7 +144,16 @@ def memory_report(
         return eqx.filter(out, eqx.is_array)
 
     lowered = jax.jit(f).lower(dynamic)
-    compiled = lowered.compile(dict(compiler_options or {}))
+    try:
+        compiled = lowered.compile(dict(compiler_options or {}))
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" in str(e):
+            e.add_note(
+                f"memory_report(target={target!r}): the program does not fit in "
+                "the memory of one device of the target; XLA's message above says "
+                "how much it needs. Nothing else can be reported for it."
+            )
+        raise
     m = compiled.memory_analysis()
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),

@@ -600,3 +600,15 @@ def test_v5e_dots_saves_memory_in_the_default_compile():
     none = er.memory_report(train_grad(None), blocks, x, target="v5e")
     dots = er.memory_report(train_grad("dots"), blocks, x, target="v5e")
     assert dots.temp_bytes < 0.6 * none.temp_bytes
+
+
+@needs_libtpu
+def test_v5e_program_too_large_for_a_chip_raises_xlas_error():
+    x = S((2**16, 2**16), bf16)  # 8 GiB per chip, replicated; 16 GiB of temps
+
+    def fn(x):
+        return jnp.sin(x) @ jnp.cos(x)
+
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e:
+        er.memory_report(fn, x, target="v5e")
+    assert any("does not fit" in note for note in e.value.__notes__)
