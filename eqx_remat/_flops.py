@@ -119,11 +119,13 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
 
     Each primitive counts as XLA's `HloCostAnalysis` counts it, so on loop-free
     functions the total equals `jax.jit(fn).lower(*args).compile()
-    .cost_analysis()["flops"]` up to XLA's own rewrites (algebraic
-    simplification, constant folding):
+    .cost_analysis()["flops"]` up to what XLA's optimisations change (common
+    subexpressions computed once, constant folding; on the CPU, bf16 matmuls
+    computed in f32 with extra conversions):
 
-    - `dot_general`: `2 · batch · M · N · K`; `conv_general_dilated`: 2 per
-      multiply-add that touches the input (padding skipped, like XLA);
+    - `dot_general`: `2 · batch · M · N · K` (as XLA simplifies them: `K = 1`
+      is a multiply, `M · N = 1` a multiply and a sum); `conv_general_dilated`:
+      2 per multiply-add that touches the input (padding skipped, like XLA);
     - elementwise arithmetic, comparisons, `select_n`, type conversions: 1 per
       output element (`integer_pow`: its multiplies);
     - transcendental functions (`exp`, `log`, `tanh`, `sqrt`, `erf`, `pow`, ...):
@@ -313,8 +315,16 @@ def _scatter_combine(eqn) -> tuple[int, int]:
 def _dot_general(eqn) -> tuple[int, int]:
     lhs, rhs = eqn.invars[:2]
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    rhs_free = [d for i, d in enumerate(rhs.aval.shape) if i not in rc and i not in rb]
-    return 2 * _size(lhs) * math.prod(rhs_free), 0
+    batch = math.prod(lhs.aval.shape[i] for i in lb)
+    k = math.prod(lhs.aval.shape[i] for i in lc)
+    out = _out_size(eqn)
+    # XLA's algebraic simplifier turns a dot without contraction into a multiply,
+    # and one with a single output element (per batch) into multiply + reduce.
+    if k == 1:
+        return out, 0
+    if out == batch:
+        return batch * (2 * k - 1), 0
+    return 2 * out * k, 0
 
 
 def _conv(eqn) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, strategies as st
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -150,6 +151,34 @@ def test_count_flops_primitive_conventions_match_xla(name):
     flops, transcendentals = xla_cost(fn, _x)
     assert int(ours) == flops
     assert ours.transcendentals == transcendentals
+
+
+@given(
+    batch=st.sampled_from([(), (1,), (3,)]),
+    m=st.integers(1, 40),
+    # XLA's CPU backend pads a full reduction of more than 32 elements (the
+    # m = n = 1 case) to a multiple of 32 in its count: stay below that.
+    k=st.integers(1, 32),
+    n=st.integers(1, 40),
+    length=st.integers(1, 6),
+)
+def test_count_flops_dense_any_shape_and_scanned(batch, m, k, n, length):
+    """Any (batched) matmul shape, including XLA's simplified cases (k = 1,
+    m = n = 1), agrees with XLA; scanning it `length` times multiplies it."""
+    x, w = S((*batch, m, k), f32), S((*batch, k, n), f32)
+    dense = lambda x, w: jnp.tanh(x @ w)
+    ours = er.count_flops(dense, x, w)
+    flops, transcendentals = xla_cost(dense, x, w)
+    assert (int(ours), ours.transcendentals) == (flops, transcendentals)
+    ws = S((length, *batch, k, k), f32)
+    scanned = er.count_flops(
+        lambda ws, x: lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0],
+        ws,
+        S((*batch, m, k), f32),
+    )
+    one = er.count_flops(dense, S((*batch, m, k), f32), S((*batch, k, k), f32))
+    assert int(scanned) == length * int(one)
+    assert scanned.transcendentals == length * one.transcendentals
 
 
 # --- loops, control flow, recomputation -----------------------------------------
