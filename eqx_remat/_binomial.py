@@ -11,8 +11,10 @@ behind a `lax.cond`. So the traced program holds the layer `O(log D)` times, nev
 everything stays reverse-differentiable (`jax.grad` of `jax.grad` works).
 """
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
+from jax._src import config as _jax_config
 
 from ._engine import _index, _is_diff, _nones, _set
 from ._policies import Policy, checkpointed, policy as _normalise_policy
@@ -209,11 +212,38 @@ def _schedule(depth: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
 # The backward pass
 # ---------------------------------------------------------------------------
 
+# `count_flops` weights a `lax.cond` as its most expensive branch, so it counts the
+# backward pass below as if every skipped advance ran. While counting, the
+# backward pass is traced as a *twin* instead: straight scans with the same layer
+# evaluations and trip counts, which a jaxpr walker weights exactly (it is never
+# compiled). The switch is a JAX config state in the trace context, so JAX's
+# tracing caches keep the twin and the real program apart. Private API, pinned by
+# the jax version range in pyproject.toml.
+_flop_twin = _jax_config.bool_state(
+    "eqx_remat_binomial_flop_twin",
+    False,
+    help="Trace binomial backward passes as FLOP-counting twins (never compiled).",
+    include_in_trace_context=True,
+)
+
+
+@contextlib.contextmanager
+def exact_flops() -> Iterator[None]:
+    """Inside this context, `binomial` backward passes are traced as straight-line
+    twins whose jaxpr `count_flops` counts exactly. Only for counting: the twin
+    computes wrong values."""
+    with _flop_twin(True):
+        yield
+
 
 def _revolve_vjp(step, plan: RevolvePlan):
     depth = plan.depth
     store_at, actions = _schedule(depth, plan.slots)
-    nbits = int(actions[:, 2].max()).bit_length()
+    # At least one bit: a carry read from the buffer then always comes out of a
+    # `lax.cond`, and XLA updates the buffer in place. (Read straight from the
+    # buffer and written back to it, the carry made XLA copy the whole buffer
+    # on every action.)
+    nbits = max(1, int(actions[:, 2].max()).bit_length())
     layer_fn = step if plan.policy is None else checkpointed(step, plan.policy)
 
     def advance(consts, stacked, x, pos, n):
@@ -298,9 +328,44 @@ def _revolve_vjp(step, plan: RevolvePlan):
             gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
             return (buf, ct, gs, gc), None
 
+        def twin(buf, ct, gs, gc):
+            """The same layer evaluations, trip counts and bookkeeping as `body`
+            over `actions`, as straight scans: all advances, then the stores'
+            bookkeeping, then the reversals. For `count_flops` only."""
+
+            def accumulate(gs, gc, i, g_s, g_c):
+                gs = jtu.tree_map(lambda b, g: b.at[i].add(g), gs, g_s)
+                return gs, jtu.tree_map(lambda a, b: a + b, gc, g_c)
+
+            def advance_body(x, t):
+                return step(consts, _index(stacked, lax.rem(t, depth)), x), None
+
+            advances = jnp.arange(int(actions[:, 2].sum()), dtype=jnp.int32)
+            x = lax.scan(advance_body, _index(buf, 0), advances)[0]
+
+            def store_body(state, i):
+                _, g_s, g_c = skip(i, x, ct)
+                return accumulate(*state, i, g_s, g_c), None
+
+            stores = jnp.zeros(len(actions) - depth, jnp.int32)
+            (gs, gc), _ = lax.scan(store_body, (gs, gc), stores)
+
+            def reverse_body(state, i):
+                ct, gs, gc = state
+                ct, g_s, g_c = reverse(i, x, ct)
+                return (ct, *accumulate(gs, gc, i, g_s, g_c)), None
+
+            layers = jnp.arange(depth, dtype=jnp.int32)
+            (ct, gs, gc), _ = lax.scan(reverse_body, (ct, gs, gc), layers)
+            return ct, gs, gc
+
         gs = jtu.tree_map(jnp.zeros_like, stacked_d)
         gc = jtu.tree_map(jnp.zeros_like, consts_d)
-        (_, ct_x, gs, gc), _ = lax.scan(body, (buf, ct, gs, gc), jnp.asarray(actions))
+        if _flop_twin.value:
+            ct_x, gs, gc = twin(buf, ct, gs, gc)
+        else:
+            init = (buf, ct, gs, gc)
+            (_, ct_x, gs, gc), _ = lax.scan(body, init, jnp.asarray(actions))
         carry_nd = eqx.filter(_index(buf, 0), _is_diff, inverse=True)
         return (
             eqx.combine(gc, _nones(consts_nd)),
