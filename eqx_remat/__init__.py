@@ -15,6 +15,12 @@ from ._memory import (
     memory_report as memory_report,
     v5e_mesh as v5e_mesh,
 )
+from ._plan import (
+    DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+    PlanEntry as PlanEntry,
+    PlanResult as PlanResult,
+    plan as plan,
+)
 from ._policies import (
     POLICIES as POLICIES,
     offload_names as offload_names,
