@@ -217,6 +217,14 @@ def _mesh(a: int, b: int) -> Mesh:
     # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
     # slices are made of 2x2 hosts.
     per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
+    # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) when it loads, so
+    # that two processes cannot drive one TPU. Compiling drives nothing, and two
+    # processes compiling at once (pytest-xdist workers, parallel benchmarks)
+    # must not fail: allow several loads, for this load only (children do not
+    # inherit the setting).
+    allow = "ALLOW_MULTIPLE_LIBTPU_LOAD"
+    previous = os.environ.get(allow)
+    os.environ[allow] = "1"
     try:
         topo = topologies.get_topology_desc(
             platform="tpu",
@@ -226,12 +234,19 @@ def _mesh(a: int, b: int) -> Mesh:
             num_slices=1,
             wrap=[False, False, False],
         )
-    except Exception as e:  # libtpu's errors are plain RuntimeErrors
+    except Exception as e:  # libtpu's errors are JaxRuntimeErrors
+        if "INVALID_ARGUMENT" not in str(e):
+            raise
         raise ValueError(
             f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
             f"need to be one of {_VALID_TARGETS}, for a slice shape that TPU v5e "
             "comes in."
         ) from e
+    finally:
+        if previous is None:
+            del os.environ[allow]
+        else:
+            os.environ[allow] = previous
     n = len(topo.devices)
     return topologies.make_mesh(topo, (n,), ("data",))
 
