@@ -65,7 +65,10 @@ class binomial(Schedule):
     working carry (the one being advanced), and one parameter-gradient buffer.
 
     The traced program holds the layer `O(log D)` times (never `D` times), so it
-    compiles in about the same time at any depth. `jax.grad` of `jax.grad` works,
+    compiles in about the same time at any depth. Advances of a dynamic number
+    of layers sit behind `lax.cond`s, which [`eqx_remat.count_flops`][] counts as
+    if they all ran (an upper bound); [`eqx_remat.plan`][] counts `binomial`
+    exactly. `jax.grad` of `jax.grad` works,
     but the second-order pass is not checkpointed (it keeps every re-run carry);
     prefer `jax.jvp` of `jax.grad` for Hessian-vector products.
 

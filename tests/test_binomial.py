@@ -123,17 +123,33 @@ def _loss(layers, x, ts, ck):
 _grad = jax.jit(jax.grad(_loss, argnums=(0, 1)), static_argnums=3)
 
 
+def _chain_loss(mods, x, depth, ck):
+    # Three different modules, cycled: closed-over arrays differentiated.
+    fns = [mods[i % 3] for i in range(depth)]
+    return jnp.sum(er.chain(fns, checkpoint=ck)(x) ** 2)
+
+
+_chain_grad = jax.jit(jax.grad(_chain_loss, argnums=(0, 1)), static_argnums=(2, 3))
+
+
 @given(
     depth=st.integers(1, 64),
     slots=st.integers(1, 8),
-    with_xs=st.booleans(),
+    through=st.sampled_from(["scan_layers", "scan_layers with xs", "chain"]),
 )
-def test_gradients_and_evaluations(depth, slots, with_xs):
-    layers = make_layers(depth, 3)
+def test_gradients_and_evaluations(depth, slots, through):
     x = jax.random.normal(jax.random.key(1), (2, 3))
-    ts = jnp.linspace(0.9, 1.1, depth) if with_xs else None
-    g, n = count(_grad, layers, x, ts, er.binomial(slots))
-    g_ref, n_ref = count(_grad, layers, x, ts, None)
+    if through == "chain":
+        mods = [make_layers(1, 3, jax.random.key(k)) for k in range(3)]
+        mods = [jax.tree.map(lambda a: a[0], m) for m in mods]
+        args = (mods, x, depth)
+        grad = _chain_grad
+    else:
+        ts = jnp.linspace(0.9, 1.1, depth) if through.endswith("xs") else None
+        args = (make_layers(depth, 3), x, ts)
+        grad = _grad
+    g, n = count(grad, *args, er.binomial(slots))
+    g_ref, n_ref = count(grad, *args, None)
     assert tree_allclose(g, g_ref)
     assert n_ref == depth
     # Each layer's backward step evaluates it once more (jax.vjp).
