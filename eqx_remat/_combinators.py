@@ -87,7 +87,7 @@ def _apply(
     body = lambda c, s: (step(consts, s, c), None)
     if pol is not None:
         body = checkpointed(body, pol)
-    return lax.scan(body, carry, stacked)[0]
+    return lax.scan(body, carry, stacked, length=depth)[0]
 
 
 def scan_layers(
@@ -212,7 +212,8 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
             _check_carry(c, out)
             return out
 
-        order = jnp.asarray(index, dtype=jnp.int32)
+        # The order is needed only to choose between different callables.
+        order = jnp.asarray(index, dtype=jnp.int32) if len(unique) > 1 else None
         return _apply(step, tuple(consts), order, x, len(fns), checkpoint)
 
     return call

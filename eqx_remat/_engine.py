@@ -134,7 +134,8 @@ def _custom_vjp(step, plan: Any):
 
     @jax.custom_vjp
     def fn(consts, stacked, carry):
-        return lax.scan(lambda c, s: (step(consts, s, c), None), carry, stacked)[0]
+        body = lambda c, s: (step(consts, s, c), None)
+        return lax.scan(body, carry, stacked, length=depth)[0]
 
     def fn_fwd(consts, stacked, carry):
         return fn(consts, stacked, carry), (consts, stacked, carry)

@@ -167,7 +167,7 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
 | `"everything"` | every intermediate (checkpointing only the layer boundary) |
 | `"nothing"` | nothing but the layer's inputs |
 | `"dots"` | the outputs of matrix multiplies |
-| `"dots_no_batch"` | matrix multiplies without batch dimensions (weights × activations) |
+| `"dots_no_batch"` | matrix multiplies without batch dimensions |
 | `"offload_dots_no_batch"` | the same, offloaded to pinned host memory |
 """
 

@@ -47,3 +47,16 @@ def count_primitive(jaxpr, name: str) -> int:
 
 
 __all__ = ["tree_allclose", "temp_bytes", "count_primitive", "jnp"]
+
+
+def raises_bad_input(match: str, *, param: str):
+    """`pytest.raises` for invalid arguments: eqx_remat's own `ValueError` matching
+    `match`, or — where pytest's jaxtyping hook checks the annotation first — a
+    type-check error naming the parameter `param`."""
+    import pytest
+    from jaxtyping import TypeCheckError
+
+    return pytest.raises(
+        (ValueError, TypeCheckError),
+        match=f"(?s){match}|typechecking parameter '{param}'",
+    )

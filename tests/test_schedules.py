@@ -1,0 +1,306 @@
+import math
+
+import equinox as eqx
+import equinox.internal as eqxi
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import count_primitive, raises_bad_input, temp_bytes, tree_allclose
+from hypothesis import given
+
+import eqx_remat as er
+
+
+class Layer(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+
+    def __call__(self, x, t=None):
+        y = x + jnp.tanh(x @ self.w + jnp.broadcast_to(self.b, x.shape))
+        return y if t is None else y * t
+
+
+def make_layers(depth, width, key=jax.random.key(0)):
+    def make(k):
+        kw, kb = jax.random.split(k)
+        return Layer(
+            jax.random.normal(kw, (width, width)) / (2 * math.sqrt(width)),
+            jax.random.normal(kb, (width,)) / 10,
+        )
+
+    return er.stack(make, jax.random.split(key, depth))
+
+
+SCHEDULES = [
+    None,
+    "nothing",
+    "dots",
+    "everything",
+    "dots_no_batch",
+    er.save_names("never_tagged"),
+    er.every(1),
+    er.every(3),
+    er.every(5, policy="nothing"),
+    er.every(64),
+    er.nested(1),
+    er.nested(2),
+    er.nested(2, policy="dots"),
+    er.nested(3),
+    er.nested(4, policy="nothing"),
+    er.recursive(),
+]
+
+
+def _loss(layers, x, ts, ck):
+    return jnp.sum(er.scan_layers(layers, x, ts, checkpoint=ck) ** 2)
+
+
+_grad = jax.jit(jax.grad(_loss, argnums=(0, 1)), static_argnums=3)
+_value = jax.jit(_loss, static_argnums=3)
+
+
+@given(
+    depth=st.integers(1, 64),
+    width=st.sampled_from([2, 5]),
+    batch=st.integers(1, 3),
+    ck=st.sampled_from(SCHEDULES[1:]),
+    with_xs=st.booleans(),
+)
+def test_scan_layers_gradients(depth, width, batch, ck, with_xs):
+    layers = make_layers(depth, width)
+    x = jax.random.normal(jax.random.key(1), (batch, width))
+    ts = jnp.linspace(0.9, 1.1, depth) if with_xs else None
+    assert jnp.allclose(_value(layers, x, ts, ck), _value(layers, x, ts, None), 1e-5)
+    assert tree_allclose(_grad(layers, x, ts, ck), _grad(layers, x, ts, None))
+
+
+@pytest.mark.parametrize("depth", [1, 7], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize(
+    "ck", ["dots", er.every(3), er.nested(2), er.recursive()], ids=str
+)
+def test_chain_gradients(depth, ck):
+    def loss(x, w, ck):
+        # Distinct callables: a function, a closure over an array that is
+        # differentiated, and a module.
+        fns = [jnp.sin, lambda x: x * w + 1.0, eqx.nn.Lambda(jnp.tanh)]
+        fns = [fns[i % 3] for i in range(depth)]
+        return jnp.sum(er.chain(fns, checkpoint=ck)(x) ** 2)
+
+    x = jnp.array([0.3, -0.2, 0.5])
+    w = jnp.array([0.5, 0.9, -0.4])
+    g = jax.grad(loss, argnums=(0, 1))(x, w, ck)
+    g_ref = jax.grad(loss, argnums=(0, 1))(x, w, None)
+    assert tree_allclose(g, g_ref)
+
+
+@pytest.mark.parametrize("ck", [er.every(3), er.nested(2), er.recursive()], ids=str)
+def test_vmap_conventions(ck):
+    depth, width, batch = 11, 4, 3
+    layers = make_layers(depth, width)
+    xs = jax.random.normal(jax.random.key(2), (batch, width))
+
+    def per_example(layers, x, ck):
+        return jnp.sum(er.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+    def batched(layers, xs, ck):
+        return jnp.sum(jax.vmap(per_example, (None, 0, None))(layers, xs, ck))
+
+    # grad of vmap (the Equinox convention) and vmap of grad (per-example grads).
+    g = jax.grad(batched)(layers, xs, ck)
+    assert tree_allclose(g, jax.grad(batched)(layers, xs, None))
+    pe = jax.vmap(jax.grad(per_example), (None, 0, None))
+    assert tree_allclose(pe(layers, xs, ck), pe(layers, xs, None))
+    # Batched parameters (an ensemble) and nested vmaps.
+    ens = jax.vmap(lambda k: make_layers(depth, width, k))(
+        jax.random.split(jax.random.key(3), 2)
+    )
+    nested = lambda ens, xs, ck: jnp.sum(
+        jax.vmap(batched, (0, None, None))(ens, xs, ck)
+    )
+    assert tree_allclose(jax.grad(nested)(ens, xs, ck), jax.grad(nested)(ens, xs, None))
+
+
+@pytest.mark.parametrize("ck", [er.every(2), er.nested(2), er.recursive()], ids=str)
+def test_grad_of_grad(ck):
+    layers = make_layers(6, 3)
+    x = jnp.array([[0.1, 0.2, -0.3]])
+
+    def gg(x, ck):
+        return jnp.sum(jax.grad(_loss)(layers, x, None, ck).w)
+
+    assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
+
+
+def test_forward_mode_fails_clearly():
+    layers = make_layers(4, 3)
+    x = jnp.ones((1, 3))
+    f = lambda x: er.scan_layers(layers, x, checkpoint=er.recursive())
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(f, (x,), (x,))
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.hessian(lambda x: jnp.sum(f(x)))(x)
+    # Policies keep forward mode.
+    g = lambda x: er.scan_layers(layers, x, checkpoint="nothing")
+    jax.jvp(g, (x,), (x,))
+
+
+# --- what is saved -----------------------------------------------------------
+
+
+def _sin_chain(depth, ck):
+    return lambda x: jnp.sum(er.chain([jnp.sin] * depth, checkpoint=ck)(x))
+
+
+@pytest.mark.parametrize("depth,tutorial", [(8, 4), (16, 5)])
+def test_recursive_residuals_match_tutorial(depth, tutorial):
+    # The JAX remat tutorial's bisection saves 4 values for D = 8 and 5 for
+    # D = 16; recursive() saves only the chain's input on the forward pass.
+    x = jnp.ones(3)
+    res = er.residuals(_sin_chain(depth, er.recursive()), x)
+    assert len(res) <= tutorial
+    assert sum(r.nbytes for r in res) <= x.nbytes
+    # Without checkpointing, every layer's cos is saved.
+    assert len(er.residuals(_sin_chain(depth, None), x)) >= depth // depth
+
+
+@pytest.mark.parametrize("depth", [8, 16, 64, 256])
+def test_recursive_recompute_count(depth):
+    x = jnp.ones(3)
+    jaxpr = jax.make_jaxpr(jax.grad(_sin_chain(depth, er.recursive())))(x).jaxpr
+    n = count_primitive(jaxpr, "sin")
+    log = math.log2(depth)
+    # Primal pass + bisection forwards (D/2 per level) + one per layer's backward.
+    assert n == depth + depth * log // 2 + depth
+    # Without checkpointing, each layer runs once.
+    plain = jax.make_jaxpr(jax.grad(_sin_chain(depth, None)))(x).jaxpr
+    assert count_primitive(plain, "sin") == depth
+    # The traced program does not grow with the depth beyond O(log D).
+    assert len(str(jaxpr)) < 2_000 * (log + 2)
+
+
+def _residual_stack(depth, width, batch):
+    layers = jax.eval_shape(lambda: make_layers(depth, width))
+    x = jax.ShapeDtypeStruct((batch, width), jnp.float32)
+    return layers, x
+
+
+def _stack_grad(ck):
+    return jax.grad(lambda ls, x: jnp.sum(er.scan_layers(ls, x, checkpoint=ck)))
+
+
+def _treeverse_grad(checkpoints):
+    def loss(layers, x):
+        params, static = eqx.partition(layers, eqx.is_array)
+        body = lambda c, p: (eqx.combine(p, static)(c), None)
+        out, _ = eqxi.scan(
+            body, x, params, kind="checkpointed", checkpoints=checkpoints
+        )
+        return jnp.sum(out)
+
+    return jax.grad(loss)
+
+
+def test_recursive_memory_beats_treeverse():
+    # Residual tanh layers, width 128, batch 4096, f32 (2 MiB per carry).
+    mem = {}
+    for depth in (64, 1024):
+        args = _residual_stack(depth, 128, 4096)
+        ours = temp_bytes(_stack_grad(er.recursive()), *args)
+        theirs = temp_bytes(_treeverse_grad(int(math.log2(depth))), *args)
+        mem[depth] = ours, theirs
+    assert mem[64][0] <= 1.0 * mem[64][1]
+    assert mem[1024][0] <= 0.85 * mem[1024][1]
+    assert mem[1024][0] <= 1.6 * mem[64][0]
+
+
+def test_recursive_memory_grows_logarithmically():
+    carry = 4096 * 128 * 4
+    mem = [
+        temp_bytes(_stack_grad(er.recursive()), *_residual_stack(d, 128, 4096))
+        for d in (64, 256, 1024)
+    ]
+    # Each quadrupling of the depth adds two stored carries (and no more).
+    assert mem[1] - mem[0] <= 2.5 * carry
+    assert mem[2] - mem[1] <= 2.5 * carry
+    plain = temp_bytes(_stack_grad("nothing"), *_residual_stack(1024, 128, 4096))
+    assert plain > 10 * mem[2]
+
+
+def test_no_schedule_uses_more_memory_than_none_under_vmap():
+    # The Equinox convention: per-example layers, vmap over the batch, grad outside.
+    layers, _ = _residual_stack(64, 128, 1)
+    xs = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+
+    def grad(ck):
+        def loss(layers, xs):
+            f = lambda x: er.scan_layers(layers, x, checkpoint=ck)
+            return jnp.sum(jax.vmap(f)(xs))
+
+        return jax.grad(loss)
+
+    none = temp_bytes(grad(None), layers, xs)
+    for ck in [
+        "nothing",
+        "dots",
+        er.every(8),
+        er.nested(2),
+        er.nested(3),
+        er.recursive(),
+    ]:
+        assert temp_bytes(grad(ck), layers, xs) <= none, ck
+
+
+# --- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make,match,param",
+    [
+        (lambda: er.every(0), r"every: k must be an int >= 1\. Got 0", "k"),
+        (lambda: er.every(-2), r"every: k must be an int >= 1\. Got -2", "k"),
+        (lambda: er.every(2.5), r"every: k must be an int >= 1\. Got 2\.5", "k"),
+        (lambda: er.every(True), r"every: k must be an int >= 1\. Got True", "k"),
+        (lambda: er.nested(0), r"nested: levels must be an int >= 1\. Got 0", "levels"),
+        (lambda: er.nested("2"), r"nested: levels must be an int >= 1", "levels"),
+        (lambda: er.every(2, policy="dot"), r"every: invalid policy\. Unknown", "-"),
+        (lambda: er.nested(2, policy=3), r"nested: invalid policy", "-"),
+        (lambda: er.recursive(policy="dots"), r"recursive\(\) takes no policy", "-"),
+    ],
+)
+def test_schedule_validation(make, match, param):
+    with raises_bad_input(match, param=param):
+        make()
+
+
+def test_schedules_are_values():
+    assert er.every(2) == er.every(2) and hash(er.every(2)) == hash(er.every(2))
+    assert er.every(2) != er.every(3)
+    assert er.nested(2, policy="dots") == er.nested(2, policy="dots")
+    assert er.recursive() == er.recursive()
+
+
+def test_depth_zero_and_mismatched_xs():
+    x = jnp.ones((1, 3))
+    with pytest.raises(ValueError, match="stack expected at least one key"):
+        er.stack(
+            lambda k: Layer(jnp.ones((3, 3)), jnp.ones(3)),
+            jax.random.split(jax.random.key(0), 0),
+        )
+    empty = Layer(jnp.ones((0, 3, 3)), jnp.ones((0, 3)))
+    for ck in [None, "nothing", er.recursive()]:
+        with pytest.raises(ValueError, match=r"depth >= 1.*Got 0"):
+            er.scan_layers(empty, x, checkpoint=ck)
+    with pytest.raises(ValueError, match="chain expected at least one function"):
+        er.chain([])
+    with pytest.raises(ValueError, match=r"xs with leading axis 4 .*Got 5"):
+        er.scan_layers(make_layers(4, 3), x, jnp.ones(5))
+    with pytest.raises(ValueError, match=r"checkpoint expected None.*Unknown policy"):
+        er.scan_layers(make_layers(4, 3), x, checkpoint="dot")
+
+
+def test_layer_changing_the_carry_is_rejected():
+    with pytest.raises(ValueError, match="shapes and dtypes of its input"):
+        er.chain([lambda x: jnp.concatenate([x, x])], checkpoint=er.recursive())(
+            jnp.ones(2)
+        )
