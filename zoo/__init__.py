@@ -1,1 +1,5 @@
 """A model zoo of typed Equinox modules with a `checkpoint` field."""
+
+from ._mlp import MLP as MLP
+from ._residual_chain import ResidualChain as ResidualChain
+from ._transformer import Transformer as Transformer

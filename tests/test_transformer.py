@@ -1,0 +1,366 @@
+"""zoo.Transformer: gradients under every policy, name policy and schedule;
+dropout; bf16 compute; compiled memory; bad input."""
+
+import functools
+
+import equinox as eqx
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from helpers import temp_bytes, tree_allclose
+from hypothesis import given, settings
+from zoo_helpers import build, quick_jit
+
+import eqx_remat as er
+import zoo
+
+
+NAMES = zoo.Transformer.ACTIVATION_NAMES
+
+# Every policy name, name policies on the transformer's own tags, and every
+# schedule (with inner policies where a schedule takes one).
+CHECKPOINTS = [
+    *sorted(er.POLICIES),
+    er.save_names(*NAMES),
+    er.save_names("qkv_proj", "attention_context", "mlp_hidden"),
+    er.save_all_but_names("mlp_hidden", "qkv_proj"),
+    er.offload_names("mlp_hidden"),
+    er.every(1),
+    er.every(2),
+    er.every(2, policy=er.save_names("attention_context", "mlp_hidden")),
+    er.every(5, policy="nothing"),
+    er.nested(2),
+    er.nested(3),
+    er.nested(2, policy="dots"),
+    er.recursive(),
+]
+if hasattr(er, "binomial"):
+    CHECKPOINTS += [er.binomial(2), er.binomial(3, policy="dots_no_batch")]
+
+# The checkpoints of the default run; the rest run with `-m slow` (a transformer's
+# gradient takes seconds to compile on two cores). The property test below draws
+# from all of them in every run.
+FAST = {"dots", "nothing", er.save_names(*NAMES), er.every(2), er.recursive()}
+
+
+def ck_id(ck) -> str:
+    return getattr(ck, "__name__", None) or str(ck)
+
+
+def ck_params(cks):
+    return [
+        pytest.param(c, marks=() if c in FAST else pytest.mark.slow, id=ck_id(c))
+        for c in cks
+    ]
+
+
+def loss(model, tokens, keys=None):
+    """Mean next-token cross-entropy over a batch (vmapped, one key per example)."""
+    logits = jax.vmap(model)(tokens, key=keys)
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+# Shared by all tests: each (shapes, checkpoint) pair compiles once.
+_grads = quick_jit(eqx.filter_grad(loss))
+_forward = quick_jit(lambda m, t, k=None: jax.vmap(m)(t, key=k))
+
+
+def grads(model, tokens, keys=None):
+    # Gradients are models; give them one checkpoint so that they compare.
+    return er.set_checkpoint(_grads(model, tokens, keys), None)
+
+
+def max_rel_error(got, ref) -> float:
+    """max |got - ref| over each leaf, relative to that leaf's largest |ref|."""
+    errors = []
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        errors.append(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    return max(errors)
+
+
+def assert_same_gradients(model, tokens, ck, keys=None):
+    ref = grads(er.set_checkpoint(model, None), tokens, keys)
+    got = grads(er.set_checkpoint(model, ck), tokens, keys)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
+    assert tree_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale), ck_id(ck)
+
+
+def tiny(num_layers=3, **kwargs):
+    # vocab 16, max_len 8, d_model 8, 2 heads.
+    return zoo.Transformer(16, 8, 8, 2, num_layers, key=jr.key(0), **kwargs)
+
+
+TOKENS = jr.randint(jr.key(1), (2, 7), 0, 16)
+
+
+# --- gradients equal the un-checkpointed model's ------------------------------
+
+
+@pytest.mark.parametrize("ck", ck_params(CHECKPOINTS))
+def test_gradients(ck):
+    assert_same_gradients(tiny(), TOKENS, ck)
+
+
+@settings(max_examples=min(settings().max_examples, 4))
+@given(
+    head_dim=st.integers(1, 4),
+    num_heads=st.integers(1, 3),
+    num_layers=st.integers(1, 12),
+    seq=st.integers(1, 6),
+    batch=st.integers(1, 3),
+    ck=st.sampled_from(CHECKPOINTS),
+    seed=st.integers(0, 2**16),
+)
+def test_gradients_property(head_dim, num_heads, num_layers, seq, batch, ck, seed):
+    d_model = head_dim * num_heads
+    # Initialised under one jit: new shapes compile once rather than op by op.
+    model = build(
+        zoo.Transformer, 11, 6, d_model, num_heads, num_layers, d_ff=3, key=jr.key(seed)
+    )
+    tokens = jr.randint(jr.key(seed + 1), (batch, seq), 0, 11)
+    assert_same_gradients(model, tokens, ck)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_save_names_saves_the_tagged_value(name):
+    """`save_names(name)` saves, across layers, the layer inputs (as "nothing" does)
+    plus the tagged value when the backward pass needs it: one more stacked array
+    of shape (layers, batch, seq, width)."""
+    layers, batch, seq = 3, 2, 7
+    model = tiny(layers)
+
+    def stacked(ck):
+        res = er.residuals(loss, er.set_checkpoint(model, ck), TOKENS)
+        return sorted(r.shape for r in res if r.shape[:3] == (layers, batch, seq))
+
+    assert stacked("nothing") == [(layers, batch, seq, 8)]  # the layer inputs
+    width = {"qkv_proj": 24, "mlp_hidden": 32}.get(name, 8)  # d_model 8, d_ff 32
+    if name in ("layer_input", "mlp_out"):
+        # The layer input is saved anyway, and the MLP's output only feeds the
+        # block's last residual add: the backward pass needs neither again.
+        assert stacked(er.save_names(name)) == [(layers, batch, seq, 8)]
+    else:
+        expected = sorted([(layers, batch, seq, 8), (layers, batch, seq, width)])
+        assert stacked(er.save_names(name)) == expected
+
+
+def test_set_checkpoint_switches_schedule():
+    model = tiny()
+    ref = grads(model, TOKENS)
+    for ck in ("nothing", er.recursive()):
+        switched = er.set_checkpoint(model, ck)
+        assert switched.checkpoint == ck
+        assert switched.blocks is not model.blocks
+        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(switched)):
+            assert a is b
+        assert tree_allclose(grads(switched, TOKENS), ref, rtol=1e-5, atol=1e-7)
+
+
+# --- the model -------------------------------------------------------------------
+
+
+def test_shapes_and_causality():
+    model = tiny(3)
+    tokens = jnp.array([[1, 2, 3, 4, 5, 6, 7]])
+    changed = tokens.at[0, 4].set(9)
+    logits, logits_changed = _forward(model, jnp.concatenate([tokens, changed]))
+    assert logits.shape == (7, 16) and logits.dtype == jnp.float32
+    # Position i sees tokens[: i + 1] only.
+    assert jnp.array_equal(logits[:4], logits_changed[:4])
+    assert not jnp.allclose(logits[4:], logits_changed[4:])
+
+
+def test_architecture():
+    model = tiny(3)
+    assert NAMES == (
+        "layer_input",
+        "qkv_proj",
+        "attention_context",
+        "out_proj",
+        "mlp_hidden",
+        "mlp_out",
+    )
+    assert model.d_ff == 32  # 4 * d_model by default
+    assert model.blocks.qkv.weight.shape == (3, 24, 8)  # stacked over layers
+    assert model.blocks.mlp_in.weight.shape == (3, 32, 8)
+    assert model.position_embedding.weight.shape == (8, 8)
+    # An untied output head, without bias.
+    assert model.head.weight.shape == (16, 8) and model.head.bias is None
+    assert model.head.weight is not model.token_embedding.weight
+    assert tiny(d_ff=5).blocks.mlp_in.weight.shape == (3, 5, 8)
+
+
+# --- dropout ---------------------------------------------------------------------
+
+
+def dropout_model():
+    return tiny(3, dropout=0.3)
+
+
+def batch_keys(seed=2, batch=2):
+    return jr.split(jr.key(seed), batch)
+
+
+@pytest.mark.parametrize("ck", ["nothing", er.every(2), er.recursive()], ids=ck_id)
+def test_dropout_gradients(ck):
+    """Per-layer keys are scan inputs: a recomputed layer draws the same mask."""
+    assert_same_gradients(dropout_model(), TOKENS, ck, batch_keys())
+
+
+def test_dropout_is_random_and_inference_mode_turns_it_off():
+    model = dropout_model()
+    a = _forward(model, TOKENS, batch_keys(2))
+    b = _forward(model, TOKENS, batch_keys(3))
+    assert not jnp.allclose(a, b)
+    # Same key, any schedule: same output.
+    assert jnp.array_equal(
+        _forward(er.set_checkpoint(model, er.recursive()), TOKENS, batch_keys(2)), a
+    )
+    # inference_mode: no dropout, no key needed, the model without dropout.
+    off = eqx.nn.inference_mode(model)
+    no_dropout = tiny(3)
+    assert jnp.array_equal(_forward(off, TOKENS), _forward(no_dropout, TOKENS))
+
+
+def test_dropout_masks_are_not_saved():
+    """Under "nothing", nothing mask-shaped (bool) is saved across layers: masks are
+    recomputed from the per-layer keys (jax#17982)."""
+    model = dropout_model()
+    # Raw uint32 keys: eqx_remat.residuals can't describe typed-key residuals yet.
+    keys = jr.split(jr.PRNGKey(2), 2)
+
+    def saved(ck):
+        return er.residuals(loss, er.set_checkpoint(model, ck), TOKENS, keys)
+
+    def masks(ck):
+        return [r.shape for r in saved(ck) if r.dtype == np.bool_ and r.shape]
+
+    # Without checkpointing the masks are saved, stacked over the 3 layers ...
+    assert (3, 2, 7, 8) in masks(None)
+    # ... under "nothing", only the embedding dropout's (outside the scan) is.
+    assert masks("nothing") == [(2, 7, 8)]
+
+
+def test_dropout_needs_a_key():
+    with pytest.raises(ValueError, match=r"dropout=0\.3: pass key=\.\.\."):
+        dropout_model()(TOKENS[0])
+
+
+# --- bf16 compute ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ck", ["nothing", pytest.param(er.every(2), marks=pytest.mark.slow)], ids=ck_id
+)
+def test_bf16_gradients(ck):
+    """bf16 activations, float32 parameters: checkpointing re-runs the same bf16
+    computation, so the gradients agree to bf16 rounding.
+
+    On CPU they are bit-identical. The tolerance leaves room for a compiler that
+    fuses (and so rounds) the recomputed forward differently from the original:
+    one rounding of a bf16 value moves it by at most 2^-8 relative; we allow two
+    such roundings, 2^-7, relative to each gradient leaf's largest entry. (The
+    bf16-vs-float32 difference of these gradients is ~1e-2, so this tolerance
+    would still catch e.g. a recomputation in a different dtype.)
+    """
+    model = tiny(3, dtype=jnp.bfloat16)
+    ref = grads(model, TOKENS)
+    got = grads(er.set_checkpoint(model, ck), TOKENS)
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(got))
+    assert max_rel_error(got, ref) <= 2**-7
+
+
+def test_bf16_activations():
+    model = tiny(3, dtype=jnp.bfloat16)
+    assert model.dtype == jnp.bfloat16
+    params = jax.tree.leaves(eqx.filter(model, eqx.is_array))
+    assert all(p.dtype == jnp.float32 for p in params)
+    assert eqx.filter_eval_shape(jax.vmap(model), TOKENS).dtype == jnp.float32
+    # The activations saved for the backward pass are bf16.
+    assert any(r.dtype == jnp.bfloat16 for r in er.residuals(loss, model, TOKENS))
+    # bf16 gradients are close to, but not, the float32 ones.
+    assert 0 < max_rel_error(grads(model, TOKENS), grads(tiny(3), TOKENS)) < 0.1
+
+
+# --- compiled memory -------------------------------------------------------------
+
+
+@functools.cache
+def lm_temp_bytes(ck, dropout: float) -> int:
+    """Compiled temp bytes of the loss gradient: d_model 256, 8 layers, 4 heads,
+    seq 256, batch 8, vocab 256, float32. Compiled only, never run."""
+    model = zoo.Transformer(
+        256, 256, 256, 4, 8, dropout=dropout, checkpoint=ck, key=jr.key(0)
+    )
+    params, static = eqx.partition(model, eqx.is_array)
+    tokens = jax.ShapeDtypeStruct((8, 256), jnp.int32)
+    keys = jax.ShapeDtypeStruct((8,), jr.key(0).dtype) if dropout else None
+
+    def grad(params, tokens, keys):
+        return jax.grad(lambda p: loss(eqx.combine(p, static), tokens, keys))(params)
+
+    return temp_bytes(grad, params, tokens, keys)
+
+
+@pytest.mark.parametrize("ck, ratio", [("dots", 0.6), ("nothing", 0.3)])
+def test_memory(ck, ratio):
+    assert lm_temp_bytes(ck, 0.0) <= ratio * lm_temp_bytes(None, 0.0)
+
+
+def test_memory_dropout():
+    """Dropout masks are recomputed, not saved: "nothing" with dropout costs at most
+    15% more temp memory than without."""
+    assert lm_temp_bytes("nothing", 0.1) <= 1.15 * lm_temp_bytes("nothing", 0.0)
+
+
+# --- bad input ---------------------------------------------------------------------
+
+
+def test_bad_tokens():
+    model = tiny()
+    with pytest.raises(
+        ValueError, match=r"length 1 to max_len=8\. Got tokens of shape \(9,\)"
+    ):
+        model(jnp.zeros(9, jnp.int32))
+    with pytest.raises(ValueError, match=r"Got tokens of shape \(0,\)"):
+        model(jnp.zeros(0, jnp.int32))
+    # Wrong dtype or rank: jaxtyping + beartype name the argument, at trace time.
+    with pytest.raises(TypeError, match="parameter 'tokens'"):
+        eqx.filter_eval_shape(model, jnp.zeros(5, jnp.float32))
+    with pytest.raises(TypeError, match="parameter 'tokens'"):
+        eqx.filter_eval_shape(model, jnp.zeros((2, 5), jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            {"d_model": 10, "num_heads": 3},
+            r"d_model must be divisible by num_heads\. Got d_model=10, num_heads=3",
+        ),
+        ({"num_layers": 0}, r"num_layers must be an int >= 1\. Got 0"),
+        ({"num_heads": 0}, r"num_heads must be an int >= 1\. Got 0"),
+        ({"vocab_size": 0}, r"vocab_size must be an int >= 1\. Got 0"),
+        ({"d_ff": 0}, r"d_ff must be an int >= 1\. Got 0"),
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)\. Got 1\.0"),
+        ({"dtype": jnp.int32}, r"dtype must be a floating dtype"),
+        ({"checkpoint": "dotz"}, r"Unknown policy 'dotz'.*'dots'"),
+    ],
+    ids=["heads", "layers0", "heads0", "vocab0", "dff0", "dropout1", "dtype", "ckpt"],
+)
+def test_bad_config(kwargs, match):
+    args = {
+        "vocab_size": 16,
+        "max_len": 8,
+        "d_model": 8,
+        "num_heads": 2,
+        "num_layers": 2,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        zoo.Transformer(**args, key=jr.key(0))

@@ -1,0 +1,262 @@
+"""zoo.MLP and zoo.ResidualChain: gradients under every policy and schedule, bad
+input, set_checkpoint. (The Transformer is in test_transformer.py.)"""
+
+import equinox as eqx
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import pytest
+from helpers import temp_bytes, tree_allclose
+from hypothesis import given
+from zoo_helpers import build, quick_jit
+
+import eqx_remat as er
+import zoo
+
+
+# Every policy name, a policy callable, name policies (these models tag nothing,
+# so `save_names` saves nothing and `save_all_but_names` everything), and every
+# schedule, with and without inner policies, with uneven splits.
+CHECKPOINTS = [
+    *sorted(er.POLICIES),
+    jax.checkpoint_policies.dots_saveable,
+    er.save_names("untagged"),
+    er.save_all_but_names("untagged"),
+    er.every(1),
+    er.every(2),
+    er.every(3, policy="dots"),
+    er.every(100, policy="nothing"),
+    er.nested(1),
+    er.nested(2),
+    er.nested(3),
+    er.nested(2, policy="dots_no_batch"),
+    er.recursive(),
+]
+if hasattr(er, "binomial"):
+    CHECKPOINTS += [er.binomial(2), er.binomial(3, policy="nothing")]
+
+
+def ck_id(ck) -> str:
+    return getattr(ck, "__name__", None) or str(ck)
+
+
+def _loss(model, x):
+    return jnp.mean(jnp.sin(jax.vmap(model)(x)))
+
+
+# One cache for every test: filter_jit keys on the static fields (the checkpoint
+# included), so each (shape, checkpoint) pair compiles once.
+_grads = quick_jit(eqx.filter_grad(_loss))
+_outputs = quick_jit(lambda m, x: jax.vmap(m)(x))
+
+
+def assert_same_gradients(model, x, ck, *, rtol=1e-5):
+    ref = _grads(er.set_checkpoint(model, None), x)
+    # Gradients are models: compare them with the same (static) checkpoint.
+    got = er.set_checkpoint(_grads(er.set_checkpoint(model, ck), x), None)
+    # atol relative to the largest gradient: entries near zero are differences
+    # of O(1) terms, so rtol alone would be too strict for them.
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
+    assert tree_allclose(got, ref, rtol=rtol, atol=rtol * scale), ck_id(ck)
+
+
+def mlp(depth=3, *, in_size=3, out_size=2, width=5, seed=0, **kwargs):
+    return zoo.MLP(in_size, out_size, width, depth, key=jr.key(seed), **kwargs)
+
+
+def chain(depth=5, *, width=4, seed=0, **kwargs):
+    return zoo.ResidualChain(width, depth, key=jr.key(seed), **kwargs)
+
+
+# --- gradients equal the un-checkpointed model's ------------------------------
+
+
+# Policies on the MLP, schedules on the ResidualChain (their showcase); the
+# property test below draws any checkpoint for either model.
+POLICY_CHECKPOINTS = [c for c in CHECKPOINTS if not isinstance(c, er.Schedule)]
+SCHEDULE_CHECKPOINTS = [c for c in CHECKPOINTS if isinstance(c, er.Schedule)]
+
+
+@pytest.mark.parametrize("ck", POLICY_CHECKPOINTS, ids=ck_id)
+def test_mlp_gradients(ck):
+    x = jr.normal(jr.key(1), (2, 3))
+    assert_same_gradients(mlp(), x, ck)
+
+
+@pytest.mark.parametrize("ck", SCHEDULE_CHECKPOINTS, ids=ck_id)
+def test_residual_chain_gradients(ck):
+    x = jr.normal(jr.key(1), (2, 4))
+    assert_same_gradients(chain(), x, ck)
+
+
+@given(
+    kind=st.sampled_from(["MLP", "ResidualChain"]),
+    in_size=st.integers(1, 4),
+    out_size=st.integers(1, 3),
+    width=st.integers(1, 6),
+    depth=st.integers(1, 12),
+    batch=st.integers(1, 3),
+    ck=st.sampled_from(CHECKPOINTS),
+    seed=st.integers(0, 2**16),
+)
+def test_gradients_property(kind, in_size, out_size, width, depth, batch, ck, seed):
+    # Initialised under one jit: new shapes compile once rather than op by op.
+    if kind == "MLP":
+        model = build(zoo.MLP, in_size, out_size, width, depth, key=jr.key(seed))
+    else:
+        model = build(zoo.ResidualChain, width, depth, key=jr.key(seed))
+        in_size = out_size = width
+    x = jr.normal(jr.key(seed + 1), (batch, in_size))
+    assert_same_gradients(model, x, ck)
+
+
+@pytest.mark.parametrize(
+    "kwargs, activation",
+    [({}, jax.nn.gelu), ({"activation": jax.nn.relu}, jax.nn.relu)],
+    ids=["gelu", "relu"],
+)
+def test_mlp_is_the_documented_network(kwargs, activation):
+    """`depth` counts the scanned hidden layers: depth + 2 linear layers in all."""
+    model = mlp(4, in_size=3, out_size=2, width=5, **kwargs)
+    assert model.layer_in.weight.shape == (5, 3)
+    assert model.hidden.linear.weight.shape == (4, 5, 5)
+    assert model.layer_out.weight.shape == (2, 5)
+    x = jr.normal(jr.key(1), (1, 3))
+    h = activation(model.layer_in(x[0]))
+    for i in range(4):
+        h = activation(jax.tree.map(lambda a: a[i], model.hidden.linear)(h))
+    expected = model.layer_out(h)
+    assert jnp.allclose(_outputs(model, x)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+# --- ResidualChain at depth in the thousands ----------------------------------
+
+
+def test_residual_chain_deep_is_tame():
+    """The 1/depth step keeps outputs and gradients O(1) at any depth."""
+    model = chain(2000)
+    x = jr.normal(jr.key(1), (2, 4))
+    y = _outputs(model, x)
+    assert jnp.all(jnp.isfinite(y))
+    # Each layer moves each coordinate by at most 1/depth.
+    assert float(jnp.max(jnp.abs(y - x))) <= 1.0 + 1e-4
+    g = _grads(model, x)
+    assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(g))
+    # The input-output Jacobian is a product of 2000 near-identity factors.
+    jac = jax.jacrev(model)(x[0])
+    assert 0.2 < float(jnp.min(jnp.linalg.svd(jac, compute_uv=False)))
+    assert float(jnp.max(jnp.linalg.svd(jac, compute_uv=False))) < 5
+
+
+@pytest.mark.parametrize(
+    "ck",
+    [er.recursive(), er.nested(3), er.every(45, policy="nothing")]
+    + ([er.binomial(8)] if hasattr(er, "binomial") else []),
+    ids=ck_id,
+)
+def test_residual_chain_deep_gradients(ck):
+    x = jr.normal(jr.key(1), (2, 4))
+    assert_same_gradients(chain(2000), x, ck)
+
+
+def test_residual_chain_recursive_saves_memory():
+    """D = 1024: bisection keeps O(log D) carries instead of D layers' residuals."""
+    x = jnp.zeros((4, 64))
+
+    def temp(model):
+        grad = jax.grad(lambda p: _loss(eqx.combine(p, static(model)), x))
+        return temp_bytes(grad, arrays(model))
+
+    model = chain(1024, width=64)
+    assert temp(er.set_checkpoint(model, er.recursive())) < 0.2 * temp(model)
+
+
+def arrays(model):
+    return eqx.filter(model, eqx.is_array)
+
+
+def static(model):
+    return eqx.filter(model, eqx.is_array, inverse=True)
+
+
+# --- set_checkpoint ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, size", [(mlp, 3), (chain, 4)], ids=["MLP", "ResidualChain"]
+)
+def test_set_checkpoint_switches_schedule(make, size):
+    model = make()
+    x = jr.normal(jr.key(1), (2, size))
+    assert model.checkpoint is None
+    for ck in ("dots", er.recursive(), er.every(2, policy="nothing")):
+        switched = er.set_checkpoint(model, ck)
+        assert switched.checkpoint == ck
+        assert type(switched) is type(model)
+        # Same weights (the very same arrays), only the schedule differs.
+        for a, b in zip(
+            jax.tree.leaves(arrays(model)), jax.tree.leaves(arrays(switched))
+        ):
+            assert a is b
+        g = er.set_checkpoint(_grads(switched, x), None)
+        assert tree_allclose(g, _grads(model, x))
+    back = er.set_checkpoint(er.set_checkpoint(model, er.recursive()), None)
+    assert back.checkpoint is None
+
+
+def test_checkpoint_in_constructor():
+    model = mlp(checkpoint=er.recursive())
+    assert model.checkpoint == er.recursive()
+    assert chain(checkpoint="dots").checkpoint == "dots"
+
+
+# --- bad input -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, arg",
+    [
+        (lambda: mlp(0), "depth"),
+        (lambda: mlp(width=0), "width_size"),
+        (lambda: mlp(in_size=0), "in_size"),
+        (lambda: chain(0), "depth"),
+        (lambda: chain(width=0), "width"),
+    ],
+    ids=["mlp-depth0", "mlp-width0", "mlp-in0", "chain-depth0", "chain-width0"],
+)
+def test_bad_sizes(make, arg):
+    with pytest.raises(ValueError, match=rf"{arg} must be an int >= 1\. Got"):
+        make()
+
+
+@pytest.mark.parametrize("make", [mlp, chain], ids=["MLP", "ResidualChain"])
+def test_bad_checkpoint(make):
+    # A float depth: beartype (under pytest's jaxtyping hook) or our own check.
+    with pytest.raises((TypeError, ValueError), match="depth"):
+        make(2.0)
+    with pytest.raises(ValueError, match="Unknown policy 'dotz'.*'dots'"):
+        make(checkpoint="dotz")
+    with pytest.raises((TypeError, ValueError), match="checkpoint"):
+        make(checkpoint=3)
+
+
+def test_mlp_bad_input():
+    model = mlp(in_size=3)
+    with pytest.raises(
+        ValueError, match=r"MLP expected x of shape \(3,\)\. Got \(4,\)"
+    ):
+        model(jnp.zeros(4))
+    # Wrong rank or dtype: jaxtyping + beartype name the argument, at trace time.
+    with pytest.raises(TypeError, match="parameter 'x'"):
+        eqx.filter_eval_shape(model, jnp.zeros((2, 3)))
+    with pytest.raises(TypeError, match="parameter 'x'"):
+        eqx.filter_eval_shape(model, jnp.zeros(3, dtype=jnp.int32))
+
+
+def test_residual_chain_bad_input():
+    model = chain(width=4)
+    with pytest.raises(ValueError, match=r"expected x of shape \(4,\)\. Got \(3,\)"):
+        model(jnp.zeros(3))
+    with pytest.raises(TypeError, match="parameter 'x'"):
+        eqx.filter_eval_shape(model, jnp.zeros((2, 4)))

@@ -1,0 +1,114 @@
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
+
+import eqx_remat
+
+from ._util import check_checkpoint, check_int
+
+
+class _Hidden(eqx.Module):
+    """One hidden layer, `width_size -> width_size`, followed by the activation."""
+
+    linear: eqx.nn.Linear
+    activation: Callable
+
+    def __call__(self, x):
+        return self.activation(self.linear(x))
+
+
+class MLP(eqx.Module):
+    """A multi-layer perceptron whose hidden layers are stacked and scanned.
+
+    `in_size -> width_size`, then `depth` hidden layers `width_size -> width_size`
+    (applied with [`eqx_remat.scan_layers`][], checkpointed by `checkpoint`), then
+    `width_size -> out_size`. The activation follows every layer but the last.
+
+    !!! note
+        `depth` counts the *scanned* hidden layers, so the network has `depth + 2`
+        linear layers. (In `equinox.nn.MLP`, `depth` counts every layer but the
+        first: `equinox.nn.MLP(..., depth=d)` is `zoo.MLP(..., depth=d - 1)`.)
+    """
+
+    layer_in: eqx.nn.Linear
+    hidden: _Hidden
+    layer_out: eqx.nn.Linear
+    activation: Callable
+    in_size: int = eqx.field(static=True)
+    out_size: int = eqx.field(static=True)
+    width_size: int = eqx.field(static=True)
+    depth: int = eqx.field(static=True)
+    checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int,
+        width_size: int,
+        depth: int,
+        *,
+        activation: Callable = jax.nn.gelu,
+        checkpoint: eqx_remat.Checkpoint = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `in_size`: the input size; the input is a vector of shape `(in_size,)`.
+        - `out_size`: the output size; the output has shape `(out_size,)`.
+        - `width_size`: the size of each hidden layer.
+        - `depth`: the number of hidden `width_size -> width_size` layers, stacked
+          and scanned; an int >= 1.
+        - `activation`: applied after every layer but the last. Default `gelu`.
+        - `checkpoint`: how the hidden stack is checkpointed: `None`, a policy or
+          its name, or a schedule (see [`eqx_remat.scan_layers`][]).
+        - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+        """
+        for name, value in (
+            ("in_size", in_size),
+            ("out_size", out_size),
+            ("width_size", width_size),
+        ):
+            check_int("MLP", name, value, 1)
+        check_int("MLP", "depth", depth, 1)
+        check_checkpoint("MLP", checkpoint)
+        kin, khidden, kout = jr.split(key, 3)
+        self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
+        self.hidden = eqx_remat.stack(
+            lambda k: _Hidden(eqx.nn.Linear(width_size, width_size, key=k), activation),
+            jr.split(khidden, depth),
+        )
+        self.layer_out = eqx.nn.Linear(width_size, out_size, key=kout)
+        self.activation = activation
+        self.in_size = in_size
+        self.out_size = out_size
+        self.width_size = width_size
+        self.depth = depth
+        self.checkpoint = checkpoint
+
+    @jax.named_scope("zoo.MLP")
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self, x: Float[Array, " in_size"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, " out_size"]:
+        """**Arguments:**
+
+        - `x`: one input, shape `(in_size,)`. Batch with `jax.vmap`.
+        - `key`: ignored; accepted for a uniform API. (Keyword only.)
+
+        **Returns:**
+
+        The output, shape `(out_size,)`.
+        """
+        del key
+        if x.shape != (self.in_size,):
+            raise ValueError(
+                f"MLP expected x of shape ({self.in_size},). Got {x.shape}. "
+                "(Batch with jax.vmap.)"
+            )
+        h = self.activation(self.layer_in(x))
+        h = eqx_remat.scan_layers(self.hidden, h, checkpoint=self.checkpoint)
+        return self.layer_out(h)

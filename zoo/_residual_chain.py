@@ -1,0 +1,88 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
+
+import eqx_remat
+
+from ._util import check_checkpoint, check_int
+
+
+class _Residual(eqx.Module):
+    """`x -> x + step * tanh(linear(x))`."""
+
+    linear: eqx.nn.Linear
+    step: float = eqx.field(static=True)
+
+    def __call__(self, x):
+        return x + self.step * jnp.tanh(self.linear(x))
+
+
+class ResidualChain(eqx.Module):
+    """A deep chain of residual layers, `x ↦ x + f_i(x) / depth` with
+    `f_i(x) = tanh(W_i x + b_i)`, stacked and scanned.
+
+    The chain is the explicit Euler discretisation, with step `1 / depth`, of the
+    ODE `dx/dt = tanh(W(t) x + b(t))` on `t ∈ [0, 1]`: each layer moves `x` by at
+    most `1 / depth` per coordinate, so outputs and gradients stay of order one at
+    any depth, thousands of layers included. It is the showcase for the depth
+    schedules ([`eqx_remat.recursive`][] and friends), where the layer is cheap and
+    the stored carries are what costs memory.
+    """
+
+    layers: _Residual
+    width: int = eqx.field(static=True)
+    depth: int = eqx.field(static=True)
+    checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
+
+    def __init__(
+        self,
+        width: int,
+        depth: int,
+        *,
+        checkpoint: eqx_remat.Checkpoint = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `width`: the size of the state; inputs and outputs have shape `(width,)`.
+        - `depth`: the number of residual layers; an int >= 1.
+        - `checkpoint`: how the chain is checkpointed: `None`, a policy or its
+          name, or a schedule (see [`eqx_remat.scan_layers`][]).
+        - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+        """
+        check_int("ResidualChain", "width", width, 1)
+        check_int("ResidualChain", "depth", depth, 1)
+        check_checkpoint("ResidualChain", checkpoint)
+        step = 1.0 / depth
+        self.layers = eqx_remat.stack(
+            lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),
+            jr.split(key, depth),
+        )
+        self.width = width
+        self.depth = depth
+        self.checkpoint = checkpoint
+
+    @jax.named_scope("zoo.ResidualChain")
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self, x: Float[Array, " width"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, " width"]:
+        """**Arguments:**
+
+        - `x`: one input, shape `(width,)`. Batch with `jax.vmap`.
+        - `key`: ignored; accepted for a uniform API. (Keyword only.)
+
+        **Returns:**
+
+        The final state, shape `(width,)`.
+        """
+        del key
+        if x.shape != (self.width,):
+            raise ValueError(
+                f"ResidualChain expected x of shape ({self.width},). Got {x.shape}. "
+                "(Batch with jax.vmap.)"
+            )
+        return eqx_remat.scan_layers(self.layers, x, checkpoint=self.checkpoint)
