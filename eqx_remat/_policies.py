@@ -43,6 +43,9 @@ class save_names:
         _check_names("save_names", names)
         object.__setattr__(self, "names", frozenset(names))
 
+    def __repr__(self) -> str:
+        return f"save_names({', '.join(map(repr, sorted(self.names)))})"
+
     def __call__(self, prim, *_, **params) -> bool:
         return _is_name(prim, params) and params["name"] in self.names
 
@@ -74,6 +77,9 @@ class save_all_but_names:
     def __init__(self, *names):
         _check_names("save_all_but_names", names)
         object.__setattr__(self, "names", frozenset(names))
+
+    def __repr__(self) -> str:
+        return f"save_all_but_names({', '.join(map(repr, sorted(self.names)))})"
 
     def __call__(self, prim, *_, **params) -> bool:
         if _is_name(prim, params):
@@ -114,6 +120,10 @@ class offload_names:
         object.__setattr__(self, "names", frozenset(names))
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "dst", dst)
+
+    def __repr__(self) -> str:
+        names = ", ".join(map(repr, sorted(self.names)))
+        return f"offload_names({names}, src={self.src!r}, dst={self.dst!r})"
 
     def __call__(self, prim, *args, **params):
         return self._jax_policy(prim, *args, **params)

@@ -148,3 +148,13 @@ def test_save_all_but_names_gradients():
     g0 = jax.grad(loss)(x, None)
     g1 = jax.grad(loss)(x, er.save_all_but_names("a"))
     assert jnp.allclose(g0, g1, rtol=1e-5, atol=1e-6)
+
+
+def test_name_policies_repr_is_deterministic():
+    # Sorted, so test ids and logs do not depend on set order (hash seeds).
+    assert repr(er.save_names("b", "a")) == "save_names('a', 'b')"
+    assert repr(er.save_all_but_names("b", "a")) == "save_all_but_names('a', 'b')"
+    assert (
+        repr(er.offload_names("b", "a"))
+        == "offload_names('a', 'b', src='device', dst='pinned_host')"
+    )
