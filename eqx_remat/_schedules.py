@@ -15,9 +15,10 @@ class Schedule:
     A schedule is a frozen, hashable value: it can be the static `checkpoint` field
     of an Equinox module, and rebuilding an equal schedule does not recompile.
 
-    Every schedule runs the forward pass as one plain `lax.scan` that saves nothing
-    but its inputs, and a backward pass that re-runs the stack from a few saved
-    carries, writing the parameter gradients into a single buffer. Backward passes
+    Every schedule runs the forward pass as one `lax.scan` that saves its inputs
+    (and, for `binomial`, the first carries of its offline schedule), and a
+    backward pass that re-runs the stack from a few stored carries, writing the
+    parameter gradients into a single buffer. Backward passes
     of this kind are reverse-mode only: `jax.jvp`, `jax.jacfwd` and `jax.hessian`
     through a schedule raise an error (use a policy, or `None`, for forward mode).
     Reverse-over-reverse (`jax.grad` of `jax.grad`) works.
