@@ -26,7 +26,7 @@ class Residual(NamedTuple):
     """
 
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # a NumPy dtype, or an extended one such as a PRNG key's
     nbytes: int
     source: str
     name: str | None
@@ -66,7 +66,7 @@ def residuals(fn: Callable[..., Any], *args: Any) -> list[Residual]:
     )
     out = []
     for aval, source in _saved_residuals(f, dynamic):
-        dtype = np.dtype(aval.dtype)
+        dtype = aval.dtype  # not np.dtype(...): PRNG keys have extended dtypes
         shape = tuple(aval.shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         match = _NAMED.match(source)

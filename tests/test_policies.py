@@ -158,3 +158,15 @@ def test_name_policies_repr_is_deterministic():
         repr(er.offload_names("b", "a"))
         == "offload_names('a', 'b', src='device', dst='pinned_host')"
     )
+
+
+def test_residuals_with_prng_keys():
+    # Typed keys (dropout keys passed as per-layer inputs) have extended dtypes.
+    def f(x, keys):
+        layer = lambda c, k: jnp.sin(c) * jax.random.normal(k, ())
+        body = lambda c, k: (jax.checkpoint(layer)(c, k), None)
+        return jax.lax.scan(body, x, keys)[0]
+
+    res = er.residuals(f, jnp.array(1.0), jax.random.split(jax.random.key(0), 3))
+    keys = [r for r in res if jax.dtypes.issubdtype(r.dtype, jax.dtypes.prng_key)]
+    assert len(keys) == 1 and keys[0].shape == (3,) and keys[0].nbytes > 0
