@@ -9,6 +9,9 @@ are shortened (`/tmp/.../page.py:12:8` -> `page.py:12:8`, a path into this
 repository -> its path from the repository root). Line and column numbers are not
 compared.
 
+Blocks after an HTML comment `<!-- docs: slow -->` (compiles of full-size models)
+run only with `-m slow`; the default run executes the blocks before it.
+
 After changing a page's code, `EQX_REMAT_DOCS_UPDATE=1 pytest tests/test_docs.py`
 rewrites its ```text output blocks with what the code prints now (read the diff:
 the prose around them may need to change too).
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -125,29 +129,54 @@ def test_public_name_has_a_docstring(name):
 # --- code on the pages --------------------------------------------------------
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+_SLOW = "<!-- docs: slow -->"
 _MARK = "\x1e-- docs block {} --\x1e"
 
 
-def _blocks(page: Path) -> list[tuple[str, str | None]]:
-    """The page's python blocks, each with the ```text block directly after it."""
+class _Block(NamedTuple):
+    code: str
+    expected: str | None  # the ```text block right after it, if any
+    output: re.Match | None  # where that block's content is in the page
+    slow: bool  # after the page's `<!-- docs: slow -->` marker
+
+
+def _blocks(page: Path) -> list[_Block]:
+    """The page's python blocks, in order."""
     text = page.read_text()
+    slow_from = text.find(_SLOW)
     fences = list(_FENCE.finditer(text))
     out = []
-    for i, m in enumerate(fences):
+    for m, nxt in zip(fences, fences[1:] + [None]):
         if m.group(1) != "python":
             continue
-        expected = None
-        if i + 1 < len(fences):
-            nxt = fences[i + 1]
-            between = text[m.end() : nxt.start()]
-            if nxt.group(1) == "text" and not between.strip():
-                expected = nxt.group(2)
-        out.append((m.group(2), expected))
+        if (
+            nxt is not None
+            and nxt.group(1) == "text"
+            and not text[m.end() : nxt.start()].strip()
+        ):
+            expected, output = nxt.group(2), nxt
+        else:
+            expected, output = None, None
+        slow = slow_from != -1 and m.start() > slow_from
+        out.append(_Block(m.group(2), expected, output, slow))
     return out
 
 
-def _pages_with_code() -> list[Path]:
-    return [p for p in sorted(DOCS.rglob("*.md")) if _blocks(p)]
+def _cases() -> list:
+    """One case per page with code (its blocks before `<!-- docs: slow -->`), and
+    one more, marked slow, for a page with blocks after that marker (all of
+    them)."""
+    cases = []
+    for page in sorted(DOCS.rglob("*.md")):
+        blocks = _blocks(page)
+        rel = page.relative_to(DOCS).as_posix()
+        if any(not b.slow for b in blocks):
+            cases.append(pytest.param(page, False, id=rel))
+        if any(b.slow for b in blocks):
+            cases.append(
+                pytest.param(page, True, id=rel + "[all]", marks=pytest.mark.slow)
+            )
+    return cases
 
 
 def _normalise(out: str, script: Path) -> str:
@@ -157,16 +186,14 @@ def _normalise(out: str, script: Path) -> str:
     return "\n".join(line.rstrip() for line in out.splitlines()).strip() + "\n"
 
 
-@pytest.mark.parametrize(
-    "page", _pages_with_code(), ids=lambda p: p.relative_to(DOCS).as_posix()
-)
-def test_page_code_runs(page, tmp_path):
-    blocks = _blocks(page)
+@pytest.mark.parametrize(("page", "slow"), _cases())
+def test_page_code_runs(page, slow, tmp_path):
+    blocks = [b for b in _blocks(page) if slow or not b.slow]
     script = tmp_path / (page.stem.replace("-", "_") + ".py")
     parts = []
-    for i, (code, _) in enumerate(blocks):
+    for i, block in enumerate(blocks):
         parts.append(f"print({_MARK.format(i)!r}, flush=True)\n")
-        parts.append(code)
+        parts.append(block.code)
     script.write_text("".join(parts))
     proc = subprocess.run(
         [sys.executable, str(script)],
@@ -182,40 +209,33 @@ def test_page_code_runs(page, tmp_path):
     marks = "|".join(re.escape(_MARK.format(i)) for i in range(len(blocks)))
     outputs = re.split(marks, proc.stdout)[1:]
     if os.environ.get("EQX_REMAT_DOCS_UPDATE"):
-        _update(page, outputs, script)
+        _update(page, blocks, outputs, script)
         return
     checker = doctest.OutputChecker()
-    for i, ((code, expected), got) in enumerate(zip(blocks, outputs, strict=True)):
-        if expected is None:
+    for i, (block, got) in enumerate(zip(blocks, outputs, strict=True)):
+        if block.expected is None:
             continue
         got = _normalise(got, script)
-        want = _normalise(expected, script)
+        want = _normalise(block.expected, script)
         assert checker.check_output(want, got, doctest.ELLIPSIS), (
             f"{page.relative_to(ROOT)}, python block {i + 1} (starting "
-            f"{code.strip().splitlines()[0]!r}) printed\n{got}\nbut the page says\n"
-            f"{want}"
+            f"{block.code.strip().splitlines()[0]!r}) printed\n{got}\nbut the page "
+            f"says\n{want}"
         )
 
 
-def _update(page: Path, outputs: list[str], script: Path) -> None:
-    """Replace each output block of `page` with what its python block printed.
+def _update(page: Path, blocks: list[_Block], outputs: list[str], script: Path):
+    """Replace the output blocks of `page` with what their python blocks printed.
     Blocks that use doctest's `...` wildcard were edited by hand: left as they
     are."""
     text = page.read_text()
-    fences = list(_FENCE.finditer(text))
-    pieces, last, k = [], 0, -1
-    for m, nxt in zip(fences, fences[1:] + [None]):
-        if m.group(1) != "python":
+    pieces, last = [], 0
+    for block, got in zip(blocks, outputs, strict=True):
+        if block.output is None or "..." in block.expected:
             continue
-        k += 1
-        if nxt is None or nxt.group(1) != "text" or "..." in nxt.group(2):
-            continue
-        if text[m.end() : nxt.start()].strip():
-            continue
-        got = outputs[k].replace(str(script), script.name)
-        got = got.replace(str(ROOT) + "/", "")
+        got = got.replace(str(script), script.name).replace(str(ROOT) + "/", "")
         got = "\n".join(line.rstrip() for line in got.strip().splitlines()) + "\n"
-        pieces += [text[last : nxt.start(2)], got]
-        last = nxt.end(2)
+        pieces += [text[last : block.output.start(2)], got]
+        last = block.output.end(2)
     pieces.append(text[last:])
     page.write_text("".join(pieces))
