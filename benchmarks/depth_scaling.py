@@ -12,7 +12,8 @@ of `mean(chain(x)²)` is compiled (nothing runs) on the CPU under
 
 Reported per D: compiled temp memory, FLOPs (`eqx_remat.count_flops`; binomial
 counted exactly by `eqx_remat.plan`; treeverse's loops have run-time trip counts,
-so it has none), and the time to trace, lower and compile. The plot puts memory
+so it has none), and the time to trace, lower and compile (median of
+`--repeats`, caches cleared before each). The plot puts memory
 and FLOPs against D on log-log axes beside O(D), O(√D) and O(log D) reference
 slopes, and compile time against D; the table gives each schedule's fitted
 log-log slope of memory against D.
@@ -25,6 +26,7 @@ log-log slope of memory against D.
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import _models as M  # noqa: E402
 import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import eqx_remat as er  # noqa: E402
@@ -54,7 +57,9 @@ TREEVERSE = "treeverse(log2)"
 DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def measure_one(preset, spec: str) -> dict:
+def measure_one(preset, spec: str, first: bool = True) -> dict:
+    """Compile the gradient of a chain of `preset.depth` layers under `spec`;
+    with `first`, also its memory and FLOPs."""
     model = M.build(preset, abstract=True)
     x = M.batch(preset, abstract=True)
     log2 = max(1, math.ceil(math.log2(max(2, preset.depth))))
@@ -66,14 +71,13 @@ def measure_one(preset, spec: str) -> dict:
         c = C.parse_checkpoint(spec, preset.depth)
         fn, params = M.ours(preset, model, c)
         label = C.checkpoint_label(c)
+    jax.clear_caches()
     compiled, secs = C.compile_fn(fn, (params, x))
-    row = {
-        "schedule": spec,
-        "checkpoint": label,
-        "depth": preset.depth,
-        **C.memory_of(compiled),
-        "compile_s": secs,
-    }
+    row = {"schedule": spec, "checkpoint": label, "depth": preset.depth}
+    row["compile_s"] = secs
+    if not first:
+        return row
+    row.update(C.memory_of(compiled))
     del compiled
     if isinstance(c, er.binomial):
         res = er.plan(
@@ -134,14 +138,24 @@ def plot(rows, path: Path, title: str) -> None:
         (np.log2(ref) / math.log2(d0), "O(log D)", lo),
     ):
         axes[0].loglog(ref, anchor * f, ":", color="gray", lw=1.5)
-        axes[0].annotate(name, (ref[-1], anchor * f[-1]), fontsize=8, color="gray")
+        axes[0].text(
+            ref[-1],
+            anchor * f[-1],
+            name,
+            fontsize=8,
+            color="gray",
+            ha="right",
+            va="bottom",
+        )
     f0 = min(r["flops"] for r in rows if r["depth"] == d0 and r["flops"]) / 1e9
     for f, name in (
         (ref / d0, "O(D)"),
         (ref / d0 * np.log2(ref) / math.log2(d0), "O(D log D)"),
     ):
         axes[1].loglog(ref, f0 * f, ":", color="gray", lw=1.5)
-        axes[1].annotate(name, (ref[-1], f0 * f[-1]), fontsize=8, color="gray")
+        axes[1].text(
+            ref[-1], f0 * f[-1], name, fontsize=8, color="gray", ha="right", va="bottom"
+        )
     axes[0].set_ylabel("compiled temp memory (MiB)")
     axes[1].set_ylabel("GFLOPs per step (count_flops)")
     axes[2].set_ylabel("trace + lower + compile (s)")
@@ -161,25 +175,37 @@ def main(argv=None) -> dict:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--schedules", nargs="+", default=[*SCHEDULES, TREEVERSE])
+    p.add_argument("--repeats", type=int, default=3, help="compiles per point")
     p.add_argument("--quick", action="store_true", help="tiny (tests)")
     p.add_argument("--out", type=Path, default=C.RESULTS)
     args = p.parse_args(argv)
     if args.quick:
-        args.depths, args.width, args.batch = [16, 64], 8, 2
+        args.depths, args.width, args.batch, args.repeats = [16, 64], 8, 2, 1
         args.schedules = ["None", "nested(2)", "recursive()", TREEVERSE]
     console = C.console()
     from rich.progress import Progress
 
-    rows = []
+    rows: dict[tuple[int, str], dict] = {}
     t0 = time.perf_counter()
     with Progress(console=console) as prog:
-        task = prog.add_task("", total=len(args.depths) * len(args.schedules))
-        for d in args.depths:
-            preset = M.ChainPreset(args.width, d, args.batch)
-            for spec in args.schedules:
-                prog.update(task, description=f"D={d} {spec}")
-                rows.append(measure_one(preset, spec))
-                prog.advance(task)
+        n = len(args.depths) * len(args.schedules)
+        task = prog.add_task("", total=n * args.repeats)
+        # Repeats interleaved (all depths and schedules, then again), so that
+        # load from elsewhere spreads over every compile time alike.
+        for r in range(args.repeats):
+            for d in args.depths:
+                preset = M.ChainPreset(args.width, d, args.batch)
+                for spec in args.schedules:
+                    prog.update(task, description=f"round {r + 1}: D={d} {spec}")
+                    row = measure_one(preset, spec, first=r == 0)
+                    if r == 0:
+                        row["compile_times_s"] = []
+                        rows[(d, spec)] = row
+                    rows[(d, spec)]["compile_times_s"].append(row["compile_s"])
+                    prog.advance(task)
+    rows = list(rows.values())
+    for row in rows:
+        row["compile_s"] = statistics.median(row["compile_times_s"])
     elapsed = time.perf_counter() - t0
 
     lo = sorted(args.depths)[len(args.depths) // 3]
@@ -231,7 +257,7 @@ def main(argv=None) -> dict:
             [s, by[depths[-1]]["checkpoint"]]
             + [f"{by[d]['compile_s']:.1f}" for d in depths]
         )
-    console.print(C.rich_table("Compile time (s)", cols[:-1], ct))
+    console.print(C.rich_table("Compile time (s, median)", cols[:-1], ct))
     console.print(
         f"{len(rows)} compiles in {elapsed:.0f} s; results in {args.out}/{stem}.*"
     )

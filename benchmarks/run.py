@@ -464,8 +464,15 @@ def main(argv=None) -> dict:
     console = C.console()
 
     aot = args.target.startswith("v5e")
-    if args.target == "gpu" and jax.default_backend() != "gpu":
-        p.error(f"--target gpu: no GPU found (JAX backend: {jax.default_backend()}).")
+    if args.target == "gpu":
+        try:
+            backend = jax.default_backend()
+        except Exception as e:  # JAX_PLATFORMS=cuda without a GPU or jax[cuda]
+            backend = f"none ({type(e).__name__}: {str(e)[:200]})"
+        if backend != "gpu":
+            p.error(
+                f"--target gpu needs a GPU and jax[cuda12]; JAX backend: {backend}."
+            )
     if args.target not in ("cpu", "gpu") and not aot:
         p.error(f"--target must be cpu, gpu, v5e or v5e:AxB. Got {args.target!r}.")
     names = args.preset or (
