@@ -446,13 +446,14 @@ def console() -> Any:
 def rich_table(
     title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < 2 else "right")
+        t.add_column(escape(c), justify="left" if i < 2 else "right")
     for r in rows:
-        t.add_row(*[str(x) for x in r])
+        t.add_row(*[escape(str(x)) for x in r])
     return t
 
 

@@ -413,10 +413,10 @@ def plan_mode(args, presets, console) -> dict:
                 candidates=cands,
             )
         except ValueError as e:
-            console.print(str(e))
+            console.print(str(e), markup=False, highlight=False)
             results["plans"].append({"preset": name, "error": str(e)})
             continue
-        console.print(str(res))
+        console.print(str(res), markup=False, highlight=False)
         console.print(
             f"({len(res.table)} candidates in {time.perf_counter() - t0:.0f} s)"
         )

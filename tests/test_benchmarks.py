@@ -169,3 +169,11 @@ def test_v5e_stack_tiny(tmp_path):
         str(out),
     )
     assert {"checkpoint", "fits"} <= set(load(out)[0])
+
+
+def test_report_reads_committed_results(tmp_path):
+    results = BENCH / "results"
+    if not (results / "sweep-cpu.json").exists():
+        pytest.skip("no committed results")
+    stdout = run("report.py", "--results", str(results), "--no-write")
+    assert "### CPU sweep" in stdout and "### Summary" in stdout
