@@ -1,0 +1,194 @@
+"""Data parallelism and FSDP over a `jax.sharding.Mesh`: where each array lives."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jaxtyping import PyTree
+
+
+def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
+    if axis not in mesh.axis_names:
+        raise ValueError(
+            f"{fn}: expected a mesh with an axis named {axis!r}. "
+            f"Got a mesh with axes {tuple(mesh.axis_names)}; pass axis=... to "
+            "choose one."
+        )
+    kind = mesh.axis_types[mesh.axis_names.index(axis)]
+    if kind != AxisType.Auto:
+        # Under explicit sharding the sharding is part of every array's type and
+        # ops such as the Transformer's embedding lookup need an `out_sharding`;
+        # the zoo's models are written for the compiler's sharding propagation.
+        raise ValueError(
+            f"{fn}: expected mesh axis {axis!r} of type AxisType.Auto (the "
+            f"compiler propagates the sharding). Got AxisType.{kind.name}. Build "
+            "the mesh with jax.make_mesh(shape, names, axis_types=(jax.sharding."
+            "AxisType.Auto,) * len(shape)), or jax.sharding.Mesh(devices, names)."
+        )
+    return mesh.shape[axis]
+
+
+def _fsdp_dim(shape: tuple[int, ...], n: int) -> int | None:
+    """The largest axis of `shape` divisible by `n` (the first among equals), or
+    `None` if there is none."""
+    best = None
+    for i, size in enumerate(shape):
+        if size % n == 0 and (best is None or size > shape[best]):
+            best = i
+    return best
+
+
+def _place(x: Any, sharding: NamedSharding) -> Any:
+    """`x` with `sharding`: an abstract array gets it as its `.sharding`, a traced
+    array is constrained to it, a concrete array is moved."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    if isinstance(x, jax.core.Tracer):
+        return jax.lax.with_sharding_constraint(x, sharding)
+    return jax.device_put(x, sharding)
+
+
+def _is_array(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _shardings(
+    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: str = "data"
+) -> PyTree:
+    """The shardings that [`zoo.shard`][] gives the arrays of `tree`.
+
+    Useful where the placement must be named rather than done: `in_shardings` and
+    `out_shardings` of `jax.jit`, or `jax.ShapeDtypeStruct`s for ahead-of-time
+    compilation.
+
+    **Arguments:**
+
+    - `tree`: any pytree (a model, an optimiser state, ...). Its array leaves
+      (`eqx.is_array`, and `jax.ShapeDtypeStruct`) get a sharding.
+    - `mesh`: the device mesh.
+    - `fsdp`: `False` (data parallel): every array is replicated. `True` (fully
+      sharded data parallel): every array is split along its largest axis whose
+      size is divisible by the number of devices on mesh axis `axis` (the first
+      such axis among equally large ones), and replicated if it has none.
+      (Keyword only.)
+    - `axis`: the name of the mesh axis that the data is split over. Default
+      `"data"`. (Keyword only.)
+
+    **Returns:**
+
+    A pytree with the structure of `tree`: a `jax.sharding.NamedSharding` in place
+    of every array, and the other leaves unchanged.
+    """
+    n = _axis_size("zoo.shard", mesh, axis)
+
+    def leaf_sharding(x):
+        if not _is_array(x):
+            return x
+        spec = [None] * len(x.shape)
+        dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
+        if dim is not None:
+            spec[dim] = axis
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    return jtu.tree_map(leaf_sharding, tree, is_leaf=_is_array)
+
+
+def shard(
+    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: str = "data"
+) -> PyTree:
+    """Place the parameters (or optimiser state) `tree` on `mesh`: replicated for
+    data parallelism, or split for FSDP.
+
+    The placement of an array depends only on its shape, so an optimiser state
+    whose moments have the parameters' shapes (Adam's) is split like the
+    parameters: `zoo.shard(opt_state, mesh, fsdp=True)` matches
+    `zoo.shard(model, mesh, fsdp=True)`.
+
+    Works both outside `jax.jit` (the arrays are moved with `jax.device_put`) and
+    inside it (the arrays are constrained with `jax.lax.with_sharding_constraint`,
+    e.g. to keep an updated model on its sharding). A `jax.ShapeDtypeStruct`
+    leaf is returned with the sharding attached, nothing is allocated.
+
+    !!! Example
+
+        ```python
+        mesh = jax.make_mesh(
+            (jax.device_count(),), ("data",), axis_types=(AxisType.Auto,)
+        )
+        model = zoo.shard(model, mesh, fsdp=True)
+        tokens = zoo.shard_batch(tokens, mesh)
+        grads = eqx.filter_jit(eqx.filter_grad(loss))(model, tokens)
+        ```
+
+    **Arguments:**
+
+    - `tree`: any pytree; its array leaves are placed and the other leaves (static
+      fields, activation functions, ...) are kept as they are.
+    - `mesh`: the device mesh. Its axis `axis` must be of type
+      `jax.sharding.AxisType.Auto` (the sharding of intermediates is left to the
+      compiler), which `jax.sharding.Mesh` gives by default and `jax.make_mesh`
+      gives with `axis_types=(AxisType.Auto, ...)`.
+    - `fsdp`: `False` (data parallel): every array is replicated on every device.
+      `True` (fully sharded data parallel, ZeRO-3): every array is split along its
+      largest axis whose size is divisible by the number of devices on mesh axis
+      `axis`, and replicated if no axis is. (Keyword only.)
+    - `axis`: the name of the mesh axis that the data is split over (and, with
+      `fsdp=True`, the parameters). Default `"data"`. (Keyword only.)
+
+    **Returns:**
+
+    A copy of `tree` with every array placed. (For `jax.jit`'s `in_shardings`,
+    read them back: `jax.tree.map(lambda x: x.sharding, zoo.shard(...))`, also
+    on `jax.ShapeDtypeStruct`s.)
+    """
+    specs = _shardings(tree, mesh, fsdp=fsdp, axis=axis)
+    return jtu.tree_map(
+        lambda x, s: _place(x, s) if _is_array(x) else x, tree, specs, is_leaf=_is_array
+    )
+
+
+def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
+    """Split a batch across the devices of `mesh` along its leading (batch) axis.
+
+    Works outside `jax.jit` (`jax.device_put`) and inside it
+    (`jax.lax.with_sharding_constraint`); a `jax.ShapeDtypeStruct` leaf is returned
+    with the sharding attached.
+
+    **Arguments:**
+
+    - `batch`: a pytree whose array leaves all have a leading batch axis, e.g.
+      `tokens` of shape `(batch, seq)`, or `(tokens, keys)`. Non-array leaves are
+      kept as they are.
+    - `mesh`: the device mesh, with axis `axis` of type
+      `jax.sharding.AxisType.Auto` (see [`zoo.shard`][]).
+    - `axis`: the name of the mesh axis to split the batch over. Default
+      `"data"`. (Keyword only.)
+
+    **Returns:**
+
+    A copy of `batch`, each array split along its first axis over mesh axis
+    `axis` (and replicated over the mesh's other axes).
+
+    **Raises:**
+
+    `ValueError` if an array has no leading axis, or one whose size is not
+    divisible by the number of devices on `axis` (the message names the leaf), or
+    if `mesh` has no axis `axis` of type `AxisType.Auto`.
+    """
+    n = _axis_size("zoo.shard_batch", mesh, axis)
+
+    def place(path, x):
+        if not _is_array(x):
+            return x
+        if len(x.shape) == 0 or x.shape[0] % n != 0:
+            raise ValueError(
+                "zoo.shard_batch: expected every array to have a leading batch axis "
+                f"divisible by the {n} devices of mesh axis {axis!r}. Got shape "
+                f"{tuple(x.shape)} at batch{jtu.keystr(path)}."
+            )
+        spec = PartitionSpec(axis, *[None] * (len(x.shape) - 1))
+        return _place(x, NamedSharding(mesh, spec))
+
+    return jtu.tree_map_with_path(place, batch, is_leaf=_is_array)
