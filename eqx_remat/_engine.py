@@ -78,6 +78,7 @@ def remat_scan(
 
     `plan` is a `Plan`, or a plan with its own backward pass: an object with a
     `custom_vjp(step)` method (binomial's `RevolvePlan`)."""
+    carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     if _innermost_is_vmap():
         return _vmapped(step, plan)(consts, stacked, carry)
     return _custom_vjp(step, plan)(consts, stacked, carry)

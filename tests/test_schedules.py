@@ -304,3 +304,10 @@ def test_layer_changing_the_carry_is_rejected():
         er.chain([lambda x: jnp.concatenate([x, x])], checkpoint=er.recursive())(
             jnp.ones(2)
         )
+
+
+@pytest.mark.parametrize("ck", [er.every(3), er.recursive()], ids=str)
+def test_python_scalar_carry(ck):
+    f = er.chain([jnp.sin] * 8, checkpoint=ck)
+    g = jax.grad(f)(3.0)
+    assert jnp.allclose(g, jax.grad(er.chain([jnp.sin] * 8))(3.0), rtol=1e-5)
