@@ -274,7 +274,12 @@ def aot_measure(
         }
     else:
         row = {"compiled": True, **r.to_dict()}
-    row["compile_s"] = time.perf_counter() - t0
+        row["compile_s"] = time.perf_counter() - t0
+        if count:
+            # Loops with run-time trip counts are counted once: no number.
+            f = er.count_flops(fn, *args)
+            row["flops"] = None if f.dynamic_loops else int(f)
+    row.setdefault("compile_s", time.perf_counter() - t0)
     total = sum(row[k] or 0 for k in ("temp_bytes", "argument_bytes", "output_bytes"))
     row["total_bytes"] = total
     row["fits_16GiB"] = bool(row["compiled"] and total <= V5E_HBM)
@@ -311,7 +316,10 @@ def replicated(tree: Any, mesh: Any) -> Any:
 
 
 def batch_sharded(shape: tuple[int, ...], dtype: Any, mesh: Any) -> Any:
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("data")))
+    """A batch split over the mesh's chips along its first axis (replicated when
+    the chips do not divide it)."""
+    spec = P("data") if shape[0] % mesh.size == 0 else P()
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
 
 
 # --------------------------------------------------------------------------------------

@@ -102,14 +102,17 @@ PRESETS: dict[str, Any] = {
     "chain-m": ChainPreset(128, 1024, 256),
     # For --target v5e: per-chip memory of models that leave VMEM.
     "transformer-v5e": TransformerPreset(32000, 2048, 1024, 8, 16, 8, "bfloat16"),
-    "chain-v5e": ChainPreset(1024, 1024, 256),
+    # Activations dominate (batch per chip / width = 4), as on the CPU presets ...
+    "chain-v5e": ChainPreset(256, 1024, 4096),
+    # ... and parameters dominate (1/16): 4 GiB of weights, 256 KiB carries.
+    "chain-v5e-params": ChainPreset(1024, 1024, 256),
     # End-to-end smoke test (--quick).
     "transformer-tiny": TransformerPreset(64, 16, 32, 2, 2, 2),
     "chain-tiny": ChainPreset(8, 16, 2),
 }
 
 DEFAULT_PRESETS = ("transformer-s", "chain-s", "mlp-s")
-V5E_PRESETS = ("transformer-v5e", "chain-v5e")
+V5E_PRESETS = ("transformer-v5e", "chain-v5e", "chain-v5e-params")
 QUICK_PRESETS = ("transformer-tiny", "chain-tiny")
 
 

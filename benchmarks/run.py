@@ -247,7 +247,7 @@ def targets(rows, peers, presets, timed: bool):
             base = by.get((name, "eqx_remat", "None"))
             for spec, limit in (("dots", 0.60), ("nothing", 0.30)):
                 r = by.get((name, "eqx_remat", spec))
-                if base and r:
+                if base and r and base["temp_bytes"]:
                     x = r["temp_bytes"] / base["temp_bytes"]
                     out.append(
                         C.Target(
@@ -268,7 +268,9 @@ def targets(rows, peers, presets, timed: bool):
                 ps = [
                     p
                     for p in peers
-                    if p["group"] == name and p["peer"].startswith(impl)
+                    if p["group"] == name
+                    and p["peer"].startswith(impl)
+                    and p["temp_ratio"] is not None
                 ]
                 if ps:
                     worst = max(ps, key=lambda p: p["temp_ratio"])
@@ -281,7 +283,7 @@ def targets(rows, peers, presets, timed: bool):
                             ),
                         )
                     )
-                    if timed:
+                    if timed and all(p["time_ratio"] is not None for p in ps):
                         worst = max(ps, key=lambda p: p["time_ratio"])
                         out.append(
                             C.Target(
@@ -302,7 +304,7 @@ def targets(rows, peers, presets, timed: bool):
             and r["impl"] == "eqx_remat"
             and r["checkpoint"] not in ("None", "everything")
         ]
-        if base and ours:
+        if base and ours and base["temp_bytes"]:
             worst = max(ours, key=lambda r: r["temp_bytes"])
             x = worst["temp_bytes"] / base["temp_bytes"]
             out.append(
@@ -313,7 +315,13 @@ def targets(rows, peers, presets, timed: bool):
                 )
             )
         if preset.kind == "chain":
-            tv = [p for p in peers if p["group"] == name and "treeverse" in p["peer"]]
+            tv = [
+                p
+                for p in peers
+                if p["group"] == name
+                and "treeverse" in p["peer"]
+                and p["temp_ratio"] is not None
+            ]
             for p in tv:
                 limit = 0.85 if p["ours"] == "recursive()" else 1.0
                 mem_ok = p["temp_ratio"] <= limit
