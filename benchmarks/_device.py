@@ -1,0 +1,170 @@
+"""Where a benchmark or training script runs, and what that device can tell.
+
+Every script takes `--device auto|tpu|gpu|cpu` (default `auto`) through
+`add_device_args`, and calls `select_device(args)` before JAX touches a backend:
+
+- an explicit `JAX_PLATFORMS` in the environment always wins;
+- `auto` picks the machine's TPU when there is one (a TPU VM exposes its chips
+  as `/dev/accel*` or `/dev/vfio/*`, and libtpu is installed), else its GPU (an
+  NVIDIA driver node and a jax CUDA plugin), else the CPU. On a machine with
+  libtpu installed but no TPU (the `tpu` extra used for ahead-of-time
+  compilation) it settles on the CPU without letting libtpu initialise, so none
+  of libtpu's "could not determine TPU accelerator type" errors are printed;
+- `tpu` / `gpu` / `cpu` insist: with no such device the script stops with an
+  `error:` line (rc 2), it never falls back silently.
+
+Compile-only TPU estimates are a separate thing (`--target v5e[:AxB]`): they
+compile for a TPU that is not there, and run nothing.
+
+Peak FLOP/s per chip come from `PEAK_FLOPS`, keyed by `device_kind`; a device
+that is not in the table gets `None` (MFU is then `null`, never a guess).
+"""
+
+import argparse
+import glob
+import importlib.util
+import os
+import shutil
+from typing import Any
+
+
+DEVICES = ("auto", "tpu", "gpu", "cpu")
+_PLATFORM = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
+
+# Dense bf16 peak FLOP/s per chip, by `jax.devices()[0].device_kind`.
+# Sources: cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e ("Peak compute per
+# chip (bf16)"); NVIDIA's H100 and A100 datasheets (dense, without sparsity).
+PEAK_FLOPS: dict[str, float] = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,  # v5p reports "TPU v5"
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "TPU v6e": 918e12,
+    "NVIDIA H100 80GB HBM3": 989e12,  # H100 SXM
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,  # same compute as H100 SXM
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+}
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """`--device` and `--distributed`, spelled the same in every script."""
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="where to run: the machine's TPU, else GPU, else CPU (auto), or one "
+        "of them explicitly; an explicit JAX_PLATFORMS environment variable wins "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="call jax.distributed.initialize() first (a multi-host TPU slice: "
+        "run the same command on every host; only process 0 prints and writes) "
+        "(default: off)",
+    )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+def _has_tpu() -> bool:
+    if not _installed("libtpu"):
+        return False
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _has_gpu() -> bool:
+    plugin = any(
+        _installed(m)
+        for m in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12")
+    )
+    return plugin and bool(glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi"))
+
+
+def resolve_device(choice: str) -> str:
+    """The JAX platform for `--device choice` ("tpu", "cuda" or "cpu"); an
+    explicit `JAX_PLATFORMS` is returned as it is."""
+    explicit = os.environ.get("JAX_PLATFORMS")
+    if explicit:
+        return explicit
+    if choice == "auto":
+        return "tpu" if _has_tpu() else "cuda" if _has_gpu() else "cpu"
+    return _PLATFORM[choice]
+
+
+def select_device(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """Point JAX at the device `args.device` names and initialise it (and, with
+    `args.distributed`, the multi-host runtime). Call before any JAX array is
+    made. Returns the platform; a device that is not there is a `parser.error`."""
+    import jax
+
+    platform = resolve_device(args.device)
+    jax.config.update("jax_platforms", platform)
+    if getattr(args, "distributed", False):
+        jax.distributed.initialize()
+    try:
+        jax.devices()
+    except Exception as e:  # RuntimeError, or an AssertionError inside jax
+        parser.error(
+            f"--device {args.device}: no {platform} device could be initialised "
+            f"({(str(e) or type(e).__name__).splitlines()[0]}). Use --device auto to take what the "
+            "machine has."
+        )
+    return platform
+
+
+def is_main_process() -> bool:
+    """Only process 0 of a multi-host run prints tables and writes files."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def device_kind() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def peak_flops_per_chip(kind: str | None = None) -> float | None:
+    """Dense bf16 peak FLOP/s of one chip of `kind` (default: this machine's),
+    or `None` for a device not in `PEAK_FLOPS` (the CPU among them)."""
+    return PEAK_FLOPS.get(device_kind() if kind is None else kind)
+
+
+def peak_bytes_in_use() -> int | None:
+    """The largest `memory_stats()["peak_bytes_in_use"]` over local devices since
+    the process started, or `None` where the backend does not report it (the
+    CPU). Isolate what is measured by running it in its own process."""
+    import jax
+
+    peaks = []
+    for d in jax.local_devices():
+        stats: Any = d.memory_stats()
+        if not stats or "peak_bytes_in_use" not in stats:
+            return None
+        peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+def utilisation(flops: int | None, step_s: float | None) -> float | None:
+    """`flops / (step_s × peak FLOP/s of all devices)`: MFU when `flops` is the
+    model's FLOPs without recomputation, HFU with it. `None` when the device's
+    peak is unknown or a figure is missing."""
+    import jax
+
+    peak = peak_flops_per_chip()
+    if peak is None or flops is None or not step_s:
+        return None
+    return flops / (step_s * peak * jax.device_count())
