@@ -165,7 +165,15 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     closed = jax.make_jaxpr(f)(dynamic)
     jaxpr, _ = _dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), True)
     acc = _Count()
-    _count_jaxpr(jaxpr, acc, 1)
+    known = {
+        v: np.asarray(c)
+        for v, c in zip(closed.jaxpr.constvars, closed.consts)
+        if _is_small_int(c)
+    }
+    try:
+        _count_jaxpr(jaxpr, acc, 1, known)
+    finally:
+        _CONTROL_CACHE.clear()
     return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
 
 
@@ -401,7 +409,128 @@ _CALLS = {
 }
 
 
-def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
+# --- control flow decided by constants ---------------------------------------
+#
+# A `lax.cond` counts its most expensive branch, unless its branch index is
+# known while counting: computed only from constants of the program (arrays
+# built from NumPy tables, `jnp.arange`, literals) and the iteration of the
+# `lax.scan`s it is in. Then the branch that runs is counted, iteration by
+# iteration. This is how a schedule whose actions come from a table
+# (`binomial`), or whose padded layers are skipped, is counted exactly.
+
+# Integer arithmetic and indexing that is evaluated on known values.
+_EVALUABLE = frozenset(
+    """
+    add sub mul div rem max min neg abs sign eq ne lt le gt ge and or not xor
+    shift_left shift_right_logical shift_right_arithmetic convert_element_type
+    select_n clamp squeeze reshape broadcast_in_dim slice dynamic_slice iota
+    concatenate expand_dims
+    """.split()
+)
+_KNOWN_MAX_SIZE = 1 << 16
+
+
+def _value(v: Any, known: dict) -> np.ndarray | None:
+    if hasattr(v, "val"):  # a literal
+        return np.asarray(v.val)
+    return known.get(v)
+
+
+def _is_small_int(x: Any) -> bool:
+    try:
+        x = np.asarray(x)
+    except Exception:  # e.g. PRNG keys
+        return False
+    return x.dtype.kind in "biu" and x.size <= _KNOWN_MAX_SIZE
+
+
+def _evaluate(eqn, known: dict) -> None:
+    """Record the outputs of `eqn` in `known` if they can be computed now."""
+    if eqn.primitive.name not in _EVALUABLE:
+        return
+    if not all(
+        getattr(o.aval, "dtype", np.float32).kind in "biu"
+        and _size(o) <= _KNOWN_MAX_SIZE
+        for o in eqn.outvars
+    ):
+        return
+    vals = [_value(v, known) for v in eqn.invars]
+    if any(x is None for x in vals):
+        return
+    with jax.ensure_compile_time_eval():
+        outs = eqn.primitive.bind(*vals, **eqn.params)
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    for v, o in zip(eqn.outvars, outs):
+        known[v] = np.asarray(o)
+
+
+def _bind(jaxpr, args: list, known: dict, consts: Any = ()) -> dict:
+    """Known values of a sub-jaxpr's inputs, from the values of the arguments
+    passed to it (`args`, aligned with its invars) and its own constants."""
+    out = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        if _is_small_int(c):
+            out[v] = np.asarray(c)
+    if len(args) == len(jaxpr.invars):
+        for v, a in zip(jaxpr.invars, args):
+            x = _value(a, known)
+            if x is not None:
+                out[v] = x
+    return out
+
+
+def _closed(j: Any) -> tuple[Any, Any]:
+    """`(jaxpr, consts)` of a `Jaxpr` or `ClosedJaxpr`."""
+    return getattr(j, "jaxpr", j), getattr(j, "consts", ())
+
+
+_CONTROL_CACHE: dict = {}
+
+
+def _control(jaxpr) -> frozenset[int]:
+    """The positions of `jaxpr`'s inputs that may decide the branch of a
+    `lax.cond` in it (conservatively)."""
+    key = id(jaxpr)
+    hit = _CONTROL_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    deps: dict = {v: {k} for k, v in enumerate(jaxpr.invars)}
+    control: set[int] = set()
+    for eqn in jaxpr.eqns:
+        ins = [set() if hasattr(v, "val") else deps.get(v, set()) for v in eqn.invars]
+        every = set().union(*ins)
+        name = eqn.primitive.name
+        subs = [_closed(j)[0] for j in _sub_jaxprs(eqn)]
+        if name == "cond":
+            control |= ins[0]
+            for b in subs:
+                control |= {d for k in _control(b) for d in ins[1 + k]}
+        elif name == "scan" or name in _CALLS:
+            for b in subs:
+                if len(b.invars) == len(ins):
+                    control |= {d for k in _control(b) for d in ins[k]}
+                elif _control(b):
+                    control |= every
+        elif any(_control(b) for b in subs):
+            control |= every
+        for o in eqn.outvars:
+            deps[o] = every
+    result = frozenset(control)
+    _CONTROL_CACHE[key] = (jaxpr, result)
+    return result
+
+
+def _sub_jaxprs(eqn) -> list:
+    out = []
+    for v in eqn.params.values():
+        for sub in v if isinstance(v, tuple | list) else (v,):
+            if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                out.append(sub)
+    return out
+
+
+def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> None:
+    known = dict(known or {})
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
@@ -409,19 +538,16 @@ def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
             f, t = rule(eqn)
             acc.flops += mult * f
             acc.transcendentals += mult * t
+            _evaluate(eqn, known)
         elif name in _CALLS:
-            _count_jaxpr(_inner(eqn.params[_CALLS[name]]), acc, mult)
+            sub, consts = _closed(eqn.params[_CALLS[name]])
+            _count_jaxpr(sub, acc, mult, _bind(sub, eqn.invars, known, consts))
         elif name == "scan":
-            _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * eqn.params["length"])
+            _count_scan(eqn, acc, mult, known)
         elif name == "while":
             _count_while(eqn, acc, mult)
         elif name == "cond":
-            branches = []
-            for b in eqn.params["branches"]:
-                sub = _Count()
-                _count_jaxpr(_inner(b), sub, 1)
-                branches.append(sub)
-            acc.add(max(branches, key=lambda c: (c.flops, c.transcendentals)), mult)
+            _count_cond(eqn, acc, mult, known)
         elif name == "shard_map":
             # The body runs once per device of the axes it makes manual.
             mesh = eqn.params["mesh"]
@@ -430,6 +556,57 @@ def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
             _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * shards)
         else:
             acc.unknown[name] += mult
+
+
+def _count_cond(eqn, acc: _Count, mult: int, known: dict) -> None:
+    branches = [_closed(b) for b in eqn.params["branches"]]
+    operands = eqn.invars[1:]
+    index = _value(eqn.invars[0], known)
+    if index is not None and index.ndim == 0:
+        sub, consts = branches[int(np.clip(index, 0, len(branches) - 1))]
+        _count_jaxpr(sub, acc, mult, _bind(sub, operands, known, consts))
+        return
+    counts = []
+    for sub, consts in branches:
+        c = _Count()
+        _count_jaxpr(sub, c, 1, _bind(sub, operands, known, consts))
+        counts.append(c)
+    acc.add(max(counts, key=lambda c: (c.flops, c.transcendentals)), mult)
+
+
+def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
+    p = eqn.params
+    body, consts = _closed(p["jaxpr"])
+    length, first_xs = p["length"], p["num_consts"] + p["num_carry"]
+    # Carries change from one iteration to the next: never known.
+    args = [
+        v if k < p["num_consts"] or k >= first_xs else None
+        for k, v in enumerate(eqn.invars)
+    ]
+    base = _bind(body, [None] * len(args), known, consts)
+    for k in range(p["num_consts"]):
+        x = _value(eqn.invars[k], known)
+        if x is not None:
+            base[body.invars[k]] = x
+    xs = {
+        k: x
+        for k in range(first_xs, len(args))
+        if (x := _value(eqn.invars[k], known)) is not None and x.shape[:1] == (length,)
+    }
+    deciding = [k for k in xs if k in _control(body)]
+    if not deciding:
+        _count_jaxpr(body, acc, mult * length, base)
+        return
+    # Iterations that agree on the values deciding a branch count alike.
+    groups: dict = {}
+    for t in range(length):
+        key = tuple(xs[k][t].tobytes() for k in deciding)
+        groups.setdefault(key, [t, 0])[1] += 1
+    for t, n in groups.values():
+        sub_known = dict(base)
+        for k, x in xs.items():
+            sub_known[body.invars[k]] = x[t]
+        _count_jaxpr(body, acc, mult * n, sub_known)
 
 
 def _count_while(eqn, acc: _Count, mult: int) -> None:
