@@ -108,7 +108,7 @@ class binomial(Schedule):
             i, k = i_k
             return (layers.step(i, x), layers.store(buf, k, x)), None
 
-        xs = (jnp.arange(depth), jnp.asarray(store_at))
+        xs = (jnp.arange(depth, dtype=jnp.int32), jnp.asarray(store_at))
         (out, buf), _ = lax.scan(body, (carry, buf), xs)
         return out, buf
 

@@ -172,7 +172,9 @@ class Layers:
 
         if length == 0:
             return carry
-        return lax.scan(body, carry, jnp.arange(length), unroll=self._unroll)[0]
+        return lax.scan(
+            body, carry, jnp.arange(length, dtype=jnp.int32), unroll=self._unroll
+        )[0]
 
     # --- backward -----------------------------------------------------------
 
@@ -257,7 +259,7 @@ class Layers:
 
             return lax.cond(i < self.depth, forward, skip, i, x)
 
-        ts = jnp.arange(length)
+        ts = jnp.arange(length, dtype=jnp.int32)
         _, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
 
         def backward(i, saved, cts):

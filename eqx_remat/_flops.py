@@ -433,7 +433,8 @@ _KNOWN_MAX_SIZE = 1 << 16
 def _value(v: Any, known: dict) -> np.ndarray | None:
     if hasattr(v, "val"):  # a literal
         return np.asarray(v.val)
-    return known.get(v)
+    x = known.get(v)
+    return None if x is None else np.asarray(x)
 
 
 def _is_small_int(x: Any) -> bool:
@@ -605,7 +606,7 @@ def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
     for t, n in groups.values():
         sub_known = dict(base)
         for k, x in xs.items():
-            sub_known[body.invars[k]] = x[t]
+            sub_known[body.invars[k]] = np.asarray(x[t])
         _count_jaxpr(body, acc, mult * n, sub_known)
 
 

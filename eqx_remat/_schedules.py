@@ -161,13 +161,17 @@ class _UniformSplit(Schedule):
                 return (x, layers.store(slots, base + j, x)), None
 
             x0 = layers.load(slots, slot)
-            (_, slots), _ = lax.scan(fwd_body, (x0, slots), jnp.arange(n - 1))
+            (_, slots), _ = lax.scan(
+                fwd_body, (x0, slots), jnp.arange(n - 1, dtype=jnp.int32)
+            )
 
             def bwd_body(state, j):
                 child_slot = jnp.where(j == 0, slot, base + j - 1)
                 return level(lvl + 1, start + j * child, child_slot, *state), None
 
-            state, _ = lax.scan(bwd_body, (cts, slots), jnp.arange(n), reverse=True)
+            state, _ = lax.scan(
+                bwd_body, (cts, slots), jnp.arange(n, dtype=jnp.int32), reverse=True
+            )
             return state
 
         return level(0, 0, 0, cts, slots)[0]
