@@ -17,9 +17,17 @@ import equinox as eqx
 import jax
 import numpy as np
 
-# `dce_jaxpr` is not exported publicly; the jax version range is pinned in
-# pyproject.toml.
-from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+try:  # Private (no public equivalent): drop dead code, as XLA would.
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - depends on the jax version
+
+    def _dce_jaxpr(*args, **kwargs):
+        raise ImportError(
+            "eqx_remat.count_flops needs jax's private "
+            "`jax._src.interpreters.partial_eval.dce_jaxpr`, which this jax "
+            f"({jax.__version__}) does not have. eqx_remat is tested with "
+            "jax 0.10.2; install that version (pip install 'jax==0.10.2')."
+        )
 
 
 class FlopCount(int):
@@ -106,9 +114,13 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
       body as many times as it runs when the trip count is static (the pattern
       `lax.fori_loop` produces with constant bounds), else once — and
       `dynamic_loops` says how many loops that was;
-    - a `lax.cond` / `lax.switch` counts its most expensive branch (so a layer
-      skipped by a `cond`, as in the padding of an uneven depth schedule, is
-      counted as run);
+    - a `lax.cond` / `lax.switch` counts the branch that runs when its index
+      is known while counting — computed only from constants of the program
+      (NumPy tables, `jnp.arange`, literals) and the iterations of the
+      `lax.scan`s around it, as in `binomial`'s action table and the padding of
+      an uneven depth schedule — and its most expensive branch otherwise. So
+      every depth schedule is counted exactly: its layer evaluations are those
+      of `Schedule.evaluations`;
     - calls (`jax.jit`, `jax.checkpoint`, `custom_jvp` / `custom_vjp` /
       `custom_vmap` functions, `shard_map` once per device) count their bodies.
       In a jaxpr of `jax.grad(f)`, the backward pass — custom VJPs and the
