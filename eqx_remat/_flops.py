@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
+
 try:  # Private (no public equivalent): drop dead code, as XLA would.
     from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
 except ImportError:  # pragma: no cover - depends on the jax version

@@ -234,7 +234,7 @@ def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
     x = jnp.ones((2, width))
 
     def tanhs(ck):
-        g = jax.grad(lambda l: jnp.sum(er.scan_layers(l, x, checkpoint=ck) ** 2))
+        g = jax.grad(lambda m: jnp.sum(er.scan_layers(m, x, checkpoint=ck) ** 2))
         return er.count_flops(g, layers).transcendentals
 
     ref = er.binomial(depth)  # stores every input: `depth` evaluations
@@ -251,9 +251,10 @@ def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
 def test_recursive_evaluations_closed_form():
     # D + D log2(D) / 2 for powers of two (bisection runs half of each segment).
     for depth in (2, 4, 16, 256):
-        assert er.recursive().evaluations(depth) == depth + depth * int(
-            math.log2(depth)
-        ) // 2
+        assert (
+            er.recursive().evaluations(depth)
+            == depth + depth * int(math.log2(depth)) // 2
+        )
     assert er.every(4).evaluations(16) == 16 + 12  # each segment but the last
     assert er.nested(1).evaluations(7) == 7
 
