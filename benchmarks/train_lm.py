@@ -769,8 +769,9 @@ def set_aside(ckpt_dir: Path, step: int) -> None:
 
 
 class StopRequest:
-    """SIGTERM / SIGINT: the first asks the loop to finish its step, save and exit;
-    a second one aborts at once (rc 128 + signal), without saving."""
+    """SIGTERM / SIGINT: the first asks the loop to finish its step, save and exit
+    0; the handler then gives the signal back to the operating system, so a second
+    one ends the process at once (even inside a compile), without saving."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -791,17 +792,14 @@ class StopRequest:
         self.previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            os.write(2, f"{signal.Signals(signum).name} again: aborting\n".encode())
-            os._exit(128 + signum)
         self.signum = signum
+        for s in self.previous:
+            signal.signal(s, signal.SIG_DFL)
 
     def requested(self, step: int) -> bool:
-        if jax.process_count() == 1:
+        if self.signum is not None or jax.process_count() == 1:
             return self.signum is not None
-        return self.signum is not None or multihost_utils.reached_preemption_sync_point(
-            step
-        )
+        return multihost_utils.reached_preemption_sync_point(step)
 
 
 class _StderrHandler(logging.StreamHandler):
