@@ -67,6 +67,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -301,8 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ckpt-dir", type=Path, help="checkpoints, metrics.jsonl, loss.png")
     p.add_argument(
-        "--resume", action="store_true", help="continue from CKPT_DIR's newest good "
-        "checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue from CKPT_DIR's newest good checkpoint",
     )
     p.add_argument(
         "--save-every",
@@ -396,7 +398,9 @@ def run_config(
             "checkpoint's (leave them out to use the checkpoint's): "
             + "; ".join(mismatched)
         )
-    return dataclasses.replace(RunConfig(**saved), steps=given.get("steps", saved["steps"]))
+    return dataclasses.replace(
+        RunConfig(**saved), steps=given.get("steps", saved["steps"])
+    )
 
 
 def check_config(c: RunConfig) -> None:
@@ -626,7 +630,9 @@ def step_flops(
 
     def count(s: TrainState) -> int:
         arrays, static = eqx.partition(s, eqx.is_array)
-        fn = lambda a, t: step_fn((t, jnp.int32(0)), eqx.combine(a, static), optimizer, None)
+        fn = lambda a, t: step_fn(
+            (t, jnp.int32(0)), eqx.combine(a, static), optimizer, None
+        )
         return int(eqx_remat.count_flops(fn, arrays, tokens))
 
     hardware = count(state)
@@ -708,6 +714,13 @@ def read_meta(mgr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
         raise Damaged(_one_line(e)) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise Damaged(f"expected a JSON item of format {FORMAT!r}")
+    missing = {"config", "corpus_sha256", "sha256"} - set(meta)
+    if missing:
+        raise Damaged(f"its JSON item lacks {', '.join(sorted(missing))}")
+    try:
+        RunConfig(**meta["config"])
+    except TypeError as e:
+        raise Damaged(f"its JSON item has other run options: {e}") from None
     return meta
 
 
@@ -722,7 +735,9 @@ def restore_state(
         restored = mgr.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(arrays))
         )["state"]
-        for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(arrays), strict=True):
+        for a, b in zip(
+            jax.tree.leaves(restored), jax.tree.leaves(arrays), strict=True
+        ):
             if (a.shape, a.dtype) != (b.shape, b.dtype):
                 raise Damaged(
                     f"expected an array {b.dtype}{list(b.shape)}. "
@@ -744,6 +759,37 @@ def restore_state(
     if not ok:
         raise Damaged("its arrays do not match the SHA-256 recorded when it was saved")
     return eqx.combine(restored, static)
+
+
+def ignore_abandoned_reads() -> None:
+    """When one read of a damaged checkpoint fails, Orbax gives up that restore
+    and closes its event loop while its other reads are still in flight: when
+    they finish, or when their coroutines are garbage-collected, Python reports
+    them to `sys.unraisablehook` (stray tracebacks on stderr after the one-line
+    report, `RuntimeError: Event loop is closed` among them). Drop exactly those;
+    anything else goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "train_lm", False):
+        return
+    reader = "_read_array_index_and_device_put"  # Orbax's read of one array
+
+    def hook(unraisable: Any) -> None:
+        e = unraisable.exc_value
+        frames = {f.name for f in traceback.extract_tb(unraisable.exc_traceback)}
+        if (
+            getattr(unraisable.object, "__name__", None) == reader
+            or reader in frames
+            or (
+                isinstance(e, RuntimeError)
+                and str(e) == "Event loop is closed"
+                and "call_soon_threadsafe" in frames
+            )
+        ):
+            return
+        previous(unraisable)
+
+    hook.train_lm = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _one_line(e: BaseException) -> str:
@@ -909,9 +955,7 @@ def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement
             f"--mesh {strategy}:{n}: --batch must be divisible by {n} devices. "
             f"Got {batch}."
         )
-    mesh = jax.make_mesh(
-        (n,), ("data",), (AxisType.Auto,), devices=jax.devices()[:n]
-    )
+    mesh = jax.make_mesh((n,), ("data",), (AxisType.Auto,), devices=jax.devices()[:n])
     return Placement(mesh, fsdp=strategy == "fsdp")
 
 
@@ -924,6 +968,7 @@ def find_resume_point(
     steps = sorted(mgr.all_steps(), reverse=True)
     if not steps:
         raise UsageError(f"--resume: no checkpoint in {ckpt_dir}.")
+    ignore_abandoned_reads()
     damaged: list[tuple[int, str]] = []
     for step in steps:
         try:
@@ -954,6 +999,7 @@ def main(argv: Sequence[str] | None = None) -> TrainResult:
     main_process = _device.is_main_process()
     mgr = open_manager(args.ckpt_dir, args.keep) if args.ckpt_dir else None
     stop = StopRequest()
+    stop.install()  # a signal before the first step stops the run after it
     try:
         return _train(args, platform, mgr, stop, main_process)
     finally:
@@ -1032,7 +1078,6 @@ def _train(args, platform, mgr, stop, main_process) -> TrainResult:
     # like the model): replace it in the whole state, not just in the model.
     state = eqx_remat.set_checkpoint(state, checkpoint)
     optimizer = make_optimizer(c)
-    stop.install()
 
     def learning_rate(step: int) -> float:
         with jax.numpy_dtype_promotion("standard"):
@@ -1120,8 +1165,10 @@ def _train(args, platform, mgr, stop, main_process) -> TrainResult:
                 else:
                     timed += 1
                 stopping = stop.requested(done)
-                logging_due = done % args.log_every == 0 or done == last or (
-                    args.eval_every and done % args.eval_every == 0
+                logging_due = (
+                    done % args.log_every == 0
+                    or done == last
+                    or (args.eval_every and done % args.eval_every == 0)
                 )
                 save_due = mgr is not None and (
                     done % args.save_every == 0 or done == last or stopping
@@ -1165,7 +1212,11 @@ def _train(args, platform, mgr, stop, main_process) -> TrainResult:
                     tick = time.perf_counter()
                 progress.update(task, completed=done)
                 if stopping:
-                    stopped_by = signal.Signals(stop.signum).name if stop.signum else "preemption"
+                    stopped_by = (
+                        signal.Signals(stop.signum).name
+                        if stop.signum
+                        else "preemption"
+                    )
                     break
     finally:
         if metrics is not None:
@@ -1173,7 +1224,11 @@ def _train(args, platform, mgr, stop, main_process) -> TrainResult:
 
     if mgr is not None:
         mgr.wait_until_finished()
-    where = f"saved step {done} to {ckpt_dir}" if mgr is not None else "nothing saved (no --ckpt-dir)"
+    where = (
+        f"saved step {done} to {ckpt_dir}"
+        if mgr is not None
+        else "nothing saved (no --ckpt-dir)"
+    )
     if stopped_by is not None:
         log.info(
             f"{stopped_by}: stopped after step {done} of {c.steps}; {where}"
@@ -1208,7 +1263,8 @@ def _log_line(row: dict[str, Any]) -> str:
         parts.append(f"held-out {row['eval_loss']:.4f}")
     parts.append(f"lr {row['lr']:.2e}")
     parts.append(
-        "compiling" if row["tokens_per_s"] is None
+        "tokens/s n/a (the first step compiled)"
+        if row["tokens_per_s"] is None
         else f"{row['tokens_per_s']:,.0f} tokens/s"
     )
     if row["mfu"] is not None:
