@@ -252,7 +252,10 @@ def test_no_intact_checkpoint_is_an_error(uninterrupted, tmp_path, kind):
         (["--dropout", "2"], "argument --dropout: must be in [0, 1). Got 2.0."),
         (["--dropout", "1"], "argument --dropout: must be in [0, 1). Got 1.0."),
         (["--ckpt-dir", "/proc/nope"], "argument --ckpt-dir: /proc/nope is not a "),
-        (["--checkpoint", "every:4"], "argument --checkpoint: 'every:4' is the old spelling; write every(4) "),
+        (
+            ["--checkpoint", "every:4"],
+            "argument --checkpoint: 'every:4' is the old spelling; write every(4) ",
+        ),
         (["--checkpoint", "every:2:dots"], "spelling; write every(2, dots) ("),
         (["--checkpoint", "recursive"], "spelling; write recursive() ("),
         (["--checkpoint", "every(two)"], "argument --checkpoint: invalid checkpoint"),
