@@ -685,7 +685,10 @@ def all_processes(digest: str) -> list[str]:
 
 def open_manager(ckpt_dir: Path, keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=True, create=True
+        max_to_keep=keep,
+        enable_async_checkpointing=True,
+        create=True,
+        cleanup_tmp_directories=True,  # a save cut short by a second Ctrl-C
     )
     return ocp.CheckpointManager(ckpt_dir.absolute(), options=options)
 
@@ -1070,6 +1073,8 @@ def _train(args, platform, mgr, stop, main_process) -> TrainResult:
         if main_process and metrics_path is not None:
             truncate_metrics(metrics_path, step0)
     else:
+        if main_process and metrics_path is not None:
+            truncate_metrics(metrics_path, 0)  # of a run that never saved
         state = init_state(c)
         if placement is not None:
             state = placement.params(state)
