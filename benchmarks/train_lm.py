@@ -688,7 +688,9 @@ def open_manager(ckpt_dir: Path, keep: int) -> ocp.CheckpointManager:
         max_to_keep=keep,
         enable_async_checkpointing=True,
         create=True,
-        cleanup_tmp_directories=True,  # a save cut short by a second Ctrl-C
+        # Not `cleanup_tmp_directories`: it runs in a thread that close() does not
+        # join, and fails at exit. The unfinished save of a second Ctrl-C is
+        # ignored by Orbax, and replaced when that step is saved again.
     )
     return ocp.CheckpointManager(ckpt_dir.absolute(), options=options)
 
