@@ -380,3 +380,14 @@ print(json.dumps({{
     assert out["spec"] == "P(None, 'data', None)"
     assert out["shard"] == [3, 64, 32]  # (layers, d_ff / 2, d_model)
     np.testing.assert_allclose(out["losses"], result.losses, rtol=1e-4, atol=0)
+
+
+def test_only_process_zero_logs_and_writes_metrics(tmp_path, monkeypatch, capsys):
+    """As another host of a multi-host run: silent, no metrics.jsonl or plot; the
+    checkpoint is still written (Orbax writes each host's shards)."""
+    monkeypatch.setattr(train_lm._device, "is_main_process", lambda: False)
+    capsys.readouterr()
+    result = train_lm.main([*TINY, "--ckpt-dir", str(tmp_path), "--stop-after", "2"])
+    assert result.stopped and len(result.losses) == 2
+    assert capsys.readouterr().err == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2"]
