@@ -67,7 +67,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -766,29 +765,43 @@ def restore_state(
     return eqx.combine(restored, static)
 
 
+def _in_orbax(code: Any) -> bool:
+    return f"{os.sep}orbax{os.sep}" in getattr(code, "co_filename", "")
+
+
+def _from_orbax(e: BaseException | None) -> bool:
+    """Whether `e`, or an exception it was raised from, passed through Orbax."""
+    while e is not None:
+        tb = e.__traceback__
+        while tb is not None:
+            if _in_orbax(tb.tb_frame.f_code):
+                return True
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def ignore_abandoned_reads() -> None:
-    """When one read of a damaged checkpoint fails, Orbax gives up that restore
-    and closes its event loop while its other reads are still in flight: when
-    they finish, or when their coroutines are garbage-collected, Python reports
-    them to `sys.unraisablehook` (stray tracebacks on stderr after the one-line
-    report, `RuntimeError: Event loop is closed` among them). Drop exactly those;
-    anything else goes to the previous hook."""
+    """Called once a checkpoint was found damaged. When one read of it failed,
+    Orbax gave up the restore and closed its event loop while its other reads were
+    in flight; when they finish or are garbage-collected, Python reports them to
+    `sys.unraisablehook` (Orbax's coroutines closed mid-read, `RuntimeError:
+    Event loop is closed`) or to the `asyncio` logger ("Task/Future exception was
+    never retrieved"): stray tracebacks after the one-line report. Drop those;
+    other unraisable exceptions go to the previous hook. (The script itself
+    does not use asyncio; Orbax reports failed saves through its own futures.)"""
+    logging.getLogger("asyncio").disabled = True
     previous = sys.unraisablehook
     if getattr(previous, "train_lm", False):
         return
-    reader = "_read_array_index_and_device_put"  # Orbax's read of one array
 
     def hook(unraisable: Any) -> None:
         e = unraisable.exc_value
-        frames = {f.name for f in traceback.extract_tb(unraisable.exc_traceback)}
+        closed_loop = isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
         if (
-            getattr(unraisable.object, "__name__", None) == reader
-            or reader in frames
-            or (
-                isinstance(e, RuntimeError)
-                and str(e) == "Event loop is closed"
-                and "call_soon_threadsafe" in frames
-            )
+            _in_orbax(getattr(unraisable.object, "cr_code", None))
+            or _from_orbax(e)
+            or closed_loop
         ):
             return
         previous(unraisable)
@@ -973,13 +986,13 @@ def find_resume_point(
     steps = sorted(mgr.all_steps(), reverse=True)
     if not steps:
         raise UsageError(f"--resume: no checkpoint in {ckpt_dir}.")
-    ignore_abandoned_reads()
     damaged: list[tuple[int, str]] = []
     for step in steps:
         try:
             meta = read_meta(mgr, step)
             state = restore_state(mgr, step, like_for(meta), meta)
         except Damaged as e:
+            ignore_abandoned_reads()
             damaged.append((step, str(e)))
             older = [s for s in steps if s < step]
             then = f"falling back to step {older[0]}" if older else "no older one"
