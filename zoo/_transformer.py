@@ -65,7 +65,8 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
     (measured: one `(batch, seq, d_model)` buffer less than `jax.vmap(norm)`).
     """
     x32 = x.astype(jnp.float32)
-    weight = norm.weight.astype(jnp.float32)
+    row = (1,) * (x.ndim - 1) + (-1,)
+    weight = norm.weight.astype(jnp.float32).reshape(row)
     if isinstance(norm, eqx.nn.LayerNorm):
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         centred = x32 - mean
@@ -75,7 +76,7 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
         ms = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         out = x32 * (lax.rsqrt(ms + norm.eps) * weight)
     if norm.bias is not None:
-        out = out + norm.bias.astype(jnp.float32)
+        out = out + norm.bias.astype(jnp.float32).reshape(row)
     return out.astype(x.dtype)
 
 
