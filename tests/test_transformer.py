@@ -542,13 +542,20 @@ def test_count_flops_counts_pallas_kernels():
     assert counted.unknown == {}
     uncounted = er.count_flops(lambda x: call(None)(x) + 1.0, x)
     assert int(uncounted) == x.size and uncounted.unknown == {"pallas_call": 1}
-    # The flash kernel's forward carries an estimate: nothing unknown.
+    # The flash kernels, forward and the two backward ones (to which the zoo
+    # gives estimates), are all counted: nothing unknown. Per layer and example,
+    # 2 heads of a 128-long tile (the 7 tokens, padded), head_dim 4: forward 2,
+    # backward 7 products of 2 * 128 * 128 * 4 FLOPs.
     model = zoo.Transformer(16, 8, 8, 2, 2, attention="flash", key=jr.key(0))
     with flash_interpret():
         forward = er.count_flops(lambda m, t: jax.vmap(m)(t), model, TOKENS)
-    assert forward.unknown == {}
+        backward = er.count_flops(eqx.filter_grad(loss), model, TOKENS)
+    assert forward.unknown == {} and backward.unknown == {}
     xla = er.count_flops(lambda m, t: jax.vmap(m)(t), tiny(2), TOKENS)
-    assert int(forward) > int(xla)  # the kernel works on 128-long tiles
+    xla_grad = er.count_flops(eqx.filter_grad(loss), tiny(2), TOKENS)
+    products = 2 * 2 * 2 * (2 * 128 * 128 * 4)  # layers * batch * heads * product
+    assert int(forward) - int(xla) >= 2 * products - 2 * 2 * 2 * 2 * 2 * 7 * 7 * 4
+    assert int(backward) - int(xla_grad) >= 7 * products - 6 * 2 * 2 * 2 * 2 * 7 * 7 * 4
 
 
 @pytest.mark.parametrize(

@@ -200,9 +200,7 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
     blocks = fa.BlockSizes.get_default(1, heads, length, length, head_dim)
 
     def kernel(q, k, v):
-        return fa.flash_attention(
-            q, k, v, causal=True, sm_scale=1 / math.sqrt(head_dim), block_sizes=blocks
-        )
+        return _flash_with_costs(fa, q, k, v, 1 / math.sqrt(head_dim), blocks)
 
     if mesh is not None:
         # Per example, replicated: under `jax.vmap(..., spmd_axis_name=axis)` the
@@ -216,6 +214,67 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
         )
     out = kernel(to_kernel(q), to_kernel(k), to_kernel(v))
     return jnp.transpose(out[0], (1, 0, 2))[:seq]
+
+
+def _flash_with_costs(fa, q, k, v, sm_scale, blocks):
+    """`flash_attention(q, k, v, causal=True)`, `(batch, heads, seq, hd)`, whose
+    backward kernels carry a `pl.CostEstimate` (jax's forward kernel has one, its
+    two backward kernels none), so that `eqx_remat.count_flops` counts them.
+
+    The estimates follow the forward's convention (`pl.estimate_cost` of the
+    reference attention: full, not causally halved, `(seq, seq)` products): the
+    dK/dV kernel recomputes the scores and does three more products (4 in all),
+    the dQ kernel recomputes them and does two more (3)."""
+
+    def attend(q, k, v):
+        return fa.flash_attention(
+            q, k, v, causal=True, sm_scale=sm_scale, block_sizes=blocks
+        )
+
+    @jax.custom_vjp
+    def flash(q, k, v):
+        return attend(q, k, v)
+
+    def fwd(q, k, v):
+        return jax.vjp(attend, q, k, v)
+
+    def bwd(vjp, g):
+        closed = jax.make_jaxpr(vjp)(g)
+        batch, heads, length, head_dim = q.shape
+        squares = batch * heads * length * length
+        costs = {  # by the number of outputs: (dk, dv) or dq
+            2: (4 * 2 * squares * head_dim + 4 * squares, squares),
+            1: (3 * 2 * squares * head_dim + 4 * squares, squares),
+        }
+        jaxpr = _with_costs(closed.jaxpr, costs)
+        return tuple(jax.core.eval_jaxpr(jaxpr, closed.consts, g))
+
+    flash.defvjp(fwd, bwd)
+    return flash(q, k, v)
+
+
+def _with_costs(jaxpr: Any, costs: dict[int, tuple[int, int]]) -> Any:
+    """`jaxpr` with a `CostEstimate` on each `pallas_call` that has none, chosen
+    by its number of (non-`None`) outputs; nested jaxprs (`jit`) included."""
+    from jax.experimental import pallas as pl
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        params = dict(eqn.params)
+        if eqn.primitive.name == "pallas_call" and params["cost_estimate"] is None:
+            cost = costs.get(len(eqn.outvars))
+            if cost is not None:
+                params["cost_estimate"] = pl.CostEstimate(
+                    flops=cost[0], transcendentals=cost[1], bytes_accessed=0
+                )
+        for name, value in eqn.params.items():
+            if isinstance(value, ClosedJaxpr):
+                params[name] = ClosedJaxpr(_with_costs(value.jaxpr, costs), value.consts)
+            elif isinstance(value, Jaxpr) and eqn.primitive.name != "pallas_call":
+                params[name] = _with_costs(value, costs)
+        eqns.append(eqn.replace(params=params))
+    return jaxpr.replace(eqns=eqns)
 
 
 _ATTENTION_FNS = {
