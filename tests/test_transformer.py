@@ -385,7 +385,9 @@ def options(draw):
     return {
         "d_model": head_dim * num_heads,
         "num_heads": num_heads,
-        "num_kv_heads": draw(st.sampled_from([d for d in (1, 2, 4) if num_heads % d == 0])),
+        "num_kv_heads": draw(
+            st.sampled_from([d for d in (1, 2, 4) if num_heads % d == 0])
+        ),
         "attention": draw(st.sampled_from(["xla", "dot_product", "flash"])),
         "norm": draw(st.sampled_from(["layer", "rms"])),
         "position": draw(st.sampled_from(["learned", "rope"])),

@@ -270,7 +270,8 @@ def _with_costs(jaxpr: Any, costs: dict[int, tuple[int, int]]) -> Any:
                 )
         for name, value in eqn.params.items():
             if isinstance(value, ClosedJaxpr):
-                params[name] = ClosedJaxpr(_with_costs(value.jaxpr, costs), value.consts)
+                inner = _with_costs(value.jaxpr, costs)
+                params[name] = ClosedJaxpr(inner, value.consts)
             elif isinstance(value, Jaxpr) and eqn.primitive.name != "pallas_call":
                 params[name] = _with_costs(value, costs)
         eqns.append(eqn.replace(params=params))
@@ -394,15 +395,19 @@ class Transformer(eqx.Module):
     modern (Llama) counterpart, and [`zoo.Transformer.llama`][] builds that block
     in one line:
 
-    | argument | default (GPT-2) | alternatives |
-    |---|---|---|
-    | `attention` | `"xla"`: scores written out, `(heads, seq, seq)` | `"dot_product"` (`jax.nn.dot_product_attention`), `"flash"` (the Pallas TPU flash kernel) |
-    | `norm` | `"layer"`: `LayerNorm`, weight and bias | `"rms"`: `RMSNorm`, weight only |
-    | `position` | `"learned"`: a position embedding | `"rope"`: rotary embedding of queries and keys |
-    | `mlp` | `"gelu"`: `d_model -> d_ff -> d_model`, tanh-GELU | `"swiglu"`: `(silu(h W_gate) * h W_in) W_out` |
-    | `num_kv_heads` | `num_heads` | fewer: grouped-query attention |
-    | `tie_embeddings` | `False`: a separate output head | `True`: logits are `x @ token_embedding.T` |
-    | `use_bias` | `True` | `False`: no bias in any linear layer |
+    - `attention`: `"xla"` (scores written out, `(heads, seq, seq)`),
+      `"dot_product"` (`jax.nn.dot_product_attention`) or `"flash"` (the Pallas
+      TPU flash kernel);
+    - `norm`: `"layer"` (`LayerNorm`, weight and bias) or `"rms"` (`RMSNorm`,
+      weight only);
+    - `position`: `"learned"` (a position embedding) or `"rope"` (rotary
+      embedding of the queries and keys);
+    - `mlp`: `"gelu"` (`d_model -> d_ff -> d_model`, tanh-GELU) or `"swiglu"`
+      (`(silu(h W_gate) * h W_in) W_out`);
+    - `num_kv_heads`: `num_heads`, or fewer for grouped-query attention;
+    - `tie_embeddings`: `False` (a separate output head) or `True` (logits are
+      `x @ token_embedding.T`);
+    - `use_bias`: `True`, or `False` for no bias in any linear layer.
 
     - Pre-norm blocks `x + attention(norm(x))`, `x + mlp(norm(x))`, then a final
       norm and the output head (no bias). Norms, the attention softmax and rotary
@@ -441,15 +446,18 @@ class Transformer(eqx.Module):
     lists those of a model; `Transformer.ACTIVATION_NAMES` those of the default
     model. Per example:
 
-    | name | value | shape | exists |
-    |---|---|---|---|
-    | `layer_input` | a block's input | `(seq, d_model)` | always |
-    | `qkv_proj` | the fused query/key/value projection (before rotary embedding) | `(seq, (heads + 2 kv_heads) head_dim)` | always |
-    | `attention_context` | attention-weighted values, heads merged | `(seq, d_model)` | always (every `attention`) |
-    | `out_proj` | the attention output projection | `(seq, d_model)` | always |
-    | `mlp_hidden` | GELU: the hidden pre-activation; SwiGLU: the `W_in` ("up") projection | `(seq, d_ff)` | always |
-    | `mlp_gate` | the SwiGLU gate projection, before `silu` | `(seq, d_ff)` | `mlp="swiglu"` |
-    | `mlp_out` | the MLP's output projection | `(seq, d_model)` | always |
+    | name | value | shape |
+    |---|---|---|
+    | `layer_input` | a block's input | `(seq, d_model)` |
+    | `qkv_proj` | the fused q/k/v projection (before rope) | `(seq, (h + 2 kv) hd)` |
+    | `attention_context` | attention output, heads merged | `(seq, d_model)` |
+    | `out_proj` | the attention output projection | `(seq, d_model)` |
+    | `mlp_hidden` | GELU: the pre-activation; SwiGLU: `h W_in` | `(seq, d_ff)` |
+    | `mlp_gate` | SwiGLU only: `h W_gate`, before `silu` | `(seq, d_ff)` |
+    | `mlp_out` | the MLP's output projection | `(seq, d_model)` |
+
+    (`h` heads, `kv` key/value heads, `hd` head dimension.) Every tag exists for
+    every option but `mlp_gate`, which exists only with `mlp="swiglu"`.
     """
 
     ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = (
@@ -798,7 +806,8 @@ def _gathered(tree: Any) -> Any:
         spec = jax.typeof(x).sharding.spec if mesh is not None else ()
         if mesh is None or all(p is None for p in spec):
             return x
-        return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, PartitionSpec()))
+        replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+        return jax.sharding.reshard(x, replicated)
 
     return jax.tree.map(gather, tree)
 
