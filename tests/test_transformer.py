@@ -397,7 +397,7 @@ def options(draw):
     }
 
 
-@settings(max_examples=min(settings().max_examples, 6))
+@settings(max_examples=min(settings().max_examples, 4))
 @given(
     opts=options(),
     num_layers=st.integers(1, 5),
