@@ -432,12 +432,17 @@ def test_gradients_options_property(opts, num_layers, seq, batch, ck, seed):
         {"num_kv_heads": 1},
         {"tie_embeddings": True},
         {"attention": "dot_product", "num_kv_heads": 1},
+        {"attention": "flash", "num_kv_heads": 1, "position": "rope"},
     ],
-    ids=["rms", "rope", "swiglu", "mqa", "tied", "dot_product"],
+    ids=["rms", "rope", "swiglu", "mqa", "tied", "dot_product", "flash"],
 )
 @pytest.mark.parametrize("ck", ck_params(["nothing", er.every(2)]))
 def test_option_gradients(kwargs, ck):
-    assert_same_gradients(tiny(**kwargs), TOKENS, ck)
+    if kwargs.get("attention") == "flash":
+        with flash_interpret():
+            assert_same_gradients(tiny(**kwargs), TOKENS, ck)
+    else:
+        assert_same_gradients(tiny(**kwargs), TOKENS, ck)
 
 
 def test_attention_implementations_agree():
