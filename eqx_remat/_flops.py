@@ -384,7 +384,18 @@ def _conv(eqn) -> tuple[int, int]:
     return 2 * fma, 0
 
 
-_RULES: dict[str, Callable[[Any], tuple[int, int]]] = {
+def _pallas_call(eqn) -> tuple[int, int] | None:
+    """A Pallas kernel counts what its `cost_estimate` says (`pl.CostEstimate`,
+    which `pallas_call` takes and XLA's cost analysis reads too); one without an
+    estimate cannot be counted (`None`: it is listed in `FlopCount.unknown`)."""
+    cost = eqn.params.get("cost_estimate")
+    if cost is None:
+        return None
+    return int(cost.flops), int(cost.transcendentals)
+
+
+_RULES: dict[str, Callable[[Any], tuple[int, int] | None]] = {
+    "pallas_call": _pallas_call,
     "convert_element_type": _convert,
     "integer_pow": _integer_pow,
     "select_n": _select_n,
@@ -548,8 +559,9 @@ def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> No
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
-        if rule is not None:
-            f, t = rule(eqn)
+        counted = None if rule is None else rule(eqn)
+        if counted is not None:
+            f, t = counted
             acc.flops += mult * f
             acc.transcendentals += mult * t
             _evaluate(eqn, known)
