@@ -294,7 +294,11 @@ class Layers:
     @staticmethod
     def carries(n: int, like: Any) -> Any:
         """A buffer of `n` carries shaped like `like`, all zeros."""
-        return jtu.tree_map(lambda x: jnp.zeros((n, *jnp.shape(x)), x.dtype), like)
+        # Broadcast from `zeros_like`, so that under a mesh with Explicit axes
+        # the buffer is sharded like the carry (along a new leading axis).
+        return jtu.tree_map(
+            lambda x: jnp.broadcast_to(jnp.zeros_like(x), (n, *jnp.shape(x))), like
+        )
 
     @staticmethod
     def store(buffer: Any, k: Any, carry: Any) -> Any:
@@ -342,16 +346,30 @@ def _vmapped(step, depth, schedule, unroll):
             carry,
             carry_b,
         )
-        c_axes = jtu.tree_map(lambda b: 0 if b else None, consts_b)
-        s_axes = jtu.tree_map(lambda b: 0 if b else None, stacked_b)
 
         def batched_step(c, s, x):
-            return jax.vmap(step, in_axes=(c_axes, s_axes, 0))(c, s, x)
+            # Unbatched values are closed over rather than passed with
+            # `in_axes=None`: under a mesh with Explicit axes, vmap refuses
+            # unmapped arguments sharded along the axis it maps over (FSDP).
+            c_b, c_u = _split_by(c, consts_b)
+            s_b, s_u = _split_by(s, stacked_b)
+
+            def one(c_b, s_b, x):
+                return step(eqx.combine(c_b, c_u), eqx.combine(s_b, s_u), x)
+
+            return jax.vmap(one)(c_b, s_b, x)
 
         out = remat_scan(batched_step, consts, stacked, carry, depth, schedule, unroll)
         return out, jtu.tree_map(lambda _: True, out)
 
     return fn
+
+
+def _split_by(tree: Any, batched: Any) -> tuple[Any, Any]:
+    """`tree` split into its batched and unbatched leaves (`None` elsewhere)."""
+    b = jtu.tree_map(lambda x, f: x if f else None, tree, batched)
+    u = jtu.tree_map(lambda x, f: None if f else x, tree, batched)
+    return b, u
 
 
 def _custom_vjp(step, depth: int, schedule: "Schedule", unroll):

@@ -156,9 +156,12 @@ def check_explicit():
         ref_loss, ref_grads = eqx.filter_jit(eqx.filter_value_and_grad(fn))(model, data)
         batch = zoo.shard_batch(data, mesh)
         assert batch.sharding.spec[0] == "data", (name, batch.sharding)
-        # Policies only: the schedules' engine does not handle Explicit axes yet
-        # (its slot buffers scatter without an out_sharding).
-        for checkpoint in ["dots"]:
+        for checkpoint in [
+            "dots",
+            eqx_remat.every(2),
+            eqx_remat.recursive(),
+            eqx_remat.binomial(2),
+        ]:
             # FSDP on Explicit axes needs a model to gather each layer's weights
             # before use: the Transformer does; MLP and ResidualChain not yet.
             for fsdp in [False, True] if name in ("transformer", "llama") else [False]:
@@ -199,7 +202,7 @@ def check_training():
     tiny = [
         "--steps", "3", "--batch", "8", "--seq", "16", "--d-model", "16",
         "--heads", "2", "--layers", "2", "--warmup", "1", "--data-bytes", "100000",
-        "--eval-batches", "0", "--no-progress", "--checkpoint", "every:1:dots",
+        "--eval-batches", "0", "--no-progress", "--checkpoint", "every(1, dots)",
     ]  # fmt: skip
     single = train_lm.main([*tiny, "--mesh", "none"])
     with tempfile.TemporaryDirectory() as ckpt_dir:
