@@ -13,6 +13,7 @@ from jax import lax
 from ._engine import remat_scan
 from ._policies import checkpointed, policy as _normalise_policy
 from ._schedules import Checkpoint, Schedule
+from ._validate import check_checkpoint
 
 
 _T = TypeVar("_T")
@@ -77,13 +78,7 @@ def _apply(
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, checkpoint._plan(depth))
-    try:
-        pol = _normalise_policy(checkpoint)
-    except ValueError as e:
-        raise ValueError(
-            f"checkpoint expected None, a policy name, a JAX policy or a schedule "
-            f"(every, nested, recursive, binomial). {e}"
-        ) from None
+    pol = _normalise_policy(check_checkpoint(checkpoint))
     body = lambda c, s: (step(consts, s, c), None)
     if pol is not None:
         body = checkpointed(body, pol)
@@ -235,11 +230,7 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
 
     The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
     """
-    if not isinstance(spec, Schedule):
-        try:
-            _normalise_policy(spec)
-        except ValueError as e:
-            raise ValueError(f"set_checkpoint: invalid spec. {e}") from None
+    check_checkpoint(spec, name="set_checkpoint: spec")
 
     def is_module(x) -> bool:
         return isinstance(x, eqx.Module)

@@ -270,11 +270,7 @@ def plan(
     if not candidates:
         raise ValueError("plan expected at least one candidate. Got none.")
     for i, c in enumerate(candidates):
-        if not isinstance(c, Schedule):
-            try:
-                set_checkpoint(None, c)
-            except ValueError as e:
-                raise ValueError(f"plan: invalid candidates[{i}]. {e}") from None
+        check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
     if not _has_checkpoint_field(args):
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "

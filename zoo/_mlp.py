@@ -10,8 +10,6 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
-from ._util import check_checkpoint, check_int
-
 
 class _Hidden(eqx.Module):
     """One hidden layer, `width_size -> width_size`, followed by the activation."""
@@ -79,14 +77,11 @@ class MLP(eqx.Module):
           its name, or a schedule (see [`eqx_remat.scan_layers`][]).
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        for name, value in (
-            ("in_size", in_size),
-            ("out_size", out_size),
-            ("width_size", width_size),
-        ):
-            check_int("MLP", name, value, 1)
-        check_int("MLP", "depth", depth, 1)
-        check_checkpoint("MLP", checkpoint)
+        in_size = eqx_remat.check_int("MLP", "in_size", in_size, 1)
+        out_size = eqx_remat.check_int("MLP", "out_size", out_size, 1)
+        width_size = eqx_remat.check_int("MLP", "width_size", width_size, 1)
+        depth = eqx_remat.check_int("MLP", "depth", depth, 1)
+        eqx_remat.check_checkpoint(checkpoint, name="MLP: checkpoint")
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(

@@ -10,8 +10,6 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
-from ._util import check_checkpoint, check_int
-
 
 class _Residual(eqx.Module):
     """`x -> x + step * tanh(linear(x))`."""
@@ -66,9 +64,9 @@ class ResidualChain(eqx.Module):
           name, or a schedule (see [`eqx_remat.scan_layers`][]).
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        check_int("ResidualChain", "width", width, 1)
-        check_int("ResidualChain", "depth", depth, 1)
-        check_checkpoint("ResidualChain", checkpoint)
+        width = eqx_remat.check_int("ResidualChain", "width", width, 1)
+        depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)
+        eqx_remat.check_checkpoint(checkpoint, name="ResidualChain: checkpoint")
         step = 1.0 / depth
         self.layers = eqx_remat.stack(
             lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),
