@@ -15,6 +15,7 @@ from ._binomial import binomial, exact_flops
 from ._combinators import set_checkpoint
 from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
+from ._util import format_bytes
 from ._schedules import Checkpoint, Schedule, every, nested, recursive
 
 
@@ -96,14 +97,6 @@ class PlanResult:
             f"[{self.target}]: checkpoint={_name(self.checkpoint)}"
         )
         return head + "\n" + _table(self.table, self.entry)
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes as a short binary-prefixed string, e.g. `"1.50 GiB"`."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 _UNITS = {
