@@ -120,6 +120,11 @@ class offload_names:
     Offloading needs a backend with a host memory space (TPU, GPU); on the CPU the
     values stay where they are.
 
+    Reverse-over-reverse differentiation (`jax.grad` of `jax.grad`,
+    `jax.hessian`) through an offloading policy raises a `NotImplementedError`
+    at trace time: JAX cannot differentiate the reload of an offloaded value in
+    the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
+
     Compares and hashes by value.
 
     **Arguments:**
@@ -163,13 +168,54 @@ _OFFLOAD_CACHE: dict = {}
 def _offload_policy(names: frozenset[str], src: str, dst: str) -> Policy:
     key = (names, src, dst)
     if key not in _OFFLOAD_CACHE:
-        _OFFLOAD_CACHE[key] = _cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=[],
-            names_which_can_be_offloaded=sorted(names),
-            offload_src=src,
-            offload_dst=dst,
+        _OFFLOAD_CACHE[key] = _Offloading(
+            _cp.save_and_offload_only_these_names(
+                names_which_can_be_saved=[],
+                names_which_can_be_offloaded=sorted(names),
+                offload_src=src,
+                offload_dst=dst,
+            ),
+            repr((sorted(names), src, dst)),
         )
     return _OFFLOAD_CACHE[key]
+
+
+_SECOND_ORDER_OFFLOAD = (
+    "Differentiating the backward pass of an offloading policy "
+    "(offload_names, 'offload_dots_no_batch') — grad of grad, jax.hessian — is "
+    "not supported: JAX's offloading reloads the saved values from host memory "
+    "in the backward pass, and differentiating that reload fails in jax "
+    "(<= 0.10.2: 'Expected cotangent type float32[...] but got "
+    "float32<host>[...]'). Use the matching saving policy for higher-order "
+    "derivatives (save_names with the same names, or 'dots_no_batch'); "
+    "forward-over-reverse (jax.jvp of jax.grad) works."
+)
+
+
+class _Offloading:
+    """A JAX offloading policy that raises a clear error, at trace time, when the
+    backward pass it produced is itself differentiated.
+
+    JAX calls a policy on the operations of the function it checkpoints; when the
+    backward pass is differentiated again, the policy is called once more, on the
+    backward pass's operations — which include the reload of an offloaded value
+    from host memory. That reload is what JAX cannot transpose, so seeing an
+    input in host memory is the signal.
+    """
+
+    def __init__(self, policy: Policy, key: str):
+        self.policy = policy
+        self.key = key
+
+    def __call__(self, prim, *avals, **params):
+        for a in avals:
+            space = getattr(a, "memory_space", None)
+            if getattr(space, "name", None) == "Host":
+                raise NotImplementedError(_SECOND_ORDER_OFFLOAD)
+        return self.policy(prim, *avals, **params)
+
+    def __repr__(self) -> str:
+        return f"_Offloading({self.key})"
 
 
 def _check_names(fn: str, names: tuple) -> None:
@@ -189,8 +235,9 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
         "nothing": _cp.nothing_saveable,
         "dots": _cp.dots_saveable,
         "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,
-        "offload_dots_no_batch": _cp.offload_dot_with_no_batch_dims(
-            "device", "pinned_host"
+        "offload_dots_no_batch": _Offloading(
+            _cp.offload_dot_with_no_batch_dims("device", "pinned_host"),
+            "dots_no_batch, device -> pinned_host",
         ),
     }
 )
@@ -203,6 +250,10 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
 | `"dots"` | the outputs of matrix multiplies |
 | `"dots_no_batch"` | matrix multiplies without batch dimensions |
 | `"offload_dots_no_batch"` | the same, offloaded to pinned host memory |
+
+Offloading policies support first-order reverse mode and forward-over-reverse;
+differentiating their backward pass again (grad of grad) raises a
+`NotImplementedError` at trace time (see [`eqx_remat.offload_names`][]).
 """
 
 
