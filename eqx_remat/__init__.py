@@ -33,16 +33,16 @@ from ._residuals import (
     print_residuals as print_residuals,
     residuals as residuals,
 )
-from ._validate import (
-    check_checkpoint as check_checkpoint,
-    check_int as check_int,
-)
 from ._schedules import (
     Checkpoint as Checkpoint,
     Schedule as Schedule,
     every as every,
     nested as nested,
     recursive as recursive,
+)
+from ._validate import (
+    check_checkpoint as check_checkpoint,
+    check_int as check_int,
 )
 
 

@@ -7,13 +7,12 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._flops import count_flops
-from ._util import format_bytes, split_args
+from ._util import format_bytes, split_args, traceable
 
 
 _V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
@@ -138,7 +137,7 @@ def memory_report(
     (18.02G) exceeds available HBM (15.75G)`) when the program does not fit in
     one chip — XLA refuses to compile it, so there is no report to return.
     """
-    dynamic, static = split_args(args)
+    dynamic, _ = split_args(args)
     if target in _PLATFORMS:
         if target != jax.default_backend():
             raise ValueError(
@@ -153,10 +152,7 @@ def memory_report(
         name, mesh = _v5e(target)
         dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
 
-    def f(dynamic):
-        out = fn(*eqx.combine(dynamic, static))
-        return eqx.filter(out, eqx.is_array)
-
+    f, _ = traceable(fn, args)
     lowered = jax.jit(f).lower(dynamic)
     try:
         compiled = lowered.compile(dict(compiler_options or {}))

@@ -15,7 +15,7 @@ from ._binomial import binomial
 from ._combinators import set_checkpoint
 from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
-from ._schedules import Checkpoint, Schedule, every, nested, recursive
+from ._schedules import Checkpoint, every, nested, recursive
 from ._util import format_bytes
 from ._validate import check_checkpoint, check_int
 

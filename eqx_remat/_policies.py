@@ -28,9 +28,7 @@ def _user_context(eqn):
     if _source_info_util is None:
         return contextlib.nullcontext()
     try:
-        name_stack = (
-            _source_info_util.current_name_stack() + eqn.source_info.name_stack
-        )
+        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
         return _source_info_util.user_context(
             eqn.source_info.traceback, name_stack=name_stack
         )
@@ -81,13 +79,27 @@ class save_all_but_names:
 
     Unlike `jax.checkpoint_policies.save_anything_except_these_names` in jax 0.10.2
     (which ignores its names and saves everything), this really excludes the named
-    values: a tagged value is recomputed from the inputs of the operation that
-    produced it. A per-operation policy alone cannot do that (the producer's output
-    *is* the tagged value, and would be saved in its place), so eqx_remat's
-    combinators (`scan_layers`, `chain`, the schedules and the zoo) trace each
-    layer once to find the producers of the excluded values and recompute them
-    too. Passed directly to `jax.checkpoint`, this policy excludes the tags but
-    not their producers, and saves about as much as `"everything"`.
+    values. A tag is an identity, and a JAX policy sees one operation at a time,
+    so refusing to save the tag alone would save the identical output of the
+    operation that produced it. eqx_remat's combinators (`scan_layers`, `chain`,
+    the schedules and the zoo) therefore trace each layer once and recompute, with
+    each excluded value:
+
+    - the operations that produced it, back to values the backward pass needs
+      anyway (for `qkv_proj = h @ W + b`: the bias add and the matmul, from `h`
+      and `W`);
+    - its reshapes, slices, transposes and dtype casts (the `q`, `k`, `v` split
+      from a fused projection);
+    - the derivative coefficients computed from it (`3 x²` in a GELU's
+      derivative).
+
+    So excluding a value that is saved under `"everything"` saves strictly less,
+    and excluding one that is not (a layer's input, which a checkpointed layer
+    always keeps; an output only added to the residual stream) changes nothing.
+    Values inside nested control flow (a `lax.scan` within the layer) are not
+    followed. Passed directly to `jax.checkpoint`, outside the combinators, this
+    policy excludes the tags but not their producers, and saves about as much
+    as `"everything"`.
 
     Compares and hashes by value.
 
@@ -502,16 +514,13 @@ def _region(jaxpr, names, tangent: set) -> set:
             # Downstream: views and casts of an excluded value, and coefficients
             # of the derivative computed from one.
             if (
-                (
-                    (name in _VIEWS and e.invars and excluded(e.invars[0]))
-                    or (
-                        tangent
-                        and any(excluded(v) for v in e.invars)
-                        and not any(v in needed for v in e.outvars)
-                    )
+                (name in _VIEWS and e.invars and excluded(e.invars[0]))
+                or (
+                    tangent
+                    and any(excluded(v) for v in e.invars)
+                    and not any(v in needed for v in e.outvars)
                 )
-                and not all(v in region for v in e.outvars)
-            ):
+            ) and not all(v in region for v in e.outvars):
                 region.update(e.outvars)
                 changed = True
             # Upstream: inputs that exist only to feed a region operation whose

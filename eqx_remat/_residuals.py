@@ -174,7 +174,11 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
                 what = "the carry" if i < e.params["num_carry"] else "a per-layer input"
                 return f"{what} (each layer's input), {scan}", None, length
     if prim == "jit":
-        return f"output of jitted function '{e.params['name']}' from {_where(e)}", None, 1
+        return (
+            f"output of jitted function '{e.params['name']}' from {_where(e)}",
+            None,
+            1,
+        )
     return f"output of {prim} from {_where(e)}", None, 1
 
 

@@ -17,9 +17,9 @@ import eqx_remat as er
 import zoo
 
 
-# Every policy name, a policy callable, name policies (on tags, and on a name
-# that is not a tag: `save_names` saves nothing, `save_all_but_names` everything), and every
-# schedule, with and without inner policies, with uneven splits.
+# Every policy name, a policy callable, name policies (on a tag, and on a name that
+# is not a tag: `save_names` saves nothing, `save_all_but_names` everything), and
+# every schedule, with and without inner policies, with uneven splits.
 CHECKPOINTS = [
     *sorted(er.POLICIES),
     jax.checkpoint_policies.dots_saveable,
