@@ -192,3 +192,42 @@ def test_offloading_under_second_order(pol):
     # Reverse-over-reverse raises a clear error while tracing.
     with pytest.raises(NotImplementedError, match="grad of grad.*not supported"):
         jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
+
+
+# --- the shared validators -----------------------------------------------------
+
+
+def test_check_int_takes_any_integer_and_returns_an_int():
+    import numpy as np
+
+    for value in [3, np.int64(3), np.int32(3), np.uint8(3), jnp.int32(3)]:
+        got = er.check_int("every", "k", value, 1)
+        assert got == 3 and type(got) is int
+    assert er.check_int("plan", "budget_bytes", 0, 0) == 0
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (True, r"every: k must be an int >= 1\. Got True of type bool"),
+        (2.0, r"every: k must be an int >= 1\. Got 2\.0 of type float"),
+        ("2", r"every: k must be an int >= 1\. Got '2' of type str"),
+        (0, r"every: k must be an int >= 1\. Got 0\."),
+        (jnp.ones(2, dtype=jnp.int32), r"every: k must be an int >= 1"),
+    ],
+    ids=["bool", "float", "str", "too-small", "array"],
+)
+def test_check_int_rejects(value, match):
+    with pytest.raises(ValueError, match=match):
+        er.check_int("every", "k", value, 1)
+
+
+def test_check_checkpoint():
+    for spec in [None, "dots", er.every(2), er.save_names("a"), jnp.sin]:
+        assert er.check_checkpoint(spec) is spec
+    with pytest.raises(
+        ValueError, match=r"^MyModel: checkpoint expected None, .*Unknown policy 'dot'"
+    ):
+        er.check_checkpoint("dot", name="MyModel: checkpoint")
+    with pytest.raises(ValueError, match=r"^checkpoint expected None"):
+        er.check_checkpoint(3)
