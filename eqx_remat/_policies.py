@@ -459,7 +459,8 @@ def _eval(jaxpr, consts, args, *, inline=False, keep=frozenset()):
             if isinstance(params, tuple):  # older jax: (subfuns, params)
                 subfuns, params = params
                 invals = [*subfuns, *invals]
-            with _user_context(eqn), eqn.ctx.manager:
+            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+            with _user_context(eqn), ctx or contextlib.nullcontext():
                 outs = eqn.primitive.bind(*invals, **params)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
