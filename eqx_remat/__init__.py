@@ -62,6 +62,7 @@ __all__ = [
     "chain",
     "check_checkpoint",
     "check_int",
+    "count_flops",
     "every",
     "memory_report",
     "nested",

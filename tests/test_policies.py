@@ -231,3 +231,23 @@ def test_check_checkpoint():
         er.check_checkpoint("dot", name="MyModel: checkpoint")
     with pytest.raises(ValueError, match=r"^checkpoint expected None"):
         er.check_checkpoint(3)
+
+
+@pytest.mark.parametrize("package", ["eqx_remat", "zoo"])
+def test_namespaces_export_exactly_all(package):
+    import importlib
+    import types
+
+    module = importlib.import_module(package)
+    public = {
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    }
+    assert set(module.__all__) == public
+    leaked = [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and isinstance(v, types.ModuleType)
+    ]
+    assert leaked == []
