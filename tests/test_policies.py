@@ -250,4 +250,6 @@ def test_namespaces_export_exactly_all(package):
         for n, v in vars(module).items()
         if not n.startswith("_") and isinstance(v, types.ModuleType)
     ]
-    assert leaked == []
+    # pytest's jaxtyping import hook (pyproject's addopts) injects `jaxtyping`
+    # into instrumented packages; a plain import does not.
+    assert [n for n in leaked if n != "jaxtyping"] == []
