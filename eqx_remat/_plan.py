@@ -16,7 +16,7 @@ from ._combinators import set_checkpoint
 from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
 from ._schedules import Checkpoint, every, nested, recursive
-from ._util import format_bytes
+from ._util import format_bytes, is_array_like
 from ._validate import check_checkpoint, check_int
 
 
@@ -152,7 +152,7 @@ def _key(fn, args, target) -> Any:
     leaves, treedef = jtu.tree_flatten(args)
     avals = []
     for x in leaves:
-        if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
+        if is_array_like(x):
             sharding = getattr(x, "sharding", None)
             avals.append(("array", np.shape(x), str(x.dtype), sharding))
         else:
