@@ -437,3 +437,4 @@ def test_switching_checkpoint_mid_training_covers_the_optimiser_state():
     assert got.checkpoint == "nothing"
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
     assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+
