@@ -377,9 +377,9 @@ class _ExcludeProducers:
 
     def __call__(self, *args):
         flat, treedef = jax.tree.flatten(args)
-        closed = jax.make_jaxpr(lambda *f: self.fn(*jax.tree.unflatten(treedef, f)))(
-            *flat
-        )
+        closed, out_shape = jax.make_jaxpr(
+            lambda *f: self.fn(*jax.tree.unflatten(treedef, f)), return_shape=True
+        )(*flat)
         # Inline calls to jitted functions, so the region can follow values
         # through them.
         flat_closed = jax.make_jaxpr(
@@ -422,9 +422,7 @@ class _ExcludeProducers:
             and _matches(_signature(e), producers)
         )
         pol = _ResolvedSaveAllBut(self.pol.names, producers)
-        out_tree = jax.tree.structure(
-            jax.eval_shape(lambda *f: self.fn(*jax.tree.unflatten(treedef, f)), *flat)
-        )
+        out_tree = jax.tree.structure(out_shape)
 
         def run(*f):
             return jax.tree.unflatten(out_tree, _eval(jaxpr, consts, f, keep=keep))
