@@ -1,6 +1,6 @@
 """Gradient-checkpointing policies, depth schedules and scan combinators for JAX."""
 
-import importlib.metadata
+import importlib.metadata as _metadata
 
 from ._binomial import binomial as binomial
 from ._combinators import (
@@ -41,6 +41,42 @@ from ._schedules import (
     nested as nested,
     recursive as recursive,
 )
+from ._validate import (
+    check_checkpoint as check_checkpoint,
+    check_int as check_int,
+)
 
 
-__version__ = importlib.metadata.version("eqx-remat")
+__version__ = _metadata.version("eqx-remat")
+
+__all__ = [
+    "Checkpoint",
+    "DEFAULT_CANDIDATES",
+    "FlopCount",
+    "MemoryReport",
+    "POLICIES",
+    "PlanEntry",
+    "PlanResult",
+    "Residual",
+    "Schedule",
+    "binomial",
+    "chain",
+    "check_checkpoint",
+    "check_int",
+    "count_flops",
+    "every",
+    "memory_report",
+    "nested",
+    "offload_names",
+    "plan",
+    "policy",
+    "print_residuals",
+    "recursive",
+    "residuals",
+    "save_all_but_names",
+    "save_names",
+    "scan_layers",
+    "set_checkpoint",
+    "stack",
+    "v5e_mesh",
+]

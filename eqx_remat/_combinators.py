@@ -14,6 +14,7 @@ from jax import lax
 from ._engine import remat_scan
 from ._policies import checkpointed, policy as _normalise_policy
 from ._schedules import Checkpoint, Schedule
+from ._validate import check_checkpoint
 
 
 _T = TypeVar("_T")
@@ -80,13 +81,7 @@ def _apply(
     _check_unroll(unroll)
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
-    try:
-        pol = _normalise_policy(checkpoint)
-    except ValueError as e:
-        raise ValueError(
-            f"checkpoint expected None, a policy name, a JAX policy or a schedule "
-            f"(every, nested, recursive, binomial). {e}"
-        ) from None
+    pol = _normalise_policy(check_checkpoint(checkpoint))
     body = lambda c, s: (step(consts, s, c), None)
     if pol is not None:
         body = checkpointed(body, pol)
@@ -125,6 +120,13 @@ def scan_layers(
 
     - `layers`: `D` layers stacked with a leading depth axis, e.g. by
       [`eqx_remat.stack`][]. Called as `layer(carry)` or `layer(carry, x)`.
+      A single layer that was never stacked is caught where the shapes show it:
+      when a slice of it returns a carry of the wrong shape (`eqx.nn.Linear`),
+      or when every array is one-dimensional with a size that is an axis of the
+      carry (`eqx.nn.LayerNorm(4)` on a `(4,)` carry). Otherwise — a layer
+      whose every array happens to have the same leading axis, and whose slices
+      map the carry to the same shape — it cannot be told from a stack and runs
+      as that many layers.
     - `carry`: the input of the first layer (any pytree of arrays); each layer
       returns a value of the same structure, shapes and dtypes.
     - `xs`: optional per-layer inputs with a leading depth axis `D` (dropout keys,
@@ -143,6 +145,7 @@ def scan_layers(
     The output of the last layer.
     """
     depth = _depth(layers, "layers")
+    _check_stacked(layers, carry, depth)
     if xs is not None:
         xs_depth = _depth(xs, "xs")
         if xs_depth != depth:
@@ -162,6 +165,29 @@ def scan_layers(
     return _apply(step, None, (params, xs), carry, depth, checkpoint, unroll)
 
 
+def _check_stacked(layers: Any, carry: Any, depth: int) -> None:
+    """Catch a single layer passed as if it were stacked, where the shapes say so:
+    every array of an `eqx.Module` layer is one-dimensional, so each "layer" would
+    hold scalars only, and the supposed depth is an axis of the carry — e.g.
+    `eqx.nn.LayerNorm(4)` on a carry of shape `(4,)`. (An unstacked layer whose
+    arrays have more dimensions gets a layer of the wrong shapes, which the
+    carry check then catches.)"""
+    if not isinstance(layers, eqx.Module):
+        return
+    leaves = jtu.tree_leaves(eqx.filter(layers, eqx.is_array))
+    carry_axes = {d for x in jtu.tree_leaves(carry) for d in jnp.shape(x)}
+    if all(jnp.ndim(x) == 1 for x in leaves) and depth in carry_axes:
+        raise ValueError(
+            f"scan_layers expected layers stacked with a leading depth axis (by "
+            f"eqx_remat.stack). Got a {type(layers).__name__} whose arrays are all "
+            f"one-dimensional of size {depth}, which is also an axis of the carry: "
+            "it looks like a single layer that was never stacked. (A stack of "
+            "layers holding one scalar each, with as many layers as an axis of "
+            "the carry, is indistinguishable from it: give its arrays a trailing "
+            "axis of size 1.)"
+        )
+
+
 def _check_carry(before: Any, after: Any) -> None:
     s1, s2 = jtu.tree_structure(before), jtu.tree_structure(after)
     if s1 != s2:
@@ -174,7 +200,9 @@ def _check_carry(before: Any, after: Any) -> None:
             raise ValueError(
                 "Each layer must return a carry with the shapes and dtypes of its "
                 f"input. Got input {jnp.shape(a)} {jnp.result_type(a)} and output "
-                f"{jnp.shape(b)} {jnp.result_type(b)}."
+                f"{jnp.shape(b)} {jnp.result_type(b)}. (If the layers were never "
+                "stacked, each one is a slice of a single layer: build them with "
+                "eqx_remat.stack.)"
             )
 
 
@@ -252,6 +280,17 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
     models. Use it to change the schedule of a trained model, or to compare
     schedules on the same weights.
 
+    The `checkpoint` field is static: it is part of the tree's structure, and so
+    of the structure of anything built from the model — an optimiser state made
+    by `optimiser.init(eqx.filter(model, eqx.is_array))` holds copies of the
+    model's modules (Adam's `mu` and `nu`). To switch the checkpoint of a model
+    being trained, switch both in one call, so that the next update sees
+    matching structures:
+
+    ```python
+    model, opt_state = eqx_remat.set_checkpoint((model, opt_state), "dots")
+    ```
+
     **Arguments:**
 
     - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field.
@@ -260,17 +299,22 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
     **Returns:**
 
     The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
+
+    **Raises:**
+
+    `ValueError` for an invalid `spec`, or when `tree` holds no module with a
+    `checkpoint` field (a wrong or mistyped tree would otherwise silently get no
+    checkpointing).
     """
-    if not isinstance(spec, Schedule):
-        try:
-            _normalise_policy(spec)
-        except ValueError as e:
-            raise ValueError(f"set_checkpoint: invalid spec. {e}") from None
+    check_checkpoint(spec, name="set_checkpoint: spec")
 
     def is_module(x) -> bool:
         return isinstance(x, eqx.Module)
 
+    found = 0
+
     def replace(x):
+        nonlocal found
         if not is_module(x):
             return x
         new = object.__new__(type(x))
@@ -278,9 +322,17 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
             value = getattr(x, f.name)
             if f.name == "checkpoint":
                 value = spec
+                found += 1
             else:
                 value = jtu.tree_map(replace, value, is_leaf=is_module)
             object.__setattr__(new, f.name, value)
         return new
 
-    return jtu.tree_map(replace, tree, is_leaf=is_module)
+    out = jtu.tree_map(replace, tree, is_leaf=is_module)
+    if found == 0:
+        raise ValueError(
+            "set_checkpoint expected a pytree containing an eqx.Module with a "
+            "`checkpoint` field (every zoo model has one). Got "
+            f"{type(tree).__name__} without one: nothing would be checkpointed."
+        )
+    return out

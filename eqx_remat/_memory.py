@@ -7,20 +7,22 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._flops import _split, count_flops
+from ._flops import count_flops
+from ._util import format_bytes, split_args, traceable
 
 
 _V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
 
 _VALID_TARGETS = (
-    'None (the default backend), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" '
-    '(e.g. "v5e:2x4", "v5e:4x4")'
+    'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
+    'reports name it), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" (e.g. "v5e:2x4", '
+    '"v5e:4x4")'
 )
+_PLATFORMS = ("cpu", "gpu", "tpu")
 
 _TPU_EXTRA_HINT = (
     "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
@@ -71,7 +73,7 @@ class MemoryReport(NamedTuple):
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return format_bytes(n, unit="MiB", digits=1)
 
 
 def memory_report(
@@ -115,8 +117,10 @@ def memory_report(
       leaves may be arrays or `jax.ShapeDtypeStruct`s; other leaves (Python
       numbers included) are static, as in `eqx.filter_jit`. Non-array leaves of
       the output are dropped.
-    - `target`: `None` for the default backend, `"v5e"` for a TPU v5e 2x2 slice
-      (4 chips), or `"v5e:AxB"` for another slice shape (e.g. `"v5e:2x4"`).
+    - `target`: `None` for the default backend (or its platform name, `"cpu"`,
+      `"gpu"` or `"tpu"`, as [`eqx_remat.MemoryReport`][]`.target` names it), `"v5e"`
+      for a TPU v5e 2x2 slice (4 chips), or `"v5e:AxB"` for another slice shape
+      (e.g. `"v5e:2x4"`).
     - `compiler_options`: XLA options passed to `.compile(...)`.
 
     **Returns:**
@@ -125,24 +129,30 @@ def memory_report(
 
     **Raises:**
 
-    `ValueError` for an unknown target, listing the valid ones; `ImportError`
+    `ValueError` for an unknown target, listing the valid ones, or a platform
+    name other than the default backend's; `ImportError`
     naming the `tpu` extra (`pip install 'eqx-remat[tpu]'`) when `target` is a
     TPU and libtpu is not installed; XLA's `JaxRuntimeError`
     (`RESOURCE_EXHAUSTED: ... the total memory required for HLO temporaries
     (18.02G) exceeds available HBM (15.75G)`) when the program does not fit in
     one chip — XLA refuses to compile it, so there is no report to return.
     """
-    dynamic, static = _split(args)
+    dynamic, _ = split_args(args)
+    if target in _PLATFORMS:
+        if target != jax.default_backend():
+            raise ValueError(
+                f"memory_report(target={target!r}): a platform name must be the "
+                f"default backend, here {jax.default_backend()!r}. Use None for it, "
+                'or "v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
+            )
+        target = None
     if target is None:
         name = jax.default_backend()
     else:
         name, mesh = _v5e(target)
         dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
 
-    def f(dynamic):
-        out = fn(*eqx.combine(dynamic, static))
-        return eqx.filter(out, eqx.is_array)
-
+    f, _ = traceable(fn, args)
     lowered = jax.jit(f).lower(dynamic)
     try:
         compiled = lowered.compile(dict(compiler_options or {}))

@@ -4,7 +4,7 @@ import collections
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -13,8 +13,11 @@ import numpy as np
 
 from ._binomial import binomial
 from ._combinators import set_checkpoint
+from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
-from ._schedules import Checkpoint, Schedule, every, nested, recursive
+from ._schedules import Checkpoint, every, nested, recursive
+from ._util import format_bytes, is_array_like
+from ._validate import check_checkpoint, check_int
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
@@ -48,20 +51,25 @@ class PlanEntry(NamedTuple):
     - `checkpoint`: the candidate (a policy name, policy or schedule, or `None`).
     - `memory_bytes`: device memory it needs: arguments + outputs + temporaries
       of the compiled function (per chip on a TPU target). Host memory that
-      offloading uses is not counted.
+      offloading uses is not counted. For a candidate that XLA refused to
+      compile because it does not fit in one device (`RESOURCE_EXHAUSTED`),
+      XLA's own figure of what it needed (its temporaries: a lower bound), or
+      `None` where XLA's message gives none.
     - `flops`: FLOPs of the function, loop trip counts and recomputation
-      included (see [`eqx_remat.count_flops`][]; `binomial` schedules are counted
-      exactly, as the evaluations they run).
-    - `fits`: whether `memory_bytes <= budget_bytes`.
-    - `report`: the full [`eqx_remat.MemoryReport`][] (its `flops` is
-      `count_flops`'s, an upper bound for `binomial`).
+      included: [`eqx_remat.count_flops`][], exact for every schedule.
+    - `fits`: whether `memory_bytes <= budget_bytes` (always `False` for a
+      candidate XLA refused to compile).
+    - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
+      XLA refused to compile.
+    - `error`: XLA's message for a candidate it refused to compile, else `None`.
     """
 
     checkpoint: Checkpoint
-    memory_bytes: int
+    memory_bytes: int | None
     flops: int
     fits: bool
-    report: MemoryReport
+    report: MemoryReport | None
+    error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +105,6 @@ class PlanResult:
         return head + "\n" + _table(self.table, self.entry)
 
 
-def format_bytes(n: int) -> str:
-    """`n` bytes as a short binary-prefixed string, e.g. `"1.50 GiB"`."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 _UNITS = {
     "": 1,
     "b": 1,
@@ -120,19 +120,18 @@ _UNITS = {
 _BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
 
 
-def parse_bytes(value: int | str, name: str = "budget_bytes") -> int:
+def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
     """A number of bytes from an `int` or a string such as `"16GiB"`, `"512 MiB"`,
     `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
     `KB`/`MB`/`GB`/`TB`, case-insensitive). Raises `ValueError` naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(
-            f"{name} must be an int >= 0 or a string such as '16GiB'. "
-            f"Got {value!r} of type {type(value).__name__}."
-        )
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name} must be an int >= 0. Got {value}.")
-        return value
+    if not isinstance(value, str):
+        try:
+            return check_int("plan", name, value, 0)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be an int >= 0 or a string such as '16GiB'. "
+                f"Got {value!r} of type {type(value).__name__}."
+            ) from None
     match = _BYTES.fullmatch(value)
     unit = match and match.group(2).lower()
     if match is None or unit not in _UNITS:
@@ -153,7 +152,7 @@ def _key(fn, args, target) -> Any:
     leaves, treedef = jtu.tree_flatten(args)
     avals = []
     for x in leaves:
-        if eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct):
+        if is_array_like(x):
             sharding = getattr(x, "sharding", None)
             avals.append(("array", np.shape(x), str(x.dtype), sharding))
         else:
@@ -167,18 +166,43 @@ def _key(fn, args, target) -> Any:
     return key
 
 
-def _measure(fn, args, target) -> tuple[MemoryReport, int]:
+def _measure(fn, args, target) -> tuple[MemoryReport | str, int]:
+    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message) and FLOPs."""
     key = _key(fn, args, target)
     if key is not None and key in _CACHE and _CACHE[key][0] is fn:
         _CACHE.move_to_end(key)
         return _CACHE[key][1:]
-    report = memory_report(fn, *args, target=target)
-    flops = int(report.flops)
+    try:
+        report = memory_report(fn, *args, target=target)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        report = str(e)
+    # memory_report counts the FLOPs too; a refused candidate is counted alone.
+    flops = int(count_flops(fn, *args) if isinstance(report, str) else report.flops)
     if key is not None:
         _CACHE[key] = fn, report, flops  # holding `fn` keeps its id unique
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return report, flops
+
+
+# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
+# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
+# 17.5G of 15.75G hbm".
+_NEEDED = (
+    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
+)
+_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _needed_bytes(message: str) -> int | None:
+    for pattern in _NEEDED:
+        match = pattern.search(message)
+        if match is not None:
+            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
+    return None
 
 
 def _has_checkpoint_field(tree: Any) -> bool:
@@ -205,7 +229,7 @@ def _is_module(x) -> bool:
 def plan(
     fn: Callable[..., Any],
     *args: Any,
-    budget_bytes: int | str,
+    budget_bytes: SupportsIndex | str,
     target: str | None = None,
     candidates: Sequence[Checkpoint] | None = None,
 ) -> PlanResult:
@@ -256,6 +280,10 @@ def plan(
     `ValueError` for a bad budget, an invalid or empty list of candidates, or
     arguments without a `checkpoint` field; and, when no candidate fits, a
     `ValueError` that names the smallest achievable memory, and its candidate.
+    A candidate that XLA refuses to compile because it does not fit in one
+    device (`RESOURCE_EXHAUSTED`, e.g. `None` for a large model on TPU v5e) is
+    not an error: it is recorded as not fitting, with XLA's figure of what it
+    needed, and planning goes on.
     """
     budget = parse_bytes(budget_bytes)
     if candidates is None:
@@ -266,11 +294,7 @@ def plan(
     if not candidates:
         raise ValueError("plan expected at least one candidate. Got none.")
     for i, c in enumerate(candidates):
-        if not isinstance(c, Schedule):
-            try:
-                set_checkpoint(None, c)
-            except ValueError as e:
-                raise ValueError(f"plan: invalid candidates[{i}]. {e}") from None
+        check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
     if not _has_checkpoint_field(args):
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
@@ -280,13 +304,25 @@ def plan(
     table = []
     for c in candidates:
         report, flops = _measure(fn, set_checkpoint(args, c), target)
+        if isinstance(report, str):  # XLA: does not fit in one device
+            needed = _needed_bytes(report)
+            table.append(PlanEntry(c, needed, flops, False, None, report))
+            continue
         memory = report.temp_bytes + report.argument_bytes + report.output_bytes
         table.append(PlanEntry(c, memory, flops, memory <= budget, report))
-    target_name = table[0].report.target
+    target_name = _target_name(table, target)
 
     fitting = [e for e in table if e.fits]
     if not fitting:
-        best = min(table, key=lambda e: e.memory_bytes)
+        measured = [e for e in table if e.report is not None]
+        if not measured:
+            raise ValueError(
+                f"No candidate fits in budget_bytes={format_bytes(budget)} "
+                f"[{target_name}]: XLA refused to compile every one of them "
+                "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
+                + _table(table, None)
+            )
+        best = min(measured, key=lambda e: e.memory_bytes)
         raise ValueError(
             f"No candidate fits in budget_bytes={format_bytes(budget)} "
             f"[{target_name}]. The smallest achievable memory is "
@@ -296,6 +332,13 @@ def plan(
     order = {id(e): i for i, e in enumerate(table)}
     chosen = min(fitting, key=lambda e: (e.flops, e.memory_bytes, order[id(e)]))
     return PlanResult(chosen.checkpoint, chosen, tuple(table), budget, target_name)
+
+
+def _target_name(table: Sequence[PlanEntry], target: str | None) -> str:
+    for e in table:
+        if e.report is not None:
+            return e.report.target
+    return jax.default_backend() if target is None else str(target)
 
 
 def _name(c: Checkpoint) -> str:
@@ -310,7 +353,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
             (
                 "*" if e is chosen else "",
                 _name(e.checkpoint),
-                format_bytes(e.memory_bytes),
+                _format_memory(e),
                 _format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
                 "yes" if e.fits else "no",
@@ -320,6 +363,14 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
     )
+
+
+def _format_memory(e: PlanEntry) -> str:
+    if e.report is not None:
+        return format_bytes(e.memory_bytes)
+    if e.memory_bytes is None:
+        return "too large (XLA)"
+    return f">= {format_bytes(e.memory_bytes)} (XLA)"
 
 
 def _format_flops(n: int) -> str:

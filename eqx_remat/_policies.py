@@ -5,13 +5,35 @@ primitive of the checkpointed function that says whether its output is saved
 (`True`), recomputed (`False`) or offloaded to another memory space.
 """
 
+import contextlib
 import dataclasses
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import jax
-from jax.ad_checkpoint import checkpoint_name  # noqa: F401  (re-exported for users)
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.extend.core import Literal as _Literal
+
+
+try:  # Only for the source locations `residuals` prints; not needed otherwise.
+    from jax._src import source_info_util as _source_info_util
+except ImportError:  # pragma: no cover
+    _source_info_util = None
+
+
+def _user_context(eqn):
+    """Bind an equation re-evaluated from a jaxpr at its original source location."""
+    if _source_info_util is None:
+        return contextlib.nullcontext()
+    try:
+        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+        return _source_info_util.user_context(
+            eqn.source_info.traceback, name_stack=name_stack
+        )
+    except AttributeError:  # pragma: no cover
+        return contextlib.nullcontext()
 
 
 Policy: TypeAlias = Callable[..., Any]
@@ -57,13 +79,27 @@ class save_all_but_names:
 
     Unlike `jax.checkpoint_policies.save_anything_except_these_names` in jax 0.10.2
     (which ignores its names and saves everything), this really excludes the named
-    values: a tagged value is recomputed from the inputs of the operation that
-    produced it. A per-operation policy alone cannot do that (the producer's output
-    *is* the tagged value, and would be saved in its place), so eqx_remat's
-    combinators (`scan_layers`, `chain`, the schedules and the zoo) trace each
-    layer once to find the producers of the excluded values and recompute them
-    too. Passed directly to `jax.checkpoint`, this policy excludes the tags but
-    not their producers, and saves about as much as `"everything"`.
+    values. A tag is an identity, and a JAX policy sees one operation at a time,
+    so refusing to save the tag alone would save the identical output of the
+    operation that produced it. eqx_remat's combinators (`scan_layers`, `chain`,
+    the schedules and the zoo) therefore trace each layer once and recompute, with
+    each excluded value:
+
+    - the operations that produced it, back to values the backward pass needs
+      anyway (for `qkv_proj = h @ W + b`: the bias add and the matmul, from `h`
+      and `W`);
+    - its reshapes, slices, transposes and dtype casts (the `q`, `k`, `v` split
+      from a fused projection);
+    - the derivative coefficients computed from it (`3 x²` in a GELU's
+      derivative).
+
+    So excluding a value that is saved under `"everything"` saves strictly less,
+    and excluding one that is not (a layer's input, which a checkpointed layer
+    always keeps; an output only added to the residual stream) changes nothing.
+    Values inside nested control flow (a `lax.scan` within the layer) are not
+    followed. Passed directly to `jax.checkpoint`, outside the combinators, this
+    policy excludes the tags but not their producers, and saves about as much
+    as `"everything"`.
 
     Compares and hashes by value.
 
@@ -95,6 +131,11 @@ class offload_names:
 
     Offloading needs a backend with a host memory space (TPU, GPU); on the CPU the
     values stay where they are.
+
+    Reverse-over-reverse differentiation (`jax.grad` of `jax.grad`,
+    `jax.hessian`) through an offloading policy raises a `NotImplementedError`
+    at trace time: JAX cannot differentiate the reload of an offloaded value in
+    the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
 
     Compares and hashes by value.
 
@@ -139,13 +180,54 @@ _OFFLOAD_CACHE: dict = {}
 def _offload_policy(names: frozenset[str], src: str, dst: str) -> Policy:
     key = (names, src, dst)
     if key not in _OFFLOAD_CACHE:
-        _OFFLOAD_CACHE[key] = _cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=[],
-            names_which_can_be_offloaded=sorted(names),
-            offload_src=src,
-            offload_dst=dst,
+        _OFFLOAD_CACHE[key] = _Offloading(
+            _cp.save_and_offload_only_these_names(
+                names_which_can_be_saved=[],
+                names_which_can_be_offloaded=sorted(names),
+                offload_src=src,
+                offload_dst=dst,
+            ),
+            repr((sorted(names), src, dst)),
         )
     return _OFFLOAD_CACHE[key]
+
+
+_SECOND_ORDER_OFFLOAD = (
+    "Differentiating the backward pass of an offloading policy "
+    "(offload_names, 'offload_dots_no_batch') — grad of grad, jax.hessian — is "
+    "not supported: JAX's offloading reloads the saved values from host memory "
+    "in the backward pass, and differentiating that reload fails in jax "
+    "(<= 0.10.2: 'Expected cotangent type float32[...] but got "
+    "float32<host>[...]'). Use the matching saving policy for higher-order "
+    "derivatives (save_names with the same names, or 'dots_no_batch'); "
+    "forward-over-reverse (jax.jvp of jax.grad) works."
+)
+
+
+class _Offloading:
+    """A JAX offloading policy that raises a clear error, at trace time, when the
+    backward pass it produced is itself differentiated.
+
+    JAX calls a policy on the operations of the function it checkpoints; when the
+    backward pass is differentiated again, the policy is called once more, on the
+    backward pass's operations — which include the reload of an offloaded value
+    from host memory. That reload is what JAX cannot transpose, so seeing an
+    input in host memory is the signal.
+    """
+
+    def __init__(self, policy: Policy, key: str):
+        self.policy = policy
+        self.key = key
+
+    def __call__(self, prim, *avals, **params):
+        for a in avals:
+            space = getattr(a, "memory_space", None)
+            if getattr(space, "name", None) == "Host":
+                raise NotImplementedError(_SECOND_ORDER_OFFLOAD)
+        return self.policy(prim, *avals, **params)
+
+    def __repr__(self) -> str:
+        return f"_Offloading({self.key})"
 
 
 def _check_names(fn: str, names: tuple) -> None:
@@ -165,8 +247,9 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
         "nothing": _cp.nothing_saveable,
         "dots": _cp.dots_saveable,
         "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,
-        "offload_dots_no_batch": _cp.offload_dot_with_no_batch_dims(
-            "device", "pinned_host"
+        "offload_dots_no_batch": _Offloading(
+            _cp.offload_dot_with_no_batch_dims("device", "pinned_host"),
+            "dots_no_batch, device -> pinned_host",
         ),
     }
 )
@@ -179,6 +262,10 @@ POLICIES: Mapping[str, Policy] = types.MappingProxyType(
 | `"dots"` | the outputs of matrix multiplies |
 | `"dots_no_batch"` | matrix multiplies without batch dimensions |
 | `"offload_dots_no_batch"` | the same, offloaded to pinned host memory |
+
+Offloading policies support first-order reverse mode and forward-over-reverse;
+differentiating their backward pass again (grad of grad) raises a
+`NotImplementedError` at trace time (see [`eqx_remat.offload_names`][]).
 """
 
 
@@ -223,15 +310,65 @@ def checkpointed(fn: Callable, pol: Policy) -> Callable:
     return jax.checkpoint(fn, policy=pol, prevent_cse=False)
 
 
-class _ExcludeProducers:
-    """`jax.checkpoint(fn)` with a `save_all_but_names` policy that also recomputes
-    the operations producing the excluded values.
+# Operations that only move, reshape or cast their input: a value computed by one
+# of them from an excluded value is excluded too (recomputed from it, not saved).
+_VIEWS = frozenset(
+    {
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "broadcast_in_dim",
+        "transpose",
+        "convert_element_type",
+        "reduce_precision",
+        "slice",
+        "split",
+        "rev",
+        "copy",
+        "copy_p",
+    }
+)
+# Operations whose backward pass needs none of their inputs (linear ones, and those
+# whose derivative is computed from their output): an input computed only to feed
+# one of them, when its output is excluded, is not saved under `"everything"`
+# either, and is recomputed with it.
+_UPSTREAM = _VIEWS | frozenset(
+    {"add", "add_any", "sub", "neg", "concatenate", "pad", "reduce_sum"}
+    | {"tanh", "exp", "logistic", "sqrt"}
+)
+# The tag given to values that must stay saved although an excluded value's
+# producer has the same signature (see `_ExcludeProducers`).
+_KEEP = "__eqx_remat_keep__"
+_INLINE = frozenset({"jit", "pjit", "closed_call", "core_call"})
 
-    A JAX policy sees one operation at a time — its primitive, input shapes and
-    parameters — so the producers are found by tracing `fn` once and matching on
-    that signature (input shapes as suffixes, so leading batch axes added by
-    `jax.vmap` still match). An operation elsewhere with the same signature is
-    recomputed too: more recomputation, never a different gradient.
+
+class _ExcludeProducers:
+    """`jax.checkpoint(fn)` with a `save_all_but_names` policy that recomputes the
+    excluded values instead of saving them.
+
+    A JAX policy sees one operation at a time (its primitive, input shapes and
+    parameters), and a `checkpoint_name` tag is an identity: refusing to save
+    the tag's output saves the identical output of the operation that produced
+    it. So `fn` is traced once (calls to `jax.jit`-ed functions inlined), and the
+    *excluded region* is found on its jaxpr:
+
+    - the tagged values and their producers;
+    - reshapes, slices, transposes and dtype casts of them (a split `qkv`
+      projection's `q`, `k`, `v`);
+    - upstream, inputs of a region operation whose backward pass needs none of
+      its inputs (an add, a broadcast, a reshape, a `tanh`...) when nothing
+      outside the region uses them (the matmul output before a bias add).
+
+    So the values saved instead are those the backward pass needs anyway (the
+    inputs of the matmul that produced the tag), and excluding a value that is
+    saved under `"everything"` saves strictly less.
+
+    The policy recomputes every operation with the signature of a region
+    operation. An operation outside the region with such a signature has its
+    output tagged `_KEEP`, which the policy saves, so it stays saved: the jaxpr
+    is evaluated again, with those tags inserted, inside `jax.checkpoint`.
+    Signatures match input shapes as suffixes, so leading axes added by
+    `jax.vmap` still match.
     """
 
     def __init__(self, fn: Callable, pol: save_all_but_names):
@@ -240,12 +377,168 @@ class _ExcludeProducers:
 
     def __call__(self, *args):
         flat, treedef = jax.tree.flatten(args)
-        closed = jax.make_jaxpr(lambda *f: self.fn(*jax.tree.unflatten(treedef, f)))(
-            *flat
+        closed, out_shape = jax.make_jaxpr(
+            lambda *f: self.fn(*jax.tree.unflatten(treedef, f)), return_shape=True
+        )(*flat)
+        # Inline calls to jitted functions, so the region can follow values
+        # through them.
+        flat_closed = jax.make_jaxpr(
+            lambda *f: _eval(closed.jaxpr, closed.consts, f, inline=True)
+        )(*flat)
+        jaxpr, consts = flat_closed.jaxpr, flat_closed.consts
+        # What the policy sees is the JVP of the layer: its primal operations,
+        # and those the derivative rules add (`1 - tanh(x)**2`, `3 * x**2`...).
+        # Values those add from excluded values are excluded too.
+        diff = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in flat]
+
+        def primal(*d):
+            it = iter(d)
+            f = [next(it) if m else x for m, x in zip(diff, flat)]
+            return _eval(jaxpr, consts, f)
+
+        d = [x for m, x in zip(diff, flat) if m]
+        jvp_closed = jax.make_jaxpr(
+            lambda d, t: _eval_closed(
+                jax.make_jaxpr(lambda d, t: jax.jvp(primal, d, t))(d, t), d + t
+            )
+        )(d, d)
+        jvp = jvp_closed.jaxpr
+        tangent = set(jvp.invars[len(d) :])
+        for e in jvp.eqns:
+            if any(not isinstance(v, _Literal) and v in tangent for v in e.invars):
+                tangent.update(e.outvars)
+        jvp_region = _region(jvp, self.pol.names, tangent)
+        producers = frozenset(
+            _signature(e)
+            for e in jvp.eqns
+            if e.primitive.name != "name" and any(v in jvp_region for v in e.outvars)
         )
-        producers = frozenset(_producers(closed.jaxpr, self.pol.names))
+        region = _region(jaxpr, self.pol.names, set())
+        keep = frozenset(
+            id(e)
+            for e in jaxpr.eqns
+            if e.primitive.name != "name"
+            and not any(v in region for v in e.outvars)
+            and _matches(_signature(e), producers)
+        )
         pol = _ResolvedSaveAllBut(self.pol.names, producers)
-        return jax.checkpoint(self.fn, policy=pol, prevent_cse=False)(*args)
+        out_tree = jax.tree.structure(out_shape)
+
+        def run(*f):
+            return jax.tree.unflatten(out_tree, _eval(jaxpr, consts, f, keep=keep))
+
+        return jax.checkpoint(run, policy=pol, prevent_cse=False)(*flat)
+
+
+def _eval(jaxpr, consts, args, *, inline=False, keep=frozenset()):
+    """Evaluate `jaxpr`, inlining calls to jitted functions (`inline`) and tagging
+    the outputs of the equations in `keep` (by `id`) with `_KEEP`."""
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, _Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if inline and eqn.primitive.name in _INLINE and sub is not None:
+            outs = _eval(
+                getattr(sub, "jaxpr", sub),
+                getattr(sub, "consts", ()),
+                invals,
+                inline=True,
+            )
+        else:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            if isinstance(params, tuple):  # older jax: (subfuns, params)
+                subfuns, params = params
+                invals = [*subfuns, *invals]
+            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+            with _user_context(eqn), ctx or contextlib.nullcontext():
+                outs = eqn.primitive.bind(*invals, **params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            if id(eqn) in keep:
+                outs = [checkpoint_name(o, _KEEP) for o in outs]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_closed(closed, args):
+    return _eval(closed.jaxpr, closed.consts, args, inline=True)
+
+
+def _region(jaxpr, names, tangent: set) -> set:
+    """The variables of `jaxpr` not to save: see `_ExcludeProducers`. In a JVP
+    jaxpr, `tangent` holds the variables that depend on the tangents: values
+    computed from excluded ones only for them (derivative coefficients) are
+    excluded too."""
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    users: dict = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            if not isinstance(v, _Literal):
+                users.setdefault(v, []).append(e)
+    outputs = {v for v in jaxpr.outvars if not isinstance(v, _Literal)}
+    region: set = set()
+    # The primal values the primal outputs depend on; in a JVP jaxpr, the other
+    # primal values are derivative coefficients.
+    needed = {v for v in outputs if v not in tangent}
+    for e in reversed(jaxpr.eqns):
+        if any(v in needed for v in e.outvars) and not any(
+            v in tangent for v in e.outvars
+        ):
+            needed.update(v for v in e.invars if not isinstance(v, _Literal))
+
+    def excluded(v) -> bool:
+        return not isinstance(v, _Literal) and v in region
+
+    for e in jaxpr.eqns:
+        if e.primitive.name == "name" and e.params.get("name") in names:
+            region.update(e.outvars)
+            if e.invars[0] in producer:
+                region.add(e.invars[0])
+    changed = True
+    while changed:
+        changed = False
+        for e in jaxpr.eqns:
+            name = e.primitive.name
+            if any(v in tangent for v in e.outvars):
+                continue
+            # Downstream: views and casts of an excluded value, and coefficients
+            # of the derivative computed from one.
+            if (
+                (name in _VIEWS and e.invars and excluded(e.invars[0]))
+                or (
+                    tangent
+                    and any(excluded(v) for v in e.invars)
+                    and not any(v in needed for v in e.outvars)
+                )
+            ) and not all(v in region for v in e.outvars):
+                region.update(e.outvars)
+                changed = True
+            # Upstream: inputs that exist only to feed a region operation whose
+            # backward pass does not need them.
+            if name in _UPSTREAM and any(v in region for v in e.outvars):
+                for u in e.invars:
+                    if (
+                        not isinstance(u, _Literal)
+                        and u in producer
+                        and u not in region
+                        and u not in outputs
+                        and all(
+                            all(w in region for w in user.outvars)
+                            for user in users.get(u, ())
+                        )
+                    ):
+                        region.add(u)
+                        changed = True
+    return region
 
 
 def _signature(eqn) -> tuple:
@@ -262,34 +555,20 @@ def _signature(eqn) -> tuple:
     return eqn.primitive.name, tuple(params), shapes
 
 
-def _producers(jaxpr, names) -> list[tuple]:
-    """Signatures of the operations whose outputs are tagged with one of `names`,
-    looking inside calls (jit, custom_jvp, ...) for the innermost producer."""
-    producer_of = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
-    out = []
-
-    def innermost(eqn, var):
-        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if sub is not None and eqn.primitive.name != "scan":
-            sub = getattr(sub, "jaxpr", sub)
-            k = eqn.outvars.index(var)
-            inner_var = sub.outvars[k]
-            inner = {v: e for e in sub.eqns for v in e.outvars}.get(inner_var)
-            if inner is not None:
-                return innermost(inner, inner_var)
-        return _signature(eqn)
-
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "name" and eqn.params.get("name") in names:
-            producer = producer_of.get(eqn.invars[0])
-            if producer is not None:
-                out.append(innermost(producer, eqn.invars[0]))
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, tuple) else (v,):
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    out.extend(_producers(sub, names))
-    return out
+def _matches(sig: tuple, producers: frozenset) -> bool:
+    name, key, shapes = sig
+    for p_name, p_key, p_shapes in producers:
+        if (
+            name == p_name
+            and key == p_key
+            and len(shapes) == len(p_shapes)
+            and all(
+                len(a) >= len(b) and tuple(a[len(a) - len(b) :]) == b
+                for a, b in zip(shapes, p_shapes)
+            )
+        ):
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,18 +580,9 @@ class _ResolvedSaveAllBut:
         if _is_name(prim, params):
             return params["name"] not in self.names
         if self.producers:
-            name, key, shapes = _signature(_FakeEqn(prim, avals, params))
-            for p_name, p_key, p_shapes in self.producers:
-                if (
-                    name == p_name
-                    and key == p_key
-                    and len(shapes) == len(p_shapes)
-                    and all(
-                        len(a) >= len(b) and tuple(a[len(a) - len(b) :]) == b
-                        for a, b in zip(shapes, p_shapes)
-                    )
-                ):
-                    return False
+            return not _matches(
+                _signature(_FakeEqn(prim, avals, params)), self.producers
+            )
         return True
 
 

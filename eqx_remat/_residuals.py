@@ -1,15 +1,20 @@
 """What a function saves for its backward pass."""
 
-import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import numpy as np
+from jax.extend.core import Literal as _Literal
 
-# Public `jax.ad_checkpoint` exports only the printing variant.
-from jax._src.ad_checkpoint import saved_residuals as _saved_residuals
+from ._policies import _KEEP
+from ._util import format_bytes, traceable
+
+
+try:  # Only for the file:line of each residual's source.
+    from jax._src.source_info_util import summarize as _summarize
+except ImportError:  # pragma: no cover
+    _summarize = None
 
 
 class Residual(NamedTuple):
@@ -17,12 +22,20 @@ class Residual(NamedTuple):
 
     **Attributes:**
 
-    - `shape`: its shape.
+    - `shape`: its shape. A value saved by each layer of a scan (a scanned
+      stack of layers, a policy's residuals) is one array stacked over the
+      layers: its shape starts with the number of layers.
     - `dtype`: its dtype.
     - `nbytes`: its size in bytes.
     - `source`: where it comes from, as JAX describes it (`"from the argument x"`,
-      `"output of sin from file.py:12"`, `"named 'mlp_hidden' from ..."`).
-    - `name`: its `checkpoint_name` tag, or `None`.
+      `"output of sin from file.py:12"`, `"named 'mlp_hidden' from ..."`), looking
+      inside scans: a value stacked by a scan is described by the operation that
+      computes it in one layer, followed by `"inside a scan over D layers"`.
+    - `name`: its `checkpoint_name` tag (found inside scans too), or `None`.
+    - `layers`: how many layers of scans it is stacked over (`D`; the product
+      for nested scans), `1` for a value saved once. The value of one layer has
+      shape `shape[-(len(shape) - k):]` for the `k` stacked axes; for a single
+      scan, `shape[1:]`.
     """
 
     shape: tuple[int, ...]
@@ -30,67 +43,160 @@ class Residual(NamedTuple):
     nbytes: int
     source: str
     name: str | None
+    layers: int = 1
 
-
-_NAMED = re.compile(r"^named '([^']*)'")
+    @property
+    def layer_shape(self) -> tuple[int, ...]:
+        """The shape of the value saved by one layer (`shape` without the
+        stacked axes of the scans it is saved by)."""
+        shape = list(self.shape)
+        n = self.layers
+        while n > 1 and shape and n % shape[0] == 0:
+            n //= shape.pop(0)
+        return tuple(shape)
 
 
 def residuals(fn: Callable[..., Any], *args: Any) -> list[Residual]:
     """The values that `jax.vjp(fn, *args)` saves on the forward pass.
 
-    Arguments may be any pytrees (Equinox modules included); their non-array parts
-    are treated as static. Nothing is compiled or run: the function is traced.
+    Arguments may be any pytrees (Equinox modules included); their array leaves
+    may be arrays or `jax.ShapeDtypeStruct`s, other leaves (Python numbers
+    included) are static, as in `eqx.filter_jit` — the same arguments as
+    [`eqx_remat.count_flops`][] and [`eqx_remat.memory_report`][]. Nothing is
+    compiled or run: the function is traced.
+
+    Values saved by every layer of a scan (the scanned stacks of
+    [`eqx_remat.scan_layers`][] and the zoo) are one stacked array each; they are
+    described from inside the scan, with their `checkpoint_name` tag and their
+    number of layers.
 
     **Arguments:**
 
     - `fn`: the function to differentiate.
-    - `*args`: its arguments (arrays or `jax.ShapeDtypeStruct`s as leaves).
+    - `*args`: its arguments.
 
     **Returns:**
 
     A list of [`eqx_remat.Residual`][], in JAX's order: literals, constants,
     arguments, then intermediates in the order they are computed.
     """
-    dynamic, static = eqx.partition(args, eqx.is_array)
+    f, dynamic = traceable(fn, args)
+    leaves, in_tree = jax.tree.flatten(dynamic)
 
-    def f(dynamic):
-        return fn(*eqx.combine(dynamic, static))
+    def f_flat(*leaves):
+        return f(jax.tree.unflatten(in_tree, leaves))
 
-    dynamic = jax.tree.map(
-        lambda x: (
-            jax.ShapeDtypeStruct(x.shape, x.dtype)
-            if isinstance(x, jax.ShapeDtypeStruct)
-            else x
-        ),
-        dynamic,
-    )
-    out = []
-    for aval, source in _saved_residuals(f, dynamic):
-        dtype = aval.dtype  # not np.dtype(...): PRNG keys have extended dtypes
-        shape = tuple(aval.shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        match = _NAMED.match(source)
-        out.append(Residual(shape, dtype, nbytes, source, match and match.group(1)))
+    closed, out_shape = jax.make_jaxpr(
+        lambda *a: jax.vjp(f_flat, *a), return_shape=True
+    )(*leaves)
+    jaxpr = closed.jaxpr
+    num_res = len(jax.tree.leaves(out_shape[1]))
+    res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res :]
+    paths = [
+        "dynamic" + jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(dynamic)[0]
+    ]
+    return _describe_all(jaxpr, res_vars, paths)
+
+
+def _describe_all(jaxpr, res_vars, arg_names) -> list[Residual]:
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    # Look through reduce_precision (JAX inserts it on residuals), as JAX does.
+    resolved = []
+    for v in res_vars:
+        while not isinstance(v, _Literal) and v in producer:
+            e = producer[v]
+            if e.primitive.name != "reduce_precision":
+                break
+            v = e.invars[0]
+        resolved.append(v)
+    out = [_residual(v.aval, "from a literal", None, 1) for v in resolved if _is_lit(v)]
+    variables = {v for v in resolved if not _is_lit(v)}
+    for v in jaxpr.constvars:
+        if v in variables:
+            out.append(_residual(v.aval, "from a constant", None, 1))
+    for v, name in zip(jaxpr.invars, arg_names):
+        if v in variables:
+            out.append(_residual(v.aval, f"from the argument {name}", None, 1))
+    for e in jaxpr.eqns:
+        for v in e.outvars:
+            if v in variables:
+                source, name, layers = _describe(jaxpr, v, producer)
+                out.append(_residual(v.aval, source, name, layers))
     return out
 
 
+def _is_lit(v) -> bool:
+    return isinstance(v, _Literal)
+
+
+def _residual(aval, source, name, layers) -> Residual:
+    dtype = aval.dtype  # not np.dtype(...): PRNG keys have extended dtypes
+    shape = tuple(aval.shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return Residual(shape, dtype, nbytes, source, name, layers)
+
+
+def _where(eqn) -> str:
+    where = None if _summarize is None else _summarize(eqn.source_info)
+    return where or "an unknown location"
+
+
+def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
+    """`(source, tag, layers)` of variable `v` of `jaxpr`, looking into scans."""
+    e = producer.get(v)
+    if e is None:
+        return "from an input", None, 1
+    prim = e.primitive.name
+    if prim == "reduce_precision" and not _is_lit(e.invars[0]):
+        inner = e.invars[0]
+        if inner in producer:
+            return _describe(jaxpr, inner, producer)
+    if prim == "name":
+        tag = e.params["name"]
+        inner = e.invars[0]
+        if tag == _KEEP and not _is_lit(inner) and inner in producer:
+            return _describe(jaxpr, inner, producer)
+        return f"named '{tag}' from {_where(e)}", tag, 1
+    if prim == "scan":
+        k = e.outvars.index(v)
+        body = e.params["jaxpr"].jaxpr
+        if k >= e.params["num_carry"]:
+            inner = body.outvars[k]
+            length = e.params["length"]
+            inner_producer = {w: q for q in body.eqns for w in q.outvars}
+            scan = f"inside a scan over {length} layers"
+            if not _is_lit(inner) and inner in inner_producer:
+                source, tag, layers = _describe(body, inner, inner_producer)
+                return f"{source}, {scan}", tag, layers * length
+            if inner in body.invars:
+                i = body.invars.index(inner) - e.params["num_consts"]
+                what = "the carry" if i < e.params["num_carry"] else "a per-layer input"
+                return f"{what} (each layer's input), {scan}", None, length
+    if prim == "jit":
+        return (
+            f"output of jitted function '{e.params['name']}' from {_where(e)}",
+            None,
+            1,
+        )
+    return f"output of {prim} from {_where(e)}", None, 1
+
+
 def print_residuals(fn: Callable[..., Any], *args: Any) -> None:
-    """Print what `jax.vjp(fn, *args)` saves: one line per residual (shape, dtype,
-    size, source) and the total.
+    """Print what `jax.vjp(fn, *args)` saves: one line per residual (shape,
+    dtype, size, source) and the total. A value saved by each layer of a scan
+    is printed with its per-layer shape and its number of layers, e.g.
+    `float32[6,24] × 2 layers  1.1 KiB  named 'qkv_proj' from ...`.
 
     **Arguments:** as [`eqx_remat.residuals`][].
     """
     res = residuals(fn, *args)
     for r in res:
-        shape = ",".join(map(str, r.shape))
-        print(f"{r.dtype.name}[{shape}]  {_fmt_bytes(r.nbytes)}  {r.source}")
+        if r.layers > 1:
+            shape = ",".join(map(str, r.layer_shape))
+            what = f"{r.dtype.name}[{shape}] × {r.layers} layers"
+        else:
+            what = f"{r.dtype.name}[{','.join(map(str, r.shape))}]"
+        print(f"{what}  {format_bytes(r.nbytes, digits=1)}  {r.source}")
     total = sum(r.nbytes for r in res)
-    print(f"{len(res)} residuals, {_fmt_bytes(total)} in total")
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
+    print(f"{len(res)} residuals, {format_bytes(total, digits=1)} in total")

@@ -441,11 +441,20 @@ def test_memory_report_cpu_cannot_measure_offload():
 
 
 @pytest.mark.parametrize(
-    "target", ["v4", "tpu", "v5e:2", "v5e:2x2x1", "V5E", "v5e:0x2"]
+    "target", ["v4", "CPU", "v5e:2", "v5e:2x2x1", "V5E", "v5e:0x2"]
 )
 def test_memory_report_unknown_target(target):
-    with pytest.raises(ValueError, match='Unknown target.*None.*"v5e".*v5e:AxB'):
+    with pytest.raises(ValueError, match='Unknown target.*None.*"cpu".*"v5e".*v5e:AxB'):
         er.memory_report(jnp.sin, S((2,), f32), target=target)
+
+
+def test_memory_report_accepts_the_platform_name_it_reports():
+    default = er.memory_report(jnp.sin, S((2,), f32))
+    assert default.target == jax.default_backend()
+    assert er.memory_report(jnp.sin, S((2,), f32), target=default.target) == default
+    other = next(p for p in ("cpu", "gpu", "tpu") if p != jax.default_backend())
+    with pytest.raises(ValueError, match=f"target='{other}'.*default backend"):
+        er.memory_report(jnp.sin, S((2,), f32), target=other)
 
 
 def test_memory_report_without_libtpu_names_the_tpu_extra():
@@ -641,3 +650,63 @@ def test_v5e_program_too_large_for_a_chip_raises_xlas_error():
     with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e:
         er.memory_report(fn, x, target="v5e")
     assert any("does not fit" in note for note in e.value.__notes__)
+
+
+# --- residuals: the same arguments as count_flops/memory_report, inside scans --
+
+
+def test_residuals_take_shape_dtype_structs_modules_and_scalars():
+    mlp = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
+
+    def f(m, x, scale):
+        return jnp.sum(jnp.sin(m(x) * scale))
+
+    concrete = er.residuals(f, mlp, jnp.ones(3), 2.0)
+    abstract = er.residuals(f, mlp, S((3,), f32), 2.0)
+    assert [(r.shape, r.dtype, r.nbytes) for r in concrete] == [
+        (r.shape, r.dtype, r.nbytes) for r in abstract
+    ]
+    assert sum(r.nbytes for r in concrete) > 0
+
+
+def test_residuals_look_inside_scans(capsys):
+    import zoo
+
+    model = zoo.Transformer(
+        16, 8, 8, 2, 2, checkpoint=er.save_names("qkv_proj"), key=jax.random.key(0)
+    )
+    loss = lambda m, t: m(t).sum()
+    res = er.residuals(loss, model, S((6,), jnp.int32))
+    tagged = [r for r in res if r.name is not None]
+    # The scanned blocks save their qkv projection, 6 x 24 per layer, and it is
+    # reported by its tag, per layer, with the number of layers.
+    assert [(r.name, r.shape, r.layer_shape, r.layers) for r in tagged] == [
+        ("qkv_proj", (2, 6, 24), (6, 24), 2)
+    ]
+    assert tagged[0].nbytes == 2 * 6 * 24 * 4
+    assert "inside a scan over 2 layers" in tagged[0].source
+    carries = [r for r in res if r.source.startswith("the carry")]
+    assert [(r.layer_shape, r.layers) for r in carries] == [((6, 8), 2)]
+    er.print_residuals(loss, model, S((6,), jnp.int32))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(
+        line.startswith("float32[6,24] × 2 layers  1.1 KiB  named 'qkv_proj'")
+        for line in lines
+    ), lines
+
+
+def test_residuals_nested_scans_multiply_layers():
+    def f(x):
+        def inner(c, _):
+            return jnp.sin(c), None
+
+        def outer(c, _):
+            return jax.lax.scan(inner, c, None, length=3)[0], None
+
+        return jax.lax.scan(outer, x, None, length=2)[0].sum()
+
+    res = er.residuals(f, jnp.ones(4))
+    stacked = [r for r in res if r.layers > 1]
+    assert stacked and all(r.layers == 6 for r in stacked)
+    assert all(r.layer_shape == (4,) for r in stacked)
+    assert all(r.source.count("inside a scan") == 2 for r in stacked)

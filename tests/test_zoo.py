@@ -1,6 +1,8 @@
 """zoo.MLP and zoo.ResidualChain: gradients under every policy and schedule, bad
 input, set_checkpoint. (The Transformer is in test_transformer.py.)"""
 
+import functools
+
 import equinox as eqx
 import hypothesis.strategies as st
 import jax
@@ -15,14 +17,16 @@ import eqx_remat as er
 import zoo
 
 
-# Every policy name, a policy callable, name policies (these models tag nothing,
-# so `save_names` saves nothing and `save_all_but_names` everything), and every
-# schedule, with and without inner policies, with uneven splits.
+# Every policy name, a policy callable, name policies (on a tag, and on a name that
+# is not a tag: `save_names` saves nothing, `save_all_but_names` everything), and
+# every schedule, with and without inner policies, with uneven splits.
 CHECKPOINTS = [
     *sorted(er.POLICIES),
     jax.checkpoint_policies.dots_saveable,
     er.save_names("untagged"),
     er.save_all_but_names("untagged"),
+    er.save_names("linear"),
+    er.save_all_but_names("linear"),
     er.every(1),
     er.every(2),
     er.every(3, policy="dots"),
@@ -260,3 +264,177 @@ def test_residual_chain_bad_input():
         model(jnp.zeros(3))
     with pytest.raises(TypeError, match="parameter 'x'"):
         eqx.filter_eval_shape(model, jnp.zeros((2, 4)))
+
+
+# --- save_all_but_names saves less than "everything" on every model -----------
+
+# Per model: a small instance, one input, and the tags whose value (or a view of
+# it) is saved under "everything" — excluding those must save strictly less.
+# The others are not saved under "everything" (a layer's input is the
+# checkpoint's argument, kept whatever the policy; an output only added to the
+# residual stream is not needed by the backward pass), so excluding them
+# changes nothing, and must never save more.
+_TF = dict(vocab_size=16, max_len=8, d_model=8, num_heads=2, num_layers=2)
+EXCLUSION_MODELS = {
+    "MLP": (
+        lambda ck: zoo.MLP(4, 3, 16, 2, checkpoint=ck, key=jr.key(0)),
+        jnp.ones(4),
+        {"linear"},
+    ),
+    "ResidualChain": (
+        lambda ck: zoo.ResidualChain(16, 2, checkpoint=ck, key=jr.key(0)),
+        jnp.ones(16),
+        {"tanh"},
+    ),
+    "Transformer": (
+        lambda ck: build(zoo.Transformer, **_TF, checkpoint=ck, key=jr.key(0)),
+        jnp.arange(8) % 16,
+        {"qkv_proj", "attention_context", "mlp_hidden"},
+    ),
+}
+EXCLUSIONS = [
+    (model, tag, tag in strict)
+    for model, (make, _, strict) in EXCLUSION_MODELS.items()
+    for tag in getattr(zoo, model).ACTIVATION_NAMES
+]
+# Compiling the Transformer's gradient takes ~10 s a tag on two cores: one strict
+# and one non-strict tag run by default, the rest with -m slow.
+_FAST = {"qkv_proj", "out_proj"}
+MEMORY_EXCLUSIONS = [
+    pytest.param(
+        *e,
+        id=f"{e[0]}-{e[1]}",
+        marks=[pytest.mark.slow] if e[0] == "Transformer" and e[1] not in _FAST else [],
+    )
+    for e in EXCLUSIONS
+]
+
+
+def _model_loss(model, x):
+    return jnp.sum(jnp.sin(model(x)))
+
+
+_model_grads = quick_jit(eqx.filter_grad(_model_loss))
+
+
+def _residual_bytes(model, x):
+    return sum(r.nbytes for r in er.residuals(_model_loss, model, x))
+
+
+@functools.cache
+def _everything(model: str, what: str) -> int:
+    make, x, _ = EXCLUSION_MODELS[model]
+    if what == "residuals":
+        return _residual_bytes(make("everything"), x)
+    grad = eqx.filter_grad(_model_loss)
+    return er.memory_report(grad, make("everything"), x).temp_bytes
+
+
+def test_exclusion_table_covers_every_tag():
+    for model, (_, _, strict) in EXCLUSION_MODELS.items():
+        assert strict <= set(getattr(zoo, model).ACTIVATION_NAMES), model
+
+
+@pytest.mark.parametrize(
+    "model, tag, strict", EXCLUSIONS, ids=[f"{m}-{t}" for m, t, _ in EXCLUSIONS]
+)
+def test_save_all_but_names_residual_bytes(model, tag, strict):
+    make, x, _ = EXCLUSION_MODELS[model]
+    everything = _everything(model, "residuals")
+    excluded = _residual_bytes(make(er.save_all_but_names(tag)), x)
+    if strict:
+        assert excluded < everything, (tag, excluded, everything)
+    else:
+        assert excluded <= everything, (tag, excluded, everything)
+    if model == "Transformer":
+        return  # its gradients under name policies: test_transformer.py
+    # Gradients do not change.
+    m = make(None)
+    ref = _model_grads(m, x)
+    got = _model_grads(er.set_checkpoint(m, er.save_all_but_names(tag)), x)
+    arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
+    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model, tag, strict", MEMORY_EXCLUSIONS)
+def test_save_all_but_names_compiled_memory(model, tag, strict):
+    make, x, _ = EXCLUSION_MODELS[model]
+    grad = eqx.filter_grad(_model_loss)
+    everything = _everything(model, "memory")
+    excluded = er.memory_report(grad, make(er.save_all_but_names(tag)), x).temp_bytes
+    if strict:
+        assert excluded < everything, (tag, excluded, everything)
+    else:
+        assert excluded <= everything, (tag, excluded, everything)
+
+
+def test_save_all_but_names_under_vmap():
+    # Per-example models batched with jax.vmap: the exclusion still applies.
+    make, x, _ = EXCLUSION_MODELS["MLP"]
+    xs = jnp.stack([x, 2 * x])
+
+    def loss(model, xs):
+        return jnp.sum(jax.vmap(model)(xs))
+
+    def nbytes(ck):
+        return sum(r.nbytes for r in er.residuals(loss, make(ck), xs))
+
+    assert nbytes(er.save_all_but_names("linear")) < nbytes("everything")
+
+
+# --- no silent no-ops ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [eqx.nn.Linear(2, 2, key=jr.key(0)), {"w": jnp.ones(3)}, None],
+    ids=["Linear", "dict", "None"],
+)
+def test_set_checkpoint_without_a_checkpoint_field_raises(tree):
+    with pytest.raises(ValueError, match="set_checkpoint expected a pytree containing"):
+        er.set_checkpoint(tree, er.every(2))
+
+
+def test_scan_layers_catches_a_layer_that_was_never_stacked():
+    x = jnp.ones(4)
+    with pytest.raises(ValueError, match="never stacked"):
+        er.scan_layers(eqx.nn.LayerNorm(4), x)
+    # A Linear's slices map the carry to a scalar: the carry check says so.
+    with pytest.raises(ValueError, match="eqx_remat.stack"):
+        er.scan_layers(eqx.nn.Linear(4, 4, key=jr.key(0)), x)
+    # The same LayerNorm stacked is fine.
+    norms = er.stack(lambda k: eqx.nn.LayerNorm(4), jr.split(jr.key(0), 3))
+    assert er.scan_layers(norms, x).shape == (4,)
+
+
+def test_switching_checkpoint_mid_training_covers_the_optimiser_state():
+    import optax
+
+    model = mlp(depth=2, checkpoint=None)
+    x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    optim = optax.adam(1e-2)
+    with jax.numpy_dtype_promotion("standard"):
+        opt_state = optim.init(eqx.filter(model, eqx.is_array))
+
+    def step(model, opt_state):
+        grads = _grads(model, x)
+        # optax mixes its int32 step count with floats.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optim.update(grads, opt_state, model)
+        return eqx.apply_updates(model, updates), opt_state
+
+    model, opt_state = step(model, opt_state)
+    # The optimiser state holds copies of the model's modules, static checkpoint
+    # included: switching the model alone leaves mismatched structures.
+    switched = er.set_checkpoint(model, "nothing")
+    with pytest.raises(ValueError):
+        step(switched, opt_state)
+    # One call switches both, and training goes on with the same numbers as
+    # without switching.
+    model2, opt_state2 = er.set_checkpoint((model, opt_state), "nothing")
+    got, _ = step(model2, opt_state2)
+    ref, _ = step(model, opt_state)
+    assert got.checkpoint == "nothing"
+    arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
+    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+

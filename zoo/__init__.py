@@ -4,3 +4,12 @@ from ._mlp import MLP as MLP
 from ._residual_chain import ResidualChain as ResidualChain
 from ._sharding import shard as shard, shard_batch as shard_batch
 from ._transformer import Transformer as Transformer
+
+
+__all__ = [
+    "MLP",
+    "ResidualChain",
+    "Transformer",
+    "shard",
+    "shard_batch",
+]

@@ -1,14 +1,14 @@
 from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.random as jr
 from beartype import beartype
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
-
-from ._util import check_checkpoint, check_int
 
 
 class _Hidden(eqx.Module):
@@ -18,7 +18,8 @@ class _Hidden(eqx.Module):
     activation: Callable
 
     def __call__(self, x):
-        return self.activation(self.linear(x))
+        x = checkpoint_name(x, "layer_input")
+        return self.activation(checkpoint_name(self.linear(x), "linear"))
 
 
 class MLP(eqx.Module):
@@ -32,7 +33,16 @@ class MLP(eqx.Module):
         `depth` counts the *scanned* hidden layers, so the network has `depth + 2`
         linear layers. (In `equinox.nn.MLP`, `depth` counts every layer but the
         first: `equinox.nn.MLP(..., depth=d)` is `zoo.MLP(..., depth=d - 1)`.)
+
+    The hidden layers tag their intermediates with
+    `jax.ad_checkpoint.checkpoint_name`, one tag per name in
+    `MLP.ACTIVATION_NAMES`, for name-based policies
+    ([`eqx_remat.save_names`][], [`eqx_remat.save_all_but_names`][], ...):
+    `layer_input` (a hidden layer's input) and `linear` (its linear map, before
+    the activation), both of shape `(width_size,)`.
     """
+
+    ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = ("layer_input", "linear")
 
     layer_in: eqx.nn.Linear
     hidden: _Hidden
@@ -67,14 +77,11 @@ class MLP(eqx.Module):
           its name, or a schedule (see [`eqx_remat.scan_layers`][]).
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        for name, value in (
-            ("in_size", in_size),
-            ("out_size", out_size),
-            ("width_size", width_size),
-        ):
-            check_int("MLP", name, value, 1)
-        check_int("MLP", "depth", depth, 1)
-        check_checkpoint("MLP", checkpoint)
+        in_size = eqx_remat.check_int("MLP", "in_size", in_size, 1)
+        out_size = eqx_remat.check_int("MLP", "out_size", out_size, 1)
+        width_size = eqx_remat.check_int("MLP", "width_size", width_size, 1)
+        depth = eqx_remat.check_int("MLP", "depth", depth, 1)
+        eqx_remat.check_checkpoint(checkpoint, name="MLP: checkpoint")
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(

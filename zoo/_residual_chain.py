@@ -1,13 +1,14 @@
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
-
-from ._util import check_checkpoint, check_int
 
 
 class _Residual(eqx.Module):
@@ -17,7 +18,9 @@ class _Residual(eqx.Module):
     step: float = eqx.field(static=True)
 
     def __call__(self, x):
-        return x + self.step * jnp.tanh(self.linear(x))
+        x = checkpoint_name(x, "layer_input")
+        h = checkpoint_name(self.linear(x), "linear")
+        return x + self.step * checkpoint_name(jnp.tanh(h), "tanh")
 
 
 class ResidualChain(eqx.Module):
@@ -30,7 +33,15 @@ class ResidualChain(eqx.Module):
     any depth, thousands of layers included. It is the showcase for the depth
     schedules ([`eqx_remat.recursive`][] and friends), where the layer is cheap and
     the stored carries are what costs memory.
+
+    Each layer tags its intermediates with `jax.ad_checkpoint.checkpoint_name`,
+    one tag per name in `ResidualChain.ACTIVATION_NAMES`, for name-based policies
+    ([`eqx_remat.save_names`][], [`eqx_remat.save_all_but_names`][], ...):
+    `layer_input` (the layer's input `x`), `linear` (`W_i x + b_i`) and `tanh`
+    (`f_i(x)`), all of shape `(width,)`.
     """
+
+    ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = ("layer_input", "linear", "tanh")
 
     layers: _Residual
     width: int = eqx.field(static=True)
@@ -53,9 +64,9 @@ class ResidualChain(eqx.Module):
           name, or a schedule (see [`eqx_remat.scan_layers`][]).
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        check_int("ResidualChain", "width", width, 1)
-        check_int("ResidualChain", "depth", depth, 1)
-        check_checkpoint("ResidualChain", checkpoint)
+        width = eqx_remat.check_int("ResidualChain", "width", width, 1)
+        depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)
+        eqx_remat.check_checkpoint(checkpoint, name="ResidualChain: checkpoint")
         step = 1.0 / depth
         self.layers = eqx_remat.stack(
             lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),

@@ -381,8 +381,7 @@ class _Block(eqx.Module):
 def _check_choice(cls: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(
-            f"{cls}: unknown {name} {value!r}. It needs to be one of "
-            f"{list(choices)}."
+            f"{cls}: unknown {name} {value!r}. It needs to be one of {list(choices)}."
         )
 
 
