@@ -23,7 +23,8 @@ import numpy as np
 from jax import lax
 
 from ._engine import Layers
-from ._schedules import Schedule, _check_int, _check_policy
+from ._schedules import Schedule
+from ._validate import check_int, check_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +93,8 @@ class binomial(Schedule):
     policy: Any = None
 
     def __post_init__(self):
-        _check_int("binomial", "slots", self.slots, 1)
-        _check_policy("binomial", self.policy)
+        object.__setattr__(self, "slots", check_int("binomial", "slots", self.slots, 1))
+        check_policy("binomial", self.policy)
 
     def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
         depth = layers.depth

@@ -1,7 +1,6 @@
 """Combinators: stack layers, scan over them, chain callables, switch schedules."""
 
 import dataclasses
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -14,7 +13,7 @@ from jax import lax
 from ._engine import remat_scan
 from ._policies import checkpointed, policy as _normalise_policy
 from ._schedules import Checkpoint, Schedule
-from ._validate import check_checkpoint
+from ._validate import check_checkpoint, check_int
 
 
 _T = TypeVar("_T")
@@ -89,17 +88,8 @@ def _apply(
 
 
 def _check_unroll(unroll: Any) -> None:
-    if isinstance(unroll, bool):
-        return
-    try:
-        value = operator.index(unroll)
-    except TypeError:
-        value = None
-    if value is None or value < 1:
-        raise ValueError(
-            "unroll must be an int >= 1 (layers per loop iteration) or a bool "
-            f"(True: unroll the whole stack). Got {unroll!r}."
-        )
+    if not isinstance(unroll, bool):
+        check_int("scan_layers", "unroll", unroll, 1)
 
 
 def scan_layers(

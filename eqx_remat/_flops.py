@@ -13,9 +13,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import equinox as eqx
 import jax
 import numpy as np
+
+from ._util import traceable
 
 
 try:  # Private (no public equivalent): drop dead code, as XLA would.
@@ -88,23 +89,6 @@ class FlopCount(int):
         }
 
 
-def _is_leaf_input(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
-def _abstract(x: Any) -> jax.ShapeDtypeStruct:
-    # Shardings are dropped: FLOPs are counted for the whole program.
-    return jax.ShapeDtypeStruct(
-        np.shape(x), x.dtype, weak_type=getattr(x, "weak_type", False)
-    )
-
-
-def _split(args: tuple) -> tuple[Any, Any]:
-    """Array-like leaves (arrays, `ShapeDtypeStruct`s) are dynamic; every other
-    leaf is static, as in `eqx.filter_jit`."""
-    return eqx.partition(args, _is_leaf_input)
-
-
 def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     """Count the FLOPs of `fn(*args)`, including loop trip counts and
     recomputation.
@@ -168,13 +152,7 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     A [`eqx_remat.FlopCount`][]: the number of FLOPs (an `int`), with
     `.transcendentals`, `.unknown` and `.dynamic_loops`.
     """
-    dynamic, static = _split(args)
-    dynamic = jax.tree.map(_abstract, dynamic)
-
-    def f(dynamic):
-        out = fn(*eqx.combine(dynamic, static))
-        return eqx.filter(out, eqx.is_array)
-
+    f, dynamic = traceable(fn, args)  # shardings dropped: the whole program
     closed = jax.make_jaxpr(f)(dynamic)
     jaxpr, _ = _dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), True)
     acc = _Count()

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._engine import Layers
-from ._policies import policy as _normalise_policy
+from ._validate import check_int, check_policy
 
 
 class Schedule(abc.ABC):
@@ -90,23 +90,6 @@ class Schedule(abc.ABC):
         layer (its `jax.vjp` and pullback) is counted apart: every schedule does
         exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
         exactly these evaluations."""
-
-
-def _check_int(fn: str, arg: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{fn}: {arg} must be an int >= {minimum}. "
-            f"Got {value!r} of type {type(value).__name__}."
-        )
-    if value < minimum:
-        raise ValueError(f"{fn}: {arg} must be an int >= {minimum}. Got {value}.")
-
-
-def _check_policy(fn: str, value: Any) -> None:
-    try:
-        _normalise_policy(value)
-    except ValueError as e:
-        raise ValueError(f"{fn}: invalid policy. {e}") from None
 
 
 def _ceil_root(n: int, k: int) -> int:
@@ -227,8 +210,8 @@ class every(_UniformSplit):
     policy: Any = None
 
     def __post_init__(self):
-        _check_int("every", "k", self.k, 1)
-        _check_policy("every", self.policy)
+        object.__setattr__(self, "k", check_int("every", "k", self.k, 1))
+        check_policy("every", self.policy)
 
     def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         k = min(self.k, depth)
@@ -266,8 +249,9 @@ class nested(_UniformSplit):
     policy: Any = None
 
     def __post_init__(self):
-        _check_int("nested", "levels", self.levels, 1)
-        _check_policy("nested", self.policy)
+        levels = check_int("nested", "levels", self.levels, 1)
+        object.__setattr__(self, "levels", levels)
+        check_policy("nested", self.policy)
 
     def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         b = _ceil_root(depth, self.levels)

@@ -438,3 +438,28 @@ def test_switching_checkpoint_mid_training_covers_the_optimiser_state():
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
     assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
 
+
+@pytest.mark.parametrize(
+    "make, x",
+    [
+        (lambda **kw: zoo.MLP(3, 2, 8, 4, key=jr.key(0), **kw), jnp.ones(3)),
+        (lambda **kw: zoo.ResidualChain(4, 5, key=jr.key(0), **kw), jnp.ones(4)),
+        (
+            lambda **kw: zoo.Transformer(16, 8, 8, 2, 3, key=jr.key(0), **kw),
+            jnp.arange(6, dtype=jnp.int32),
+        ),
+    ],
+    ids=["MLP", "ResidualChain", "Transformer"],
+)
+@pytest.mark.parametrize("ck", [None, "dots", er.recursive()], ids=str)
+def test_unroll_keeps_gradients(make, x, ck):
+    def grads(unroll):
+        model = make(checkpoint=ck, unroll=unroll)
+        assert model.unroll == unroll
+        return eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+
+    ref = jax.tree.leaves(grads(1))
+    for unroll in (2, True):
+        assert tree_allclose(jax.tree.leaves(grads(unroll)), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="unroll must be an int >= 1"):
+        make(unroll=0)

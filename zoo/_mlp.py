@@ -10,6 +10,8 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
+from ._util import check_unroll
+
 
 class _Hidden(eqx.Module):
     """One hidden layer, `width_size -> width_size`, followed by the activation."""
@@ -53,6 +55,7 @@ class MLP(eqx.Module):
     width_size: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -63,6 +66,7 @@ class MLP(eqx.Module):
         *,
         activation: Callable = jax.nn.gelu,
         checkpoint: eqx_remat.Checkpoint = None,
+        unroll: int | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -75,6 +79,9 @@ class MLP(eqx.Module):
         - `activation`: applied after every layer but the last. Default `gelu`.
         - `checkpoint`: how the hidden stack is checkpointed: `None`, a policy or
           its name, or a schedule (see [`eqx_remat.scan_layers`][]).
+        - `unroll`: layers per iteration of the layer loop (`lax.scan`'s
+          `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
+          the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
         in_size = eqx_remat.check_int("MLP", "in_size", in_size, 1)
@@ -82,6 +89,7 @@ class MLP(eqx.Module):
         width_size = eqx_remat.check_int("MLP", "width_size", width_size, 1)
         depth = eqx_remat.check_int("MLP", "depth", depth, 1)
         eqx_remat.check_checkpoint(checkpoint, name="MLP: checkpoint")
+        unroll = check_unroll("MLP", unroll)
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(
@@ -95,6 +103,7 @@ class MLP(eqx.Module):
         self.width_size = width_size
         self.depth = depth
         self.checkpoint = checkpoint
+        self.unroll = unroll
 
     @jax.named_scope("zoo.MLP")
     @jaxtyped(typechecker=beartype)
@@ -117,5 +126,7 @@ class MLP(eqx.Module):
                 "(Batch with jax.vmap.)"
             )
         h = self.activation(self.layer_in(x))
-        h = eqx_remat.scan_layers(self.hidden, h, checkpoint=self.checkpoint)
+        h = eqx_remat.scan_layers(
+            self.hidden, h, checkpoint=self.checkpoint, unroll=self.unroll
+        )
         return self.layer_out(h)

@@ -10,6 +10,8 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
+from ._util import check_unroll
+
 
 class _Residual(eqx.Module):
     """`x -> x + step * tanh(linear(x))`."""
@@ -47,6 +49,7 @@ class ResidualChain(eqx.Module):
     width: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -54,6 +57,7 @@ class ResidualChain(eqx.Module):
         depth: int,
         *,
         checkpoint: eqx_remat.Checkpoint = None,
+        unroll: int | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -62,11 +66,15 @@ class ResidualChain(eqx.Module):
         - `depth`: the number of residual layers; an int >= 1.
         - `checkpoint`: how the chain is checkpointed: `None`, a policy or its
           name, or a schedule (see [`eqx_remat.scan_layers`][]).
+        - `unroll`: layers per iteration of the layer loop (`lax.scan`'s
+          `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
+          the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
         width = eqx_remat.check_int("ResidualChain", "width", width, 1)
         depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)
         eqx_remat.check_checkpoint(checkpoint, name="ResidualChain: checkpoint")
+        unroll = check_unroll("ResidualChain", unroll)
         step = 1.0 / depth
         self.layers = eqx_remat.stack(
             lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),
@@ -75,6 +83,7 @@ class ResidualChain(eqx.Module):
         self.width = width
         self.depth = depth
         self.checkpoint = checkpoint
+        self.unroll = unroll
 
     @jax.named_scope("zoo.ResidualChain")
     @jaxtyped(typechecker=beartype)
@@ -96,4 +105,6 @@ class ResidualChain(eqx.Module):
                 f"ResidualChain expected x of shape ({self.width},). Got {x.shape}. "
                 "(Batch with jax.vmap.)"
             )
-        return eqx_remat.scan_layers(self.layers, x, checkpoint=self.checkpoint)
+        return eqx_remat.scan_layers(
+            self.layers, x, checkpoint=self.checkpoint, unroll=self.unroll
+        )

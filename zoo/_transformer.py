@@ -14,7 +14,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
-from ._util import check_checkpoint, check_int
+from ._util import check_checkpoint, check_int, check_unroll
 
 
 ATTENTIONS = ("xla", "dot_product", "flash")
@@ -490,6 +490,7 @@ class Transformer(eqx.Module):
     tie_embeddings: bool = eqx.field(static=True)
     use_bias: bool = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -510,6 +511,7 @@ class Transformer(eqx.Module):
         tie_embeddings: bool = False,
         use_bias: bool = True,
         checkpoint: eqx_remat.Checkpoint = None,
+        unroll: int | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -542,6 +544,9 @@ class Transformer(eqx.Module):
         - `use_bias`: whether the linear layers have biases. Default `True`.
         - `checkpoint`: how the stack of blocks is checkpointed: `None`, a policy
           or its name, or a schedule (see [`eqx_remat.scan_layers`][]).
+        - `unroll`: layers per iteration of the layer loop (`lax.scan`'s
+          `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
+          the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
         cls = "Transformer"
@@ -601,6 +606,7 @@ class Transformer(eqx.Module):
             if not isinstance(value, bool):
                 raise ValueError(f"{cls}: {name} must be a bool. Got {value!r}.")
         check_checkpoint(cls, checkpoint)
+        unroll = check_unroll(cls, unroll)
 
         tkey, pkey, bkey, hkey = jr.split(key, 4)
         self.token_embedding = eqx.nn.Embedding(vocab_size, d_model, key=tkey)
@@ -648,6 +654,7 @@ class Transformer(eqx.Module):
         self.tie_embeddings = tie_embeddings
         self.use_bias = use_bias
         self.checkpoint = checkpoint
+        self.unroll = unroll
 
     @classmethod
     def llama(
@@ -772,7 +779,7 @@ class Transformer(eqx.Module):
             x = self.embedding_dropout(x, key=ekey)
             layer_keys = jr.split(lkey, self.num_layers)
         x = eqx_remat.scan_layers(
-            self.blocks, x, layer_keys, checkpoint=self.checkpoint
+            self.blocks, x, layer_keys, checkpoint=self.checkpoint, unroll=self.unroll
         )
         x = _apply_norm(final_norm, x)
         if head is None:

@@ -12,3 +12,11 @@ def check_checkpoint(cls: str, checkpoint: Any) -> None:
     """Raise a `ValueError` naming `cls` unless `checkpoint` is `None`, a policy
     name, a JAX policy callable or a schedule."""
     eqx_remat.check_checkpoint(checkpoint, name=f"{cls}: checkpoint")
+
+
+def check_unroll(cls: str, unroll: Any) -> int | bool:
+    """`unroll` as `scan_layers` takes it: an int >= 1, or a bool. Raises a
+    `ValueError` naming `cls` otherwise."""
+    if isinstance(unroll, bool):
+        return unroll
+    return eqx_remat.check_int(cls, "unroll", unroll, 1)
