@@ -53,6 +53,7 @@ __all__ = [
     "Checkpoint",
     "DEFAULT_CANDIDATES",
     "FlopCount",
+    "Layers",
     "MemoryReport",
     "POLICIES",
     "PlanEntry",
