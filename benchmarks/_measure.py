@@ -116,11 +116,13 @@ def variants(
 
         return build
 
-    out = []
+    out, seen = [], set()
     for spec in specs:
         c = parse_checkpoint(spec, preset.depth)
         label = checkpoint_label(c)
-        out.append(Variant(name, preset, "eqx_remat", label, _kind(c), ours(c)))
+        if label not in seen:  # every(sqrt) is every(4) at depth 16
+            seen.add(label)
+            out.append(Variant(name, preset, "eqx_remat", label, _kind(c), ours(c)))
     if peers:
         for p in preset.peers(quick=quick, aot=aot):
             v = Variant(name, preset, p.impl, p.checkpoint, "peer", peer(p), p.ours)

@@ -114,6 +114,17 @@ SECTIONS = (
 )
 
 
+def _measured(ts: list[dict]) -> str:
+    """The figure each verdict was made on: one preset's, or the range."""
+    values = [t["value"] for t in ts if t.get("value") is not None]
+    if len(values) < len(ts) or not values:
+        return "; ".join(t["measured"] for t in ts)
+    where = ts[0].get("preset", "") if len(ts) == 1 else f"{len(ts)} presets"
+    span = f"{min(values):.3f}x" if len(values) == 1 else (
+        f"{min(values):.3f}x – {max(values):.3f}x")
+    return f"{span} ({where})" if where else span
+
+
 def summary(results: Path) -> str:
     """Every target of every results file, one row per target and file (its
     presets' verdicts counted), with where it was measured."""
@@ -130,11 +141,7 @@ def summary(results: Path) -> str:
         for name, ts in groups.items():
             met = [t["met"] for t in ts if t["met"] is not None]
             verdict = "n/a" if not met else f"{sum(met)} of {len(met)}"
-            measured = "; ".join(
-                f"{t['preset']}: {t['measured']}" if t.get("preset") else t["measured"]
-                for t in ts
-            )
-            rows.append([name, measured, verdict, mark])
+            rows.append([name, _measured(ts), verdict, mark])
     return (C.markdown_table(["target", "measured", "met", "where"], rows) + "\n\n"
             + "  \n".join(notes) + "\n")
 

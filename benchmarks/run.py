@@ -188,7 +188,8 @@ def plot(data: dict, path: Path) -> None:
         ax.set(xlabel=f"{cost.replace('_', ' ')} (vs None)", yscale="log",
                ylabel="compiled temp memory (MiB)", title=g)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(data["meta"]["command"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
