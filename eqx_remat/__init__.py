@@ -9,6 +9,7 @@ from ._combinators import (
     set_checkpoint as set_checkpoint,
     stack as stack,
 )
+from ._engine import Layers as Layers
 from ._flops import FlopCount as FlopCount, count_flops as count_flops
 from ._memory import (
     MemoryReport as MemoryReport,

@@ -6,27 +6,23 @@ of *actions*. Each action reads a stored carry from a slot, advances it through
 (`jax.vjp` of that one layer, applied to the running cotangent). The backward pass
 executes the table as one `lax.scan` over its rows; advancing by a dynamic `n` is a
 binary decomposition `n = Σ 2^k` into static `lax.scan`s of `2^k` layers, each
-behind a `lax.cond`. So the traced program holds the layer `O(log D)` times, never
-`D` times, every layer evaluation the schedule asks for is run exactly once, and
-everything stays reverse-differentiable (`jax.grad` of `jax.grad` works).
+behind a `lax.cond` whose predicate is a column of the table. So the traced
+program holds the layer `O(log D)` times, never `D` times, every layer evaluation
+the schedule asks for is run exactly once, everything stays
+reverse-differentiable (`jax.grad` of `jax.grad` works), and
+[`eqx_remat.count_flops`][], which follows `lax.cond`s decided by constant
+tables, counts exactly the evaluations the table runs.
 """
 
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any
 
-import equinox as eqx
-import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 import numpy as np
 from jax import lax
-from jax._src import config as _jax_config
 
-from ._engine import _index, _is_diff, _nones, _set
-from ._policies import Policy, checkpointed, policy as _normalise_policy
+from ._engine import Layers
 from ._schedules import Schedule, _check_int, _check_policy
 
 
@@ -65,12 +61,11 @@ class binomial(Schedule):
     working carry (the one being advanced), and one parameter-gradient buffer.
 
     The traced program holds the layer `O(log D)` times (never `D` times), so it
-    compiles in about the same time at any depth. Advances of a dynamic number
-    of layers sit behind `lax.cond`s, which [`eqx_remat.count_flops`][] counts as
-    if they all ran (an upper bound); [`eqx_remat.plan`][] counts `binomial`
-    exactly. `jax.grad` of `jax.grad` works,
-    but the second-order pass is not checkpointed (it keeps every re-run carry);
-    prefer `jax.jvp` of `jax.grad` for Hessian-vector products.
+    compiles in about the same time at any depth, and
+    [`eqx_remat.count_flops`][] counts exactly the evaluations above
+    (`evaluations(D)`). `jax.grad` of `jax.grad` works, but the second-order
+    pass is not checkpointed (it keeps every re-run carry); prefer `jax.jvp` of
+    `jax.grad` for Hessian-vector products.
 
     ??? cite "Algorithm 799: revolve"
         ```bibtex
@@ -100,27 +95,57 @@ class binomial(Schedule):
         _check_int("binomial", "slots", self.slots, 1)
         _check_policy("binomial", self.policy)
 
-    def _plan(self, depth: int) -> "RevolvePlan":
-        return RevolvePlan(
-            depth, min(self.slots, depth), _normalise_policy(self.policy)
-        )
+    def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
+        depth = layers.depth
+        slots = min(self.slots, depth)
+        store_at, _ = _schedule(depth, slots)
+        # Slot `slots` is the working slot: the input of the last layer, which
+        # the first reversal starts from, and scratch for unstored inputs.
+        buf = layers.carries(slots + 1, carry)
 
+        def body(state, i_k):
+            x, buf = state
+            i, k = i_k
+            return (layers.step(i, x), layers.store(buf, k, x)), None
 
-@dataclasses.dataclass(frozen=True)
-class RevolvePlan:
-    """A binomial schedule for `depth` layers with `slots` stored carries."""
+        xs = (jnp.arange(depth, dtype=jnp.int32), jnp.asarray(store_at))
+        (out, buf), _ = lax.scan(body, (carry, buf), xs)
+        return out, buf
 
-    depth: int
-    slots: int
-    policy: Policy | None
+    def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
+        depth = layers.depth
+        _, actions = _schedule(depth, min(self.slots, depth))
+        # The bits of each action's advance, as columns of the table: every
+        # `lax.cond` below is decided by a constant of the table.
+        nbits = max(1, int(actions[:, 2].max()).bit_length())
+        bits = (actions[:, 2:3] >> np.arange(nbits)[::-1]) & 1
+        table = np.concatenate([actions, bits], axis=1).astype(np.int32)
 
-    def custom_vjp(self, step):
-        """The checkpointed scan of `step` (see `_engine.remat_scan`)."""
-        return _revolve_vjp(step, self)
+        def advance(x, pos, row):
+            """Layers `pos, ..., pos + n - 1`, `n` given by its bits."""
+            for b, k in enumerate(reversed(range(nbits))):
+                size, take = 2**k, row[5 + b]
+                run = lambda x, pos, size=size: layers.run(x, pos, size)
+                x = lax.cond(take == 1, run, lambda x, pos: x, x, pos)
+                pos = pos + take * size
+            return x
 
-    def evaluations(self) -> int:
-        """Layer evaluations, forward pass included (the docstring's cost model)."""
-        return optimal_evaluations(self.depth, self.slots)
+        def body(state, row):
+            buf, cts = state
+            src, pos, n, dst, rev = (row[k] for k in range(5))
+            x = advance(layers.load(buf, src), pos, row)
+            buf = layers.store(buf, dst, x)
+            i = jnp.minimum(pos + n, depth - 1)
+            reverse = lambda cts: layers.reverse(i, x, cts)
+            cts = lax.cond(rev == 1, reverse, lambda cts: cts, cts)
+            return (buf, cts), None
+
+        (_, cts), _ = lax.scan(body, (saved, cts), jnp.asarray(table))
+        return cts
+
+    def evaluations(self, depth: int) -> int:
+        """`F(depth, slots) + 1`, the fewest possible (see above)."""
+        return optimal_evaluations(depth, self.slots)
 
 
 # ---------------------------------------------------------------------------
@@ -158,7 +183,7 @@ def optimal_evaluations(depth: int, slots: int) -> int:
     return int(_cost(np.asarray([depth]), slots)[0]) + 1
 
 
-def _split(length: int, s: int) -> int:
+def _best_split(length: int, s: int) -> int:
     """The optimal number of layers to advance before storing a carry."""
     j = np.arange(1, length, dtype=np.int64)
     total = j + _cost(length - j, s - 1) + _cost(j, s)
@@ -186,7 +211,7 @@ def _schedule(depth: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
             for n in range(length - 1, -1, -1):
                 actions.append((src, pos, n, work, 1))
             continue
-        j = _split(length, s)
+        j = _best_split(length, s)
         dst = slots - s + 1
         actions.append((src, pos, j, dst, 0))
         todo.append((pos, j, s, src))
@@ -209,172 +234,3 @@ def _schedule(depth: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     store_at.setflags(write=False)
     rest.setflags(write=False)
     return store_at, rest
-
-
-# ---------------------------------------------------------------------------
-# The backward pass
-# ---------------------------------------------------------------------------
-
-# `count_flops` weights a `lax.cond` as its most expensive branch, so it counts the
-# backward pass below as if every skipped advance ran. While counting, the
-# backward pass is traced as a *twin* instead: straight scans with the same layer
-# evaluations and trip counts, which a jaxpr walker weights exactly (it is never
-# compiled). The switch is a JAX config state in the trace context, so JAX's
-# tracing caches keep the twin and the real program apart. Private API, pinned by
-# the jax version range in pyproject.toml.
-_flop_twin = _jax_config.bool_state(
-    "eqx_remat_binomial_flop_twin",
-    False,
-    help="Trace binomial backward passes as FLOP-counting twins (never compiled).",
-    include_in_trace_context=True,
-)
-
-
-@contextlib.contextmanager
-def exact_flops() -> Iterator[None]:
-    """Inside this context, `binomial` backward passes are traced as straight-line
-    twins whose jaxpr `count_flops` counts exactly. Only for counting: the twin
-    computes wrong values."""
-    with _flop_twin(True):
-        yield
-
-
-def _revolve_vjp(step, plan: RevolvePlan):
-    depth = plan.depth
-    store_at, actions = _schedule(depth, plan.slots)
-    # At least one bit: a carry read from the buffer then always comes out of a
-    # `lax.cond`, and XLA updates the buffer in place. (Read straight from the
-    # buffer and written back to it, the carry made XLA copy the whole buffer
-    # on every action.)
-    nbits = max(1, int(actions[:, 2].max()).bit_length())
-    layer_fn = step if plan.policy is None else checkpointed(step, plan.policy)
-
-    def advance(consts, stacked, x, pos, n):
-        """Layers `pos, ..., pos + n - 1` for a traced `0 <= n < 2**nbits`."""
-        for k in reversed(range(nbits)):
-            size = 2**k
-            take = (n >> k) & 1
-
-            def run(x, start, size=size):
-                def body(x, t):
-                    return step(consts, _index(stacked, start + t), x), None
-
-                return lax.scan(body, x, jnp.arange(size))[0]
-
-            x = lax.cond(take == 1, run, lambda x, _: x, x, pos)
-            pos = pos + take * size
-        return x
-
-    @jax.custom_vjp
-    def fn(consts, stacked, carry):
-        body = lambda c, s: (step(consts, s, c), None)
-        return lax.scan(body, carry, stacked, length=depth)[0]
-
-    def fn_fwd(consts, stacked, carry):
-        buf = jtu.tree_map(
-            lambda x: jnp.broadcast_to(x, (plan.slots + 1, *jnp.shape(x))), carry
-        )
-
-        def body(state, s_k):
-            x, buf = state
-            s, k = s_k
-            buf = _set(buf, x, k)
-            return (step(consts, s, x), buf), None
-
-        (out, buf), _ = lax.scan(body, (carry, buf), (stacked, jnp.asarray(store_at)))
-        return out, (consts, stacked, buf)
-
-    def fn_bwd(res, ct):
-        consts, stacked, buf = res
-        consts_d, consts_nd = eqx.partition(consts, _is_diff)
-        stacked_d, stacked_nd = eqx.partition(stacked, _is_diff)
-        ct = eqx.filter(ct, _is_diff)
-
-        def reverse(i, x, ct):
-            s_nd = _index(stacked_nd, i)
-            x_d, x_nd = eqx.partition(x, _is_diff)
-
-            def layer(c_d, s_d, x_d):
-                c = eqx.combine(c_d, consts_nd)
-                s = eqx.combine(s_d, s_nd)
-                out = layer_fn(c, s, eqx.combine(x_d, x_nd))
-                return eqx.filter(out, _is_diff)
-
-            _, vjp = jax.vjp(layer, consts_d, _index(stacked_d, i), x_d)
-            g_c, g_s, g_x = vjp(ct)
-            return g_x, g_s, g_c
-
-        def skip(i, x, ct):
-            zeros = jtu.tree_map(jnp.zeros_like, _index(stacked_d, i))
-            return ct, zeros, jtu.tree_map(jnp.zeros_like, consts_d)
-
-        def body(state, action):
-            buf, ct, gs, gc = state
-            src, pos, n, dst, rev = (
-                action[0],
-                action[1],
-                action[2],
-                action[3],
-                action[4],
-            )
-            x = advance(consts, stacked, _index(buf, src), pos, n)
-            buf = _set(buf, x, dst)
-            i = jnp.minimum(pos + n, depth - 1)
-            ct, g_s, g_c = lax.cond(rev == 1, reverse, skip, i, x, ct)
-            gs = jtu.tree_map(
-                lambda b, g: lax.dynamic_update_index_in_dim(
-                    b, lax.dynamic_index_in_dim(b, i, keepdims=False) + g, i, axis=0
-                ),
-                gs,
-                g_s,
-            )
-            gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
-            return (buf, ct, gs, gc), None
-
-        def twin(buf, ct, gs, gc):
-            """The same layer evaluations, trip counts and bookkeeping as `body`
-            over `actions`, as straight scans: all advances, then the stores'
-            bookkeeping, then the reversals. For `count_flops` only."""
-
-            def accumulate(gs, gc, i, g_s, g_c):
-                gs = jtu.tree_map(lambda b, g: b.at[i].add(g), gs, g_s)
-                return gs, jtu.tree_map(lambda a, b: a + b, gc, g_c)
-
-            def advance_body(x, t):
-                return step(consts, _index(stacked, lax.rem(t, depth)), x), None
-
-            advances = jnp.arange(int(actions[:, 2].sum()), dtype=jnp.int32)
-            x = lax.scan(advance_body, _index(buf, 0), advances)[0]
-
-            def store_body(state, i):
-                _, g_s, g_c = skip(i, x, ct)
-                return accumulate(*state, i, g_s, g_c), None
-
-            stores = jnp.zeros(len(actions) - depth, jnp.int32)
-            (gs, gc), _ = lax.scan(store_body, (gs, gc), stores)
-
-            def reverse_body(state, i):
-                ct, gs, gc = state
-                ct, g_s, g_c = reverse(i, x, ct)
-                return (ct, *accumulate(gs, gc, i, g_s, g_c)), None
-
-            layers = jnp.arange(depth, dtype=jnp.int32)
-            (ct, gs, gc), _ = lax.scan(reverse_body, (ct, gs, gc), layers)
-            return ct, gs, gc
-
-        gs = jtu.tree_map(jnp.zeros_like, stacked_d)
-        gc = jtu.tree_map(jnp.zeros_like, consts_d)
-        if _flop_twin.value:
-            ct_x, gs, gc = twin(buf, ct, gs, gc)
-        else:
-            init = (buf, ct, gs, gc)
-            (_, ct_x, gs, gc), _ = lax.scan(body, init, jnp.asarray(actions))
-        carry_nd = eqx.filter(_index(buf, 0), _is_diff, inverse=True)
-        return (
-            eqx.combine(gc, _nones(consts_nd)),
-            eqx.combine(gs, _nones(stacked_nd)),
-            eqx.combine(ct_x, _nones(carry_nd)),
-        )
-
-    fn.defvjp(fn_fwd, fn_bwd)
-    return fn

@@ -1,6 +1,7 @@
 """Combinators: stack layers, scan over them, chain callables, switch schedules."""
 
 import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -71,12 +72,14 @@ def _apply(
     carry: Any,
     depth: int,
     checkpoint: Checkpoint,
+    unroll: int | bool = 1,
 ) -> Any:
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
+    _check_unroll(unroll)
     if isinstance(checkpoint, Schedule):
-        return remat_scan(step, consts, stacked, carry, checkpoint._plan(depth))
+        return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     try:
         pol = _normalise_policy(checkpoint)
     except ValueError as e:
@@ -87,11 +90,30 @@ def _apply(
     body = lambda c, s: (step(consts, s, c), None)
     if pol is not None:
         body = checkpointed(body, pol)
-    return lax.scan(body, carry, stacked, length=depth)[0]
+    return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
+
+
+def _check_unroll(unroll: Any) -> None:
+    if isinstance(unroll, bool):
+        return
+    try:
+        value = operator.index(unroll)
+    except TypeError:
+        value = None
+    if value is None or value < 1:
+        raise ValueError(
+            "unroll must be an int >= 1 (layers per loop iteration) or a bool "
+            f"(True: unroll the whole stack). Got {unroll!r}."
+        )
 
 
 def scan_layers(
-    layers: Any, carry: Any, xs: Any = None, *, checkpoint: Checkpoint = None
+    layers: Any,
+    carry: Any,
+    xs: Any = None,
+    *,
+    checkpoint: Checkpoint = None,
+    unroll: int | bool = 1,
 ) -> Any:
     """Apply stacked layers in order, checkpointed by `checkpoint`.
 
@@ -111,6 +133,10 @@ def scan_layers(
       policy or its name (`jax.checkpoint` on each layer: saves the layer inputs
       plus what the policy saves), or a schedule ([`eqx_remat.every`][],
       [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
+    - `unroll`: layers per iteration of the layer loops (`lax.scan`'s `unroll`):
+      an int >= 1, or `True` to unroll the whole stack. Larger values trade
+      compile time and program size for step time (fewer loop iterations; on
+      TPUs often faster). The gradient does not change.
 
     **Returns:**
 
@@ -133,7 +159,7 @@ def scan_layers(
         _check_carry(c, out)
         return out
 
-    return _apply(step, None, (params, xs), carry, depth, checkpoint)
+    return _apply(step, None, (params, xs), carry, depth, checkpoint, unroll)
 
 
 def _check_carry(before: Any, after: Any) -> None:

@@ -1,69 +1,310 @@
-"""The checkpointed scan behind every depth schedule.
+"""The engine behind every depth schedule.
 
-`remat_scan(step, consts, stacked, carry, plan)` computes
+`remat_scan(step, consts, stacked, carry, depth, schedule)` computes
 
-    for i in range(D): carry = step(consts, stacked[i], carry)
+    for i in range(depth): carry = step(consts, stacked[i], carry)
 
-with a plain `lax.scan` on the forward pass, saving only its inputs, and a
-`jax.custom_vjp` backward pass that follows a `Plan`: split the stack into
-`splits[0]` segments, run forward storing each segment's input carry, then
-differentiate the segments last to first, recursing into `splits[1]`, ..., down to
-segments of `leaf` layers that are differentiated with `jax.vjp`.
+as a `jax.custom_vjp` whose forward and backward passes are the schedule's
+(`Schedule.forward` and `Schedule.backward`). The schedule only says *which*
+layers to run and reverse, and when; what it runs them with is a `Layers`: the
+operations on the stack that this module implements once, for every schedule:
 
-Three properties matter, and are why this is a custom_vjp rather than nested
-`lax.scan`s left to autodiff:
+- `Layers.step` / `Layers.run`: apply one layer, or a range of them with a
+  `lax.scan`, reading each layer's parameters by indexing the stack (never
+  copying a segment of it).
+- `Layers.reverse`: the backward step of one layer (`jax.vjp` at its input, under
+  the schedule's inner policy). Its parameter gradient is written straight into
+  the one gradient buffer, at the layer's index.
+- `Layers.reverse_segment`: one forward pass over a segment that saves each
+  layer's residuals (what the inner policy keeps), then the backward steps of
+  the segment, last to first. A layer's parameters are never among the saved
+  residuals: they are read from the stack again.
+- `Layers.carries`, `Layers.load`, `Layers.store`: a buffer of stored carries.
 
-- The parameter gradients are written, layer by layer, into one buffer threaded
-  through the loops. Autodiff of nested scans allocates a full gradient buffer per
-  nesting level (O(params · log D) for bisection).
-- The stored carries live in one buffer of `plan.slots` entries, indexed
-  dynamically: a segment's first child reuses the segment's own slot, so bisection
-  stores `ceil(log2 D) + 1` carries, not two per level.
-- Each nesting level is one traced loop, so the program has O(len(splits))
-  equations whatever the depth. Depths that the plan does not divide exactly are
-  padded, and padded layers are skipped with `lax.cond`.
+So parameter memory stays at that of a plain scan: one gradient buffer for the
+stack (the output), plus one layer's parameters and gradient at a time.
 
 Under `jax.vmap` (the innermost transformation) the custom_vjp would be batched
 with per-example parameter gradients, materialising `batch × params`. A
-`custom_vmap` rule instead calls the engine once with a batched `step`, so the
+`custom_vmap` rule instead runs the engine once with a batched `step`, so the
 gradient of each layer's parameters is summed over the batch inside that layer's
-backward pass.
+backward step.
 """
 
-import math
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
-from jax._src import core as _jax_core
-from jax._src.interpreters import batching as _jax_batching
 
-from ._policies import checkpointed
-from ._schedules import Plan
+from ._policies import checkpointed, policy as _normalise_policy
 
 
-def _index(tree, i):
+if TYPE_CHECKING:
+    from ._schedules import Schedule
+
+
+try:  # Private: which trace a primitive bound now would be processed by.
+    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.interpreters.batching import BatchTrace as _BatchTrace
+except ImportError:  # pragma: no cover - depends on the jax version
+    _trace_ctx = _BatchTrace = None
+
+
+_warned_no_vmap_rule = False
+
+
+def _innermost_is_vmap() -> bool:
+    global _warned_no_vmap_rule
+    if _trace_ctx is None:  # pragma: no cover - depends on the jax version
+        if not _warned_no_vmap_rule:
+            _warned_no_vmap_rule = True
+            warnings.warn(
+                "eqx_remat: this jax version has no `jax._src.core.trace_ctx` "
+                f"(jax {jax.__version__}; eqx_remat is tested with jax 0.10.2). "
+                "Schedules under jax.vmap still give correct gradients, but "
+                "per-example parameter gradients are materialised.",
+                stacklevel=3,
+            )
+        return False
+    return isinstance(_trace_ctx.trace, _BatchTrace)
+
+
+def _is_diff(x: Any) -> bool:
+    return eqx.is_inexact_array(x)
+
+
+def _index(tree: Any, i: Any) -> Any:
     return jtu.tree_map(lambda x: lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
 
 
-def _set(tree, value, i):
+def _set(tree: Any, value: Any, i: Any) -> Any:
     return jtu.tree_map(
         lambda x, v: lax.dynamic_update_index_in_dim(x, v, i, axis=0), tree, value
     )
 
 
-def _is_diff(x) -> bool:
-    return eqx.is_inexact_array(x)
+def _nones(tree: Any) -> Any:
+    return jtu.tree_map(lambda _: None, tree)
 
 
-def _innermost_is_vmap() -> bool:
-    # The trace that a primitive bound now would be processed by. Private API,
-    # pinned by the jax version range in pyproject.toml.
-    return isinstance(_jax_core.trace_ctx.trace, _jax_batching.BatchTrace)
+def _is_arange(start: Any, length: int, depth: int) -> bool:
+    """Whether layers `start, ..., start + length - 1` all exist, knowing
+    only what is static."""
+    return isinstance(start, int) and 0 <= start and start + length <= depth
+
+
+class Layers:
+    """The stack of layers that a [`eqx_remat.Schedule`][] checkpoints, and the
+    operations a schedule may use on it.
+
+    A schedule never calls the layers itself: it asks a `Layers` to run them
+    forward (`step`, `run`), to reverse them (`reverse`, `reverse_segment`) and
+    to store carries (`carries`, `store`, `load`). Layer indices and `start`s
+    may be traced integers (e.g. a `lax.scan`'s counter); lengths are Python
+    ints.
+
+    The backward state `cts` that `reverse` and `reverse_segment` take and
+    return (and that [`eqx_remat.Schedule.backward`][] threads through) is
+    opaque: the cotangent of the running carry and the gradient buffers. Pass it
+    through loops as a pytree.
+
+    **Attributes:**
+
+    - `depth`: the number of layers, `D`.
+    """
+
+    depth: int
+
+    def __init__(
+        self,
+        step: Callable[[Any, Any, Any], Any],
+        consts: Any,
+        stacked: Any,
+        depth: int,
+        policy: Any,
+        unroll: int | bool,
+    ):
+        self.depth = depth
+        self._step = step
+        policy = _normalise_policy(policy)
+        self._layer_fn = step if policy is None else checkpointed(step, policy)
+        self._consts = consts
+        self._stacked = stacked
+        self._unroll = unroll
+        self._consts_d, self._consts_nd = eqx.partition(consts, _is_diff)
+        self._stacked_d, self._stacked_nd = eqx.partition(stacked, _is_diff)
+
+    # --- forward ------------------------------------------------------------
+
+    def step(self, i: Any, carry: Any) -> Any:
+        """The output of layer `i` (a Python or traced int) for input `carry`."""
+        return self._step(self._consts, _index(self._stacked, i), carry)
+
+    def run(self, carry: Any, start: Any, length: int, *, pad: bool = False) -> Any:
+        """Run `carry` through layers `start, ..., start + length - 1` with one
+        `lax.scan`.
+
+        **Arguments:**
+
+        - `carry`: the input of layer `start`.
+        - `start`: the first layer (a Python or traced int).
+        - `length`: how many layers, a Python int >= 0.
+        - `pad`: `True` when the range may run past the last layer (a schedule
+          that pads the stack to a uniform split): layers `>= depth` are then
+          skipped with a `lax.cond`.
+
+        **Returns:**
+
+        The output of layer `start + length - 1`.
+        """
+        pad = pad and not _is_arange(start, length, self.depth)
+
+        def body(x, t):
+            i = start + t
+            if not pad:
+                return self.step(i, x), None
+            return lax.cond(i < self.depth, self.step, lambda _, x: x, i, x), None
+
+        if length == 0:
+            return carry
+        return lax.scan(
+            body, carry, jnp.arange(length, dtype=jnp.int32), unroll=self._unroll
+        )[0]
+
+    # --- backward -----------------------------------------------------------
+
+    def _vjp(self, i: Any, carry: Any):
+        """`jax.vjp` of layer `i` at `carry`, under the inner policy: its output,
+        its pullback, and the leaves of its parameters."""
+        s_d, s_nd = _index(self._stacked_d, i), _index(self._stacked_nd, i)
+        x_d, x_nd = eqx.partition(carry, _is_diff)
+
+        def layer(c_d, s_d, x_d):
+            c = eqx.combine(c_d, self._consts_nd)
+            out = self._layer_fn(c, eqx.combine(s_d, s_nd), eqx.combine(x_d, x_nd))
+            return eqx.partition(out, _is_diff)
+
+        out_d, vjp, out_nd = jax.vjp(layer, self._consts_d, s_d, x_d, has_aux=True)
+        invariant = jtu.tree_leaves((self._consts, s_d, s_nd))
+        return eqx.combine(out_d, out_nd), vjp, invariant
+
+    def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
+        ct, gs, gc = cts
+        g_c, g_s, g_x = vjp(ct)
+        gs = _set(gs, g_s, i)  # each layer is reversed exactly once
+        gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
+        return g_x, gs, gc
+
+    def reverse(self, i: Any, carry: Any, cts: Any, *, pad: bool = False) -> Any:
+        """The backward step of layer `i`: `jax.vjp` of the layer at its input
+        `carry` (saving what the schedule's inner policy saves), applied to the
+        cotangent in `cts`; the layer's parameter gradient goes into the
+        gradient buffer. Returns the new `cts`. Each layer must be reversed
+        exactly once, last to first. `pad`: as in `run` (layers `>= depth` are
+        skipped)."""
+
+        def real(cts):
+            _, vjp, _ = self._vjp(i, carry)
+            return self._apply(i, vjp, cts)
+
+        if pad and not _is_arange(i, 1, self.depth):
+            return lax.cond(i < self.depth, real, lambda cts: cts, cts)
+        return real(cts)
+
+    def reverse_segment(
+        self, start: Any, length: int, carry: Any, cts: Any, *, pad: bool = False
+    ) -> Any:
+        """Reverse layers `start, ..., start + length - 1` from the segment's
+        input `carry`: one forward pass that saves every layer's residuals (what
+        the inner policy keeps; not the layers' parameters, which are read from
+        the stack again), then the backward steps, last to first. Memory: the
+        segment's residuals. Returns the new `cts`. `pad`: as in `run`."""
+        if length == 1:
+            return self.reverse(start, carry, cts, pad=pad)
+        pad = pad and not _is_arange(start, length, self.depth)
+        layout: dict[str, Any] = {}
+
+        def forward(i, x):
+            out, vjp, invariant = self._vjp(i, x)
+            leaves, layout["tree"] = jtu.tree_flatten(vjp)
+            # Residuals that are parameters or constants are loop-invariant
+            # (or a slice of the stack): leave them out of the stacked
+            # residuals and read them again on the way back.
+            kinds, saved = [], []
+            for leaf in leaves:
+                k = next((k for k, v in enumerate(invariant) if v is leaf), None)
+                if k is not None:
+                    kinds.append(("invariant", k))
+                elif not isinstance(leaf, jax.core.Tracer):
+                    kinds.append(("constant", leaf))
+                else:
+                    kinds.append(("saved", len(saved)))
+                    saved.append(leaf)
+            layout["kinds"] = kinds
+            return out, saved
+
+        def fwd_body(x, t):
+            i = start + t
+            if not pad:
+                return forward(i, x)
+            shapes = jax.eval_shape(forward, i, x)[1]
+
+            def skip(i, x):
+                return x, [jnp.zeros(s.shape, s.dtype) for s in shapes]
+
+            return lax.cond(i < self.depth, forward, skip, i, x)
+
+        ts = jnp.arange(length, dtype=jnp.int32)
+        _, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
+
+        def backward(i, saved, cts):
+            invariant = jtu.tree_leaves(
+                (self._consts, _index(self._stacked_d, i), _index(self._stacked_nd, i))
+            )
+            leaves = []
+            for kind, k in layout["kinds"]:
+                if kind == "invariant":
+                    leaves.append(invariant[k])
+                elif kind == "constant":
+                    leaves.append(k)
+                else:
+                    leaves.append(saved[k])
+            vjp = jtu.tree_unflatten(layout["tree"], leaves)
+            return self._apply(i, vjp, cts)
+
+        def bwd_body(cts, t_saved):
+            t, saved = t_saved
+            i = start + t
+            if not pad:
+                return backward(i, saved, cts), None
+            return lax.cond(
+                i < self.depth, backward, lambda i, s, cts: cts, i, saved, cts
+            ), None
+
+        cts, _ = lax.scan(bwd_body, cts, (ts, saved), reverse=True, unroll=self._unroll)
+        return cts
+
+    # --- stored carries -----------------------------------------------------
+
+    @staticmethod
+    def carries(n: int, like: Any) -> Any:
+        """A buffer of `n` carries shaped like `like`, all zeros."""
+        return jtu.tree_map(lambda x: jnp.zeros((n, *jnp.shape(x)), x.dtype), like)
+
+    @staticmethod
+    def store(buffer: Any, k: Any, carry: Any) -> Any:
+        """`buffer` with `carry` in slot `k` (updated in place by XLA)."""
+        return _set(buffer, carry, k)
+
+    @staticmethod
+    def load(buffer: Any, k: Any) -> Any:
+        """The carry in slot `k` of `buffer`."""
+        return _index(buffer, k)
 
 
 def remat_scan(
@@ -71,22 +312,21 @@ def remat_scan(
     consts: Any,
     stacked: Any,
     carry: Any,
-    plan: Any,
-):
-    """Apply `step(consts, stacked[i], carry)` for `i < plan.depth`, checkpointed
-    by `plan`. `stacked` has a leading axis of length `plan.depth`.
-
-    `plan` is a `Plan`, or a plan with its own backward pass: an object with a
-    `custom_vjp(step)` method (binomial's `RevolvePlan`)."""
+    depth: int,
+    schedule: "Schedule",
+    unroll: int | bool = 1,
+) -> Any:
+    """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
+    `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     if _innermost_is_vmap():
-        return _vmapped(step, plan)(consts, stacked, carry)
-    return _custom_vjp(step, plan)(consts, stacked, carry)
+        return _vmapped(step, depth, schedule, unroll)(consts, stacked, carry)
+    return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
 
-def _vmapped(step, plan):
+def _vmapped(step, depth, schedule, unroll):
     def fn(consts, stacked, carry):
-        return _custom_vjp(step, plan)(consts, stacked, carry)
+        return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
     fn = jax.custom_batching.custom_vmap(fn)
 
@@ -108,122 +348,40 @@ def _vmapped(step, plan):
         def batched_step(c, s, x):
             return jax.vmap(step, in_axes=(c_axes, s_axes, 0))(c, s, x)
 
-        out = remat_scan(batched_step, consts, stacked, carry, plan)
+        out = remat_scan(batched_step, consts, stacked, carry, depth, schedule, unroll)
         return out, jtu.tree_map(lambda _: True, out)
 
     return fn
 
 
-def _custom_vjp(step, plan: Any):
-    if not isinstance(plan, Plan):
-        # A schedule with its own backward pass (binomial's RevolvePlan).
-        return plan.custom_vjp(step)
-    depth = plan.depth
-    masked = plan.padded > depth
-
-    def run_layer(consts, stacked, carry, i, layer_fn):
-        s_i = _index(stacked, jnp.minimum(i, depth - 1))
-        if not masked:
-            return layer_fn(consts, s_i, carry)
-        return lax.cond(i < depth, lambda: layer_fn(consts, s_i, carry), lambda: carry)
-
-    def run_forward(consts, stacked, carry, start, length):
-        def body(c, t):
-            return run_layer(consts, stacked, c, start + t, step), None
-
-        return lax.scan(body, carry, jnp.arange(length))[0]
+def _custom_vjp(step, depth: int, schedule: "Schedule", unroll):
+    def layers(consts, stacked, policy=None):
+        return Layers(step, consts, stacked, depth, policy, unroll)
 
     @jax.custom_vjp
     def fn(consts, stacked, carry):
-        body = lambda c, s: (step(consts, s, c), None)
-        return lax.scan(body, carry, stacked, length=depth)[0]
+        return layers(consts, stacked).run(carry, 0, depth)
 
     def fn_fwd(consts, stacked, carry):
-        return fn(consts, stacked, carry), (consts, stacked, carry)
+        # Not `fn(...)`: a custom_vjp function called here could not be
+        # differentiated forward (jax.jvp of jax.grad).
+        out, saved = schedule.forward(layers(consts, stacked), carry)
+        return out, (consts, stacked, saved)
 
     def fn_bwd(res, ct):
-        consts, stacked, carry0 = res
-        consts_d, consts_nd = eqx.partition(consts, _is_diff)
-        stacked_d, stacked_nd = eqx.partition(stacked, _is_diff)
-        carry_d_ct = eqx.filter(ct, _is_diff)
-
-        # Differentiate `plan.leaf` layers starting at `start`, from `carry`.
-        layer_fn = step
-        if plan.policy is not None:
-            layer_fn = checkpointed(step, plan.policy)
-
-        def leaf(start, carry, ct, gs, gc):
-            idx = start + jnp.arange(plan.leaf)
-            clipped = jnp.minimum(idx, depth - 1)
-            seg_d = jtu.tree_map(lambda x: x[clipped], stacked_d)
-            seg_nd = jtu.tree_map(lambda x: x[clipped], stacked_nd)
-            carry_d, carry_nd = eqx.partition(carry, _is_diff)
-
-            def segment(c_d, s_d, x_d):
-                c = eqx.combine(c_d, consts_nd)
-                s = eqx.combine(s_d, seg_nd)
-                x = eqx.combine(x_d, carry_nd)
-
-                def body(x, t):
-                    s_t = _index(s, t)
-                    if not masked:
-                        return layer_fn(c, s_t, x), None
-                    return lax.cond(
-                        idx[t] < depth, lambda: layer_fn(c, s_t, x), lambda: x
-                    ), None
-
-                out = lax.scan(body, x, jnp.arange(plan.leaf))[0]
-                return eqx.filter(out, _is_diff)
-
-            _, vjp = jax.vjp(segment, consts_d, seg_d, carry_d)
-            g_c, g_s, g_x = vjp(ct)
-            # Padded positions (idx >= depth) are out of bounds and dropped.
-            gs = jtu.tree_map(lambda buf, g: buf.at[idx].set(g, mode="drop"), gs, g_s)
-            gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
-            return g_x, gs, gc
-
-        def level(lvl, start, slot, ct, slots, gs, gc):
-            if lvl == len(plan.splits):
-                ct, gs, gc = leaf(start, _index(slots, slot), ct, gs, gc)
-                return ct, slots, gs, gc
-            n = plan.splits[lvl]
-            child = plan.padded // math.prod(plan.splits[: lvl + 1])
-            base = 1 + sum(c - 1 for c in plan.splits[:lvl])
-
-            def fwd_body(state, j):
-                x, slots = state
-                x = run_forward(consts, stacked, x, start + j * child, child)
-                return (x, _set(slots, x, base + j)), None
-
-            x0 = _index(slots, slot)
-            (_, slots), _ = lax.scan(fwd_body, (x0, slots), jnp.arange(n - 1))
-
-            def bwd_body(state, j):
-                ct, slots, gs, gc = state
-                child_slot = jnp.where(j == 0, slot, base + j - 1)
-                state = level(lvl + 1, start + j * child, child_slot, ct, slots, gs, gc)
-                return state, None
-
-            state, _ = lax.scan(
-                bwd_body, (ct, slots, gs, gc), jnp.arange(n), reverse=True
-            )
-            return state
-
-        slots = jtu.tree_map(
-            lambda x: jnp.zeros((plan.slots, *x.shape), x.dtype).at[0].set(x), carry0
+        consts, stacked, saved = res
+        stack = layers(consts, stacked, schedule.policy)
+        cts = (
+            eqx.filter(ct, _is_diff),
+            jtu.tree_map(jnp.zeros_like, stack._stacked_d),
+            jtu.tree_map(jnp.zeros_like, stack._consts_d),
         )
-        gs = jtu.tree_map(jnp.zeros_like, stacked_d)
-        gc = jtu.tree_map(jnp.zeros_like, consts_d)
-        ct_x, _, gs, gc = level(0, 0, 0, carry_d_ct, slots, gs, gc)
+        ct_x, gs, gc = schedule.backward(stack, saved, cts)
         return (
-            eqx.combine(gc, _nones(consts_nd)),
-            eqx.combine(gs, _nones(stacked_nd)),
-            eqx.combine(ct_x, _nones(eqx.filter(carry0, _is_diff, inverse=True))),
+            eqx.combine(gc, _nones(stack._consts_nd)),
+            eqx.combine(gs, _nones(stack._stacked_nd)),
+            eqx.combine(ct_x, _nones(eqx.filter(ct, _is_diff, inverse=True))),
         )
 
     fn.defvjp(fn_fwd, fn_bwd)
     return fn
-
-
-def _nones(tree):
-    return jtu.tree_map(lambda _: None, tree)

@@ -17,9 +17,18 @@ import equinox as eqx
 import jax
 import numpy as np
 
-# `dce_jaxpr` is not exported publicly; the jax version range is pinned in
-# pyproject.toml.
-from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+
+try:  # Private (no public equivalent): drop dead code, as XLA would.
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - depends on the jax version
+
+    def _dce_jaxpr(*args, **kwargs):
+        raise ImportError(
+            "eqx_remat.count_flops needs jax's private "
+            "`jax._src.interpreters.partial_eval.dce_jaxpr`, which this jax "
+            f"({jax.__version__}) does not have. eqx_remat is tested with "
+            "jax 0.10.2; install that version (pip install 'jax==0.10.2')."
+        )
 
 
 class FlopCount(int):
@@ -106,9 +115,13 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
       body as many times as it runs when the trip count is static (the pattern
       `lax.fori_loop` produces with constant bounds), else once — and
       `dynamic_loops` says how many loops that was;
-    - a `lax.cond` / `lax.switch` counts its most expensive branch (so a layer
-      skipped by a `cond`, as in the padding of an uneven depth schedule, is
-      counted as run);
+    - a `lax.cond` / `lax.switch` counts the branch that runs when its index
+      is known while counting — computed only from constants of the program
+      (NumPy tables, `jnp.arange`, literals) and the iterations of the
+      `lax.scan`s around it, as in `binomial`'s action table and the padding of
+      an uneven depth schedule — and its most expensive branch otherwise. So
+      every depth schedule is counted exactly: its layer evaluations are those
+      of `Schedule.evaluations`;
     - calls (`jax.jit`, `jax.checkpoint`, `custom_jvp` / `custom_vjp` /
       `custom_vmap` functions, `shard_map` once per device) count their bodies.
       In a jaxpr of `jax.grad(f)`, the backward pass — custom VJPs and the
@@ -165,7 +178,15 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     closed = jax.make_jaxpr(f)(dynamic)
     jaxpr, _ = _dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), True)
     acc = _Count()
-    _count_jaxpr(jaxpr, acc, 1)
+    known = {
+        v: np.asarray(c)
+        for v, c in zip(closed.jaxpr.constvars, closed.consts)
+        if _is_small_int(c)
+    }
+    try:
+        _count_jaxpr(jaxpr, acc, 1, known)
+    finally:
+        _CONTROL_CACHE.clear()
     return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
 
 
@@ -363,7 +384,18 @@ def _conv(eqn) -> tuple[int, int]:
     return 2 * fma, 0
 
 
-_RULES: dict[str, Callable[[Any], tuple[int, int]]] = {
+def _pallas_call(eqn) -> tuple[int, int] | None:
+    """A Pallas kernel counts what its `cost_estimate` says (`pl.CostEstimate`,
+    which `pallas_call` takes and XLA's cost analysis reads too); one without an
+    estimate cannot be counted (`None`: it is listed in `FlopCount.unknown`)."""
+    cost = eqn.params.get("cost_estimate")
+    if cost is None:
+        return None
+    return int(cost.flops), int(cost.transcendentals)
+
+
+_RULES: dict[str, Callable[[Any], tuple[int, int] | None]] = {
+    "pallas_call": _pallas_call,
     "convert_element_type": _convert,
     "integer_pow": _integer_pow,
     "select_n": _select_n,
@@ -401,27 +433,147 @@ _CALLS = {
 }
 
 
-def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
+# --- control flow decided by constants ---------------------------------------
+#
+# A `lax.cond` counts its most expensive branch, unless its branch index is
+# known while counting: computed only from constants of the program (arrays
+# built from NumPy tables, `jnp.arange`, literals) and the iteration of the
+# `lax.scan`s it is in. Then the branch that runs is counted, iteration by
+# iteration. This is how a schedule whose actions come from a table
+# (`binomial`), or whose padded layers are skipped, is counted exactly.
+
+# Integer arithmetic and indexing that is evaluated on known values.
+_EVALUABLE = frozenset(
+    """
+    add sub mul div rem max min neg abs sign eq ne lt le gt ge and or not xor
+    shift_left shift_right_logical shift_right_arithmetic convert_element_type
+    select_n clamp squeeze reshape broadcast_in_dim slice dynamic_slice iota
+    concatenate expand_dims
+    """.split()
+)
+_KNOWN_MAX_SIZE = 1 << 16
+
+
+def _value(v: Any, known: dict) -> np.ndarray | None:
+    if hasattr(v, "val"):  # a literal
+        return np.asarray(v.val)
+    x = known.get(v)
+    return None if x is None else np.asarray(x)
+
+
+def _is_small_int(x: Any) -> bool:
+    try:
+        x = np.asarray(x)
+    except Exception:  # e.g. PRNG keys
+        return False
+    return x.dtype.kind in "biu" and x.size <= _KNOWN_MAX_SIZE
+
+
+def _evaluate(eqn, known: dict) -> None:
+    """Record the outputs of `eqn` in `known` if they can be computed now."""
+    if eqn.primitive.name not in _EVALUABLE:
+        return
+    if not all(
+        getattr(o.aval, "dtype", np.float32).kind in "biu"
+        and _size(o) <= _KNOWN_MAX_SIZE
+        for o in eqn.outvars
+    ):
+        return
+    vals = [_value(v, known) for v in eqn.invars]
+    if any(x is None for x in vals):
+        return
+    with jax.ensure_compile_time_eval():
+        outs = eqn.primitive.bind(*vals, **eqn.params)
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    for v, o in zip(eqn.outvars, outs):
+        known[v] = np.asarray(o)
+
+
+def _bind(jaxpr, args: list, known: dict, consts: Any = ()) -> dict:
+    """Known values of a sub-jaxpr's inputs, from the values of the arguments
+    passed to it (`args`, aligned with its invars) and its own constants."""
+    out = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        if _is_small_int(c):
+            out[v] = np.asarray(c)
+    if len(args) == len(jaxpr.invars):
+        for v, a in zip(jaxpr.invars, args):
+            x = _value(a, known)
+            if x is not None:
+                out[v] = x
+    return out
+
+
+def _closed(j: Any) -> tuple[Any, Any]:
+    """`(jaxpr, consts)` of a `Jaxpr` or `ClosedJaxpr`."""
+    return getattr(j, "jaxpr", j), getattr(j, "consts", ())
+
+
+_CONTROL_CACHE: dict = {}
+
+
+def _control(jaxpr) -> frozenset[int]:
+    """The positions of `jaxpr`'s inputs that may decide the branch of a
+    `lax.cond` in it (conservatively)."""
+    key = id(jaxpr)
+    hit = _CONTROL_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    deps: dict = {v: {k} for k, v in enumerate(jaxpr.invars)}
+    control: set[int] = set()
+    for eqn in jaxpr.eqns:
+        ins = [set() if hasattr(v, "val") else deps.get(v, set()) for v in eqn.invars]
+        every = set().union(*ins)
+        name = eqn.primitive.name
+        subs = [_closed(j)[0] for j in _sub_jaxprs(eqn)]
+        if name == "cond":
+            control |= ins[0]
+            for b in subs:
+                control |= {d for k in _control(b) for d in ins[1 + k]}
+        elif name == "scan" or name in _CALLS:
+            for b in subs:
+                if len(b.invars) == len(ins):
+                    control |= {d for k in _control(b) for d in ins[k]}
+                elif _control(b):
+                    control |= every
+        elif any(_control(b) for b in subs):
+            control |= every
+        for o in eqn.outvars:
+            deps[o] = every
+    result = frozenset(control)
+    _CONTROL_CACHE[key] = (jaxpr, result)
+    return result
+
+
+def _sub_jaxprs(eqn) -> list:
+    out = []
+    for v in eqn.params.values():
+        for sub in v if isinstance(v, tuple | list) else (v,):
+            if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                out.append(sub)
+    return out
+
+
+def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> None:
+    known = dict(known or {})
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
-        if rule is not None:
-            f, t = rule(eqn)
+        counted = None if rule is None else rule(eqn)
+        if counted is not None:
+            f, t = counted
             acc.flops += mult * f
             acc.transcendentals += mult * t
+            _evaluate(eqn, known)
         elif name in _CALLS:
-            _count_jaxpr(_inner(eqn.params[_CALLS[name]]), acc, mult)
+            sub, consts = _closed(eqn.params[_CALLS[name]])
+            _count_jaxpr(sub, acc, mult, _bind(sub, eqn.invars, known, consts))
         elif name == "scan":
-            _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * eqn.params["length"])
+            _count_scan(eqn, acc, mult, known)
         elif name == "while":
             _count_while(eqn, acc, mult)
         elif name == "cond":
-            branches = []
-            for b in eqn.params["branches"]:
-                sub = _Count()
-                _count_jaxpr(_inner(b), sub, 1)
-                branches.append(sub)
-            acc.add(max(branches, key=lambda c: (c.flops, c.transcendentals)), mult)
+            _count_cond(eqn, acc, mult, known)
         elif name == "shard_map":
             # The body runs once per device of the axes it makes manual.
             mesh = eqn.params["mesh"]
@@ -430,6 +582,57 @@ def _count_jaxpr(jaxpr, acc: _Count, mult: int) -> None:
             _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * shards)
         else:
             acc.unknown[name] += mult
+
+
+def _count_cond(eqn, acc: _Count, mult: int, known: dict) -> None:
+    branches = [_closed(b) for b in eqn.params["branches"]]
+    operands = eqn.invars[1:]
+    index = _value(eqn.invars[0], known)
+    if index is not None and index.ndim == 0:
+        sub, consts = branches[int(np.clip(index, 0, len(branches) - 1))]
+        _count_jaxpr(sub, acc, mult, _bind(sub, operands, known, consts))
+        return
+    counts = []
+    for sub, consts in branches:
+        c = _Count()
+        _count_jaxpr(sub, c, 1, _bind(sub, operands, known, consts))
+        counts.append(c)
+    acc.add(max(counts, key=lambda c: (c.flops, c.transcendentals)), mult)
+
+
+def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
+    p = eqn.params
+    body, consts = _closed(p["jaxpr"])
+    length, first_xs = p["length"], p["num_consts"] + p["num_carry"]
+    # Carries change from one iteration to the next: never known.
+    args = [
+        v if k < p["num_consts"] or k >= first_xs else None
+        for k, v in enumerate(eqn.invars)
+    ]
+    base = _bind(body, [None] * len(args), known, consts)
+    for k in range(p["num_consts"]):
+        x = _value(eqn.invars[k], known)
+        if x is not None:
+            base[body.invars[k]] = x
+    xs = {
+        k: x
+        for k in range(first_xs, len(args))
+        if (x := _value(eqn.invars[k], known)) is not None and x.shape[:1] == (length,)
+    }
+    deciding = [k for k in xs if k in _control(body)]
+    if not deciding:
+        _count_jaxpr(body, acc, mult * length, base)
+        return
+    # Iterations that agree on the values deciding a branch count alike.
+    groups: dict = {}
+    for t in range(length):
+        key = tuple(xs[k][t].tobytes() for k in deciding)
+        groups.setdefault(key, [t, 0])[1] += 1
+    for t, n in groups.values():
+        sub_known = dict(base)
+        for k, x in xs.items():
+            sub_known[body.invars[k]] = np.asarray(x[t])
+        _count_jaxpr(body, acc, mult * n, sub_known)
 
 
 def _count_while(eqn, acc: _Count, mult: int) -> None:

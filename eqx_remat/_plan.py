@@ -11,9 +11,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._binomial import binomial, exact_flops
+from ._binomial import binomial
 from ._combinators import set_checkpoint
-from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
 from ._schedules import Checkpoint, Schedule, every, nested, recursive
 
@@ -173,11 +172,8 @@ def _measure(fn, args, target) -> tuple[MemoryReport, int]:
     if key is not None and key in _CACHE and _CACHE[key][0] is fn:
         _CACHE.move_to_end(key)
         return _CACHE[key][1:]
-    # Compile first: the FLOP count traces binomial's twin, and only under its
-    # own trace context.
     report = memory_report(fn, *args, target=target)
-    with exact_flops():
-        flops = int(count_flops(fn, *args))
+    flops = int(report.flops)
     if key is not None:
         _CACHE[key] = fn, report, flops  # holding `fn` keeps its id unique
         if len(_CACHE) > _CACHE_SIZE:

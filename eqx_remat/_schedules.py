@@ -1,57 +1,95 @@
 """Schedules: how a stack of D layers is checkpointed across depth."""
 
+import abc
 import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from ._policies import Policy, policy as _normalise_policy
+import jax.numpy as jnp
+from jax import lax
+
+from ._engine import Layers
+from ._policies import policy as _normalise_policy
 
 
-class Schedule:
-    """Base class of the depth schedules ([`eqx_remat.every`][],
-    [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
+class Schedule(abc.ABC):
+    """How a stack of `D` layers is checkpointed across depth: the base class of
+    [`eqx_remat.every`][], [`eqx_remat.nested`][], [`eqx_remat.recursive`][] and
+    [`eqx_remat.binomial`][], and of any schedule you write (see the tutorial
+    *Writing your own schedule*).
 
-    A schedule is a frozen, hashable value: it can be the static `checkpoint` field
-    of an Equinox module, and rebuilding an equal schedule does not recompile.
+    A schedule is a frozen, hashable value (a frozen dataclass): it can be the
+    static `checkpoint` field of an Equinox module, and rebuilding an equal
+    schedule does not recompile.
 
-    Every schedule runs the forward pass as one `lax.scan` that saves its inputs
-    (and, for `binomial`, the first carries of its offline schedule), and a
-    backward pass that re-runs the stack from a few stored carries, writing the
-    parameter gradients into a single buffer. Backward passes
-    of this kind are reverse-mode only: `jax.jvp`, `jax.jacfwd` and `jax.hessian`
-    through a schedule raise an error (use a policy, or `None`, for forward mode).
-    Reverse-over-reverse (`jax.grad` of `jax.grad`) works.
+    It says how the stack is differentiated, in three methods. `forward` runs
+    the stack and keeps what `backward` needs; `backward` re-runs layers from
+    what was kept and reverses every layer once, last to first; `evaluations`
+    counts the layer evaluations this takes. Both passes work through a
+    [`eqx_remat.Layers`][], which owns everything that is the same for every
+    schedule: reading a layer's parameters by indexing the stack (never copying
+    a segment of it), the backward step of a layer under the inner `policy`,
+    writing each layer's parameter gradient straight into one gradient buffer,
+    and `jax.vmap` without per-example parameter gradients.
+
+    Schedules are reverse-mode: `jax.grad`, `jax.grad` of `jax.grad` and
+    forward-over-reverse (`jax.jvp` of `jax.grad`, `jax.hessian`) work; forward
+    mode through the stack itself (`jax.jvp`, `jax.jacfwd` of the checkpointed
+    function) raises JAX's *"can't apply forward-mode autodiff (jvp) to a
+    custom_vjp function"*. Use a policy, or `None`, for forward mode.
+
+    **Attributes:**
+
+    - `policy`: what each layer saves inside its own backward step (a policy or
+      its name, see [`eqx_remat.policy`][]); `None` saves everything.
     """
 
     policy: Any
 
-    def _plan(self, depth: int) -> "Plan":
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forward(self, layers: "Layers", carry: Any) -> tuple[Any, Any]:
+        """The forward pass: run all `layers.depth` layers from `carry`.
 
+        **Arguments:**
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """A uniform checkpointing plan for `depth` layers (padded to `padded`).
+        - `layers`: the stack, a [`eqx_remat.Layers`][].
+        - `carry`: the input of the first layer.
 
-    The stack is split into `splits[0]` segments, each split into `splits[1]`
-    segments, and so on; a segment of `leaf` layers is differentiated directly,
-    saving the residuals that `policy` keeps (everything when `policy` is None).
-    """
+        **Returns:**
 
-    depth: int
-    splits: tuple[int, ...]
-    leaf: int
-    policy: Policy | None
+        `(output, saved)`: the output of the last layer, and what `backward`
+        needs (any pytree of arrays, e.g. `carry` itself, or a buffer of stored
+        carries). Everything in `saved` stays in memory until the backward
+        pass.
+        """
 
-    @property
-    def padded(self) -> int:
-        return math.prod(self.splits) * self.leaf
+    @abc.abstractmethod
+    def backward(self, layers: "Layers", saved: Any, cts: Any) -> Any:
+        """The backward pass: reverse every layer exactly once, last to first,
+        with `layers.reverse` (or `layers.reverse_segment`), re-running layers
+        from what `saved` holds with `layers.run`.
 
-    @property
-    def slots(self) -> int:
-        """The number of carries stored at once on the backward pass."""
-        return 1 + sum(c - 1 for c in self.splits)
+        **Arguments:**
+
+        - `layers`: the stack, a [`eqx_remat.Layers`][].
+        - `saved`: what `forward` returned as `saved`.
+        - `cts`: the backward state (opaque: cotangent and gradient buffers),
+          to pass to `layers.reverse` and thread through loops.
+
+        **Returns:**
+
+        The backward state after the first layer has been reversed.
+        """
+
+    @abc.abstractmethod
+    def evaluations(self, depth: int) -> int:
+        """The number of layer evaluations for a stack of `depth` layers: calls
+        of a layer's forward computation outside that layer's own backward step,
+        the forward pass included (so at least `depth`). The backward step of a
+        layer (its `jax.vjp` and pullback) is counted apart: every schedule does
+        exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
+        exactly these evaluations."""
 
 
 def _check_int(fn: str, arg: str, value: Any, minimum: int) -> None:
@@ -81,8 +119,84 @@ def _ceil_root(n: int, k: int) -> int:
     return b
 
 
+class _UniformSplit(Schedule):
+    """The uniform split, behind `every`, `nested` and `recursive`: the stack is
+    split into `splits[0]` equal segments, each into `splits[1]`, and so on, down
+    to segments of `leaf` layers. The forward pass saves only its input. The
+    backward pass of a segment runs its children forward, storing each child's
+    input carry, then reverses the children last to first — recursively; a leaf
+    segment is reversed with `Layers.reverse_segment` (one forward pass saving
+    the inner policy's residuals). Depths that the split does not divide are
+    padded, and the padded layers are skipped.
+
+    Stored carries live in one buffer of `1 + Σ (splits[l] - 1)` slots: a
+    segment's first child reuses the segment's own slot, so bisection stores
+    `ceil(log2 D) + 1` carries. Each level is one traced loop."""
+
+    @abc.abstractmethod
+    def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
+        """`(splits, leaf)` for a stack of `depth` layers."""
+
+    def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
+        return layers.run(carry, 0, layers.depth), carry
+
+    def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
+        splits, leaf = self._split(layers.depth)
+        padded = math.prod(splits) * leaf
+        pad = padded > layers.depth
+        slots = layers.carries(1 + sum(n - 1 for n in splits), saved)
+        slots = layers.store(slots, 0, saved)
+
+        def level(lvl, start, slot, cts, slots):
+            if lvl == len(splits):
+                x = layers.load(slots, slot)
+                return layers.reverse_segment(start, leaf, x, cts, pad=pad), slots
+            n = splits[lvl]
+            child = padded // math.prod(splits[: lvl + 1])
+            base = 1 + sum(c - 1 for c in splits[:lvl])
+
+            def fwd_body(state, j):
+                x, slots = state
+                x = layers.run(x, start + j * child, child, pad=pad)
+                return (x, layers.store(slots, base + j, x)), None
+
+            x0 = layers.load(slots, slot)
+            (_, slots), _ = lax.scan(
+                fwd_body, (x0, slots), jnp.arange(n - 1, dtype=jnp.int32)
+            )
+
+            def bwd_body(state, j):
+                child_slot = jnp.where(j == 0, slot, base + j - 1)
+                return level(lvl + 1, start + j * child, child_slot, *state), None
+
+            state, _ = lax.scan(
+                bwd_body, (cts, slots), jnp.arange(n, dtype=jnp.int32), reverse=True
+            )
+            return state
+
+        return level(0, 0, 0, cts, slots)[0]
+
+    def evaluations(self, depth: int) -> int:
+        splits, leaf = self._split(depth)
+        padded = math.prod(splits) * leaf
+        total = depth
+
+        def level(lvl, start):
+            nonlocal total
+            if lvl == len(splits) or start >= depth:
+                return
+            child = padded // math.prod(splits[: lvl + 1])
+            for j in range(splits[lvl]):
+                if j < splits[lvl] - 1:  # run forward to store the next input
+                    total += max(0, min(child, depth - start - j * child))
+                level(lvl + 1, start + j * child)
+
+        level(0, 0)
+        return total
+
+
 @dataclasses.dataclass(frozen=True)
-class every(Schedule):
+class every(_UniformSplit):
     """Checkpoint every `k`-th carry (checkpoint-sequential, Chen et al. 2016).
 
     The forward pass keeps one carry per segment of `k` layers; the backward pass
@@ -116,15 +230,14 @@ class every(Schedule):
         _check_int("every", "k", self.k, 1)
         _check_policy("every", self.policy)
 
-    def _plan(self, depth: int) -> Plan:
+    def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         k = min(self.k, depth)
         c = -(-depth // k)
-        splits = (c,) if c > 1 else ()
-        return Plan(depth, splits, k, _normalise_policy(self.policy))
+        return ((c,) if c > 1 else ()), k
 
 
 @dataclasses.dataclass(frozen=True)
-class nested(Schedule):
+class nested(_UniformSplit):
     """Nested checkpointing over `levels` levels: the stack is split into about
     `D^(1/levels)` segments, each of those into as many, and so on.
 
@@ -156,7 +269,7 @@ class nested(Schedule):
         _check_int("nested", "levels", self.levels, 1)
         _check_policy("nested", self.policy)
 
-    def _plan(self, depth: int) -> Plan:
+    def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         b = _ceil_root(depth, self.levels)
         splits = []
         remaining = depth
@@ -165,11 +278,11 @@ class nested(Schedule):
                 break
             splits.append(b)
             remaining = -(-remaining // b)
-        return Plan(depth, tuple(splits), remaining, _normalise_policy(self.policy))
+        return tuple(splits), remaining
 
 
 @dataclasses.dataclass(frozen=True)
-class recursive(Schedule):
+class recursive(_UniformSplit):
     """Recursive (bisection) checkpointing: `O(log₂ D)` stored carries and
     `O(D log₂ D)` layer evaluations.
 
@@ -203,9 +316,9 @@ class recursive(Schedule):
                 f"Got policy={self.policy!r}."
             )
 
-    def _plan(self, depth: int) -> Plan:
+    def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         levels = max(0, math.ceil(math.log2(depth))) if depth > 1 else 0
-        return Plan(depth, (2,) * levels, 1, None)
+        return (2,) * levels, 1
 
 
 Checkpoint: TypeAlias = None | str | Callable[..., Any] | Schedule

@@ -132,17 +132,159 @@ def test_grad_of_grad(ck):
     assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
 
 
-def test_forward_mode_fails_clearly():
+DEPTH_SCHEDULES = [
+    er.every(2),
+    er.every(3, policy="dots"),
+    er.nested(2),
+    er.recursive(),
+    er.binomial(2),
+]
+
+
+@pytest.mark.parametrize("ck", DEPTH_SCHEDULES, ids=str)
+def test_forward_over_reverse_matches_unchecked(ck):
+    # Hessian-vector products (jax.jvp of jax.grad) and jax.hessian work through
+    # every schedule and equal the un-checkpointed ones (float64).
+    with jax.enable_x64(True):
+        layers = jax.tree.map(
+            lambda x: x.astype(jnp.float64) if eqx.is_inexact_array(x) else x,
+            make_layers(5, 3),
+        )
+        x = jnp.linspace(-1.0, 1.0, 3, dtype=jnp.float64)[None]
+
+        def f(x, c):
+            return jnp.sum(er.scan_layers(layers, x, checkpoint=c) ** 2)
+
+        v = jnp.ones_like(x)
+        hvp = lambda c: jax.jvp(jax.grad(lambda x: f(x, c)), (x,), (v,))[1]
+        assert tree_allclose(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
+        hessian = lambda c: jax.hessian(lambda x: f(x, c))(x)
+        assert tree_allclose(hessian(ck), hessian(None), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("ck", DEPTH_SCHEDULES, ids=str)
+def test_forward_mode_on_a_schedule_fails_the_same_way(ck):
     layers = make_layers(4, 3)
     x = jnp.ones((1, 3))
-    f = lambda x: er.scan_layers(layers, x, checkpoint=er.recursive())
+    f = lambda x: er.scan_layers(layers, x, checkpoint=ck)
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
         jax.jvp(f, (x,), (x,))
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
-        jax.hessian(lambda x: jnp.sum(f(x)))(x)
-    # Policies keep forward mode.
+        jax.jacfwd(lambda x: jnp.sum(f(x)))(x)
+
+
+def test_policies_keep_forward_mode():
+    layers = make_layers(4, 3)
+    x = jnp.ones((1, 3))
     g = lambda x: er.scan_layers(layers, x, checkpoint="nothing")
-    jax.jvp(g, (x,), (x,))
+    out, tangent = jax.jvp(g, (x,), (x,))
+    ref = jax.jvp(lambda x: er.scan_layers(layers, x), (x,), (x,))
+    assert tree_allclose((out, tangent), ref)
+
+
+# --- parameter memory ---------------------------------------------------------
+
+PARAMETER_CHECKPOINTS = [
+    "dots",
+    "nothing",
+    er.every(4),
+    er.every(16),
+    er.every(4, policy="dots"),
+    er.nested(2),
+    er.recursive(),
+    er.binomial(3),
+]
+
+
+@pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
+def test_parameter_dominated_stack_never_exceeds_none(vmapped):
+    # Wide layers, a batch of two: parameters dominate (LLM fine-tuning with
+    # small micro-batches, FSDP). No checkpoint may cost more than None's temp
+    # memory plus one layer's parameters: segments are read by indexing the
+    # stack, never copied, and each layer's gradient goes into one buffer.
+    width, depth = 256, 16
+    layers = make_layers(depth, width)
+    x = jnp.ones((2, width))
+    layer_bytes = (width * width + width) * 4
+
+    def temp(ck):
+        def loss(layers, x):
+            if vmapped:
+                run = jax.vmap(lambda x: er.scan_layers(layers, x, checkpoint=ck))
+                return jnp.sum(run(x) ** 2)
+            return jnp.sum(er.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+        return temp_bytes(jax.grad(loss), layers, x)
+
+    base = temp(None)
+    for ck in PARAMETER_CHECKPOINTS:
+        assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
+
+
+# --- exact evaluation counts ----------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1, 5, 13, 16])
+def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
+    # Each layer computes `width` tanh's per example, and nothing else in the
+    # program is transcendental: the transcendentals of a gradient differ
+    # between two schedules by exactly their difference in layer evaluations.
+    width = 4
+    layers = make_layers(depth, width)
+    x = jnp.ones((2, width))
+
+    def tanhs(ck):
+        g = jax.grad(lambda m: jnp.sum(er.scan_layers(m, x, checkpoint=ck) ** 2))
+        return er.count_flops(g, layers).transcendentals
+
+    ref = er.binomial(depth)  # stores every input: `depth` evaluations
+    assert ref.evaluations(depth) == depth
+    base = tanhs(ref)
+    schedules = [er.every(3), er.nested(2), er.nested(3), er.recursive()]
+    schedules += [er.binomial(s) for s in (1, 2, 3)]
+    for ck in schedules:
+        extra = (tanhs(ck) - base) // (2 * width)
+        assert extra == ck.evaluations(depth) - depth, ck
+        assert (tanhs(ck) - base) % (2 * width) == 0
+
+
+def test_recursive_evaluations_closed_form():
+    # D + D log2(D) / 2 for powers of two (bisection runs half of each segment).
+    for depth in (2, 4, 16, 256):
+        assert (
+            er.recursive().evaluations(depth)
+            == depth + depth * int(math.log2(depth)) // 2
+        )
+    assert er.every(4).evaluations(16) == 16 + 12  # each segment but the last
+    assert er.nested(1).evaluations(7) == 7
+
+
+# --- unroll ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ck", [None, "dots", er.every(3), er.recursive(), er.binomial(2)], ids=str
+)
+@pytest.mark.parametrize("unroll", [2, True])
+def test_unroll_keeps_gradients(ck, unroll):
+    layers = make_layers(5, 3)
+    x = jnp.ones((2, 3))
+
+    def loss(layers, unroll):
+        out = er.scan_layers(layers, x, checkpoint=ck, unroll=unroll)
+        return jnp.sum(out**2)
+
+    ref = jax.grad(loss)(layers, 1)
+    assert tree_allclose(jax.grad(loss)(layers, unroll), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_unroll_validation(bad):
+    layers = make_layers(2, 3)
+    # Wrong types may be caught by the runtime type checker first (pytest runs
+    # with jaxtyping + beartype); either way the error names `unroll`.
+    with pytest.raises((ValueError, TypeError), match="unroll"):
+        er.scan_layers(layers, jnp.ones((1, 3)), unroll=bad)
 
 
 # --- what is saved -----------------------------------------------------------

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import temp_bytes, tree_allclose
+from helpers import raises_bad_input, temp_bytes, tree_allclose
 from hypothesis import given, settings
 from zoo_helpers import build, quick_jit
 
@@ -364,3 +364,226 @@ def test_bad_config(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         zoo.Transformer(**args, key=jr.key(0))
+
+
+# --- options: attention, norm, position, mlp, grouped-query, tied embeddings ------
+
+
+def flash_interpret():
+    """Pallas' TPU flash kernel on the CPU: the classic (effect-free) interpreter,
+    which works under `jax.checkpoint` and the schedules."""
+    import jax.experimental.pallas.tpu as pltpu
+
+    return pltpu.force_tpu_interpret_mode(True)
+
+
+@st.composite
+def options(draw):
+    """A sampled combination of every option (rather than their full product)."""
+    head_dim = draw(st.sampled_from([2, 4]))
+    num_heads = draw(st.sampled_from([1, 2, 4]))
+    return {
+        "d_model": head_dim * num_heads,
+        "num_heads": num_heads,
+        "num_kv_heads": draw(
+            st.sampled_from([d for d in (1, 2, 4) if num_heads % d == 0])
+        ),
+        "attention": draw(st.sampled_from(["xla", "dot_product", "flash"])),
+        "norm": draw(st.sampled_from(["layer", "rms"])),
+        "position": draw(st.sampled_from(["learned", "rope"])),
+        "mlp": draw(st.sampled_from(["gelu", "swiglu"])),
+        "tie_embeddings": draw(st.booleans()),
+        "use_bias": draw(st.booleans()),
+    }
+
+
+@settings(max_examples=min(settings().max_examples, 4))
+@given(
+    opts=options(),
+    num_layers=st.integers(1, 5),
+    seq=st.integers(1, 6),
+    batch=st.integers(1, 2),
+    ck=st.sampled_from(CHECKPOINTS),
+    seed=st.integers(0, 2**16),
+)
+def test_gradients_options_property(opts, num_layers, seq, batch, ck, seed):
+    """Every option, sampled in combination, under every policy and schedule: the
+    checkpointed gradients equal the un-checkpointed ones."""
+    opts = dict(opts)
+    d_model, num_heads = opts.pop("d_model"), opts.pop("num_heads")
+    model = build(
+        zoo.Transformer, 11, 6, d_model, num_heads, num_layers, d_ff=3,
+        key=jr.key(seed), **opts,
+    )  # fmt: skip
+    tokens = jr.randint(jr.key(seed + 1), (batch, seq), 0, 11)
+    if opts["attention"] == "flash":
+        with flash_interpret():
+            assert_same_gradients(model, tokens, ck)
+    else:
+        assert_same_gradients(model, tokens, ck)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"norm": "rms"},
+        {"position": "rope"},
+        {"mlp": "swiglu"},
+        {"num_kv_heads": 1},
+        {"tie_embeddings": True},
+        {"attention": "dot_product", "num_kv_heads": 1},
+        {"attention": "flash", "num_kv_heads": 1, "position": "rope"},
+    ],
+    ids=["rms", "rope", "swiglu", "mqa", "tied", "dot_product", "flash"],
+)
+@pytest.mark.parametrize("ck", ck_params(["nothing", er.every(2)]))
+def test_option_gradients(kwargs, ck):
+    if kwargs.get("attention") == "flash":
+        with flash_interpret():
+            assert_same_gradients(tiny(**kwargs), TOKENS, ck)
+    else:
+        assert_same_gradients(tiny(**kwargs), TOKENS, ck)
+
+
+def test_attention_implementations_agree():
+    """`"dot_product"` and `"flash"` compute `"xla"`'s attention (grouped-query,
+    rotary, the Llama block), forward and gradients, to float32 rounding."""
+    kwargs = dict(num_kv_heads=1, key=jr.key(0))
+    ref = zoo.Transformer.llama(16, 8, 8, 2, 2, attention="xla", **kwargs)
+    ref_out, ref_grads = _forward(ref, TOKENS), grads(ref, TOKENS)
+    for attention in ("dot_product", "flash"):
+        model = zoo.Transformer.llama(16, 8, 8, 2, 2, attention=attention, **kwargs)
+        model = er.set_checkpoint(model, "dots")
+        with flash_interpret():
+            out, got = _forward(model, TOKENS), grads(model, TOKENS)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+        assert max_rel_error(got, ref_grads) < 1e-5, attention
+
+
+def test_gqa_equals_repeated_heads():
+    """Grouped-query attention is multi-head attention with each key/value head
+    shared by its group of query heads."""
+    from zoo._transformer import _xla_attention
+
+    q = jr.normal(jr.key(0), (5, 4, 3))
+    k, v = jr.normal(jr.key(1), (5, 2, 3)), jr.normal(jr.key(2), (5, 2, 3))
+    got = _xla_attention(q, k, v)
+    want = _xla_attention(q, jnp.repeat(k, 2, axis=1), jnp.repeat(v, 2, axis=1))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_flash_needs_a_tpu():
+    model = zoo.Transformer(16, 8, 8, 2, 2, attention="flash", key=jr.key(0))
+    with pytest.raises(ValueError, match=r"needs a TPU.*'dot_product'.*'xla'"):
+        eqx.filter_eval_shape(model, TOKENS[0])
+
+
+def test_llama():
+    model = zoo.Transformer.llama(16, 8, 8, 2, 3, key=jr.key(0))
+    assert (model.norm, model.position, model.mlp) == ("rms", "rope", "swiglu")
+    assert model.num_kv_heads == 1 and model.attention == "dot_product"
+    assert model.d_ff == 24  # 8/3 * 8, rounded up to a multiple of 8
+    assert model.position_embedding is None and not model.use_bias
+    assert model.blocks.qkv.bias is None and model.blocks.mlp_gate.bias is None
+    # q: 2 heads, k and v: 1 head each, head_dim 4; stacked over 3 layers.
+    assert model.blocks.qkv.weight.shape == (3, 16, 8)
+    assert model.blocks.mlp_gate.weight.shape == (3, 24, 8)
+    assert isinstance(model.final_norm, eqx.nn.RMSNorm)
+    assert model.activation_names == (*NAMES[:-1], "mlp_gate", "mlp_out")
+    big = zoo.Transformer.llama(32000, 2048, 2048, 16, 1, key=jr.key(0))
+    assert (big.num_kv_heads, big.d_ff) == (4, 5632)
+    tied = tiny(tie_embeddings=True)
+    assert tied.head is None
+    assert _forward(tied, TOKENS).shape == (2, 7, 16)
+
+
+def test_swiglu_tags_both_hidden_projections():
+    """`mlp_gate` and `mlp_hidden` each name a `(seq, d_ff)` projection of the
+    SwiGLU MLP: saving either one saves one more stacked array than "nothing"."""
+    layers, batch, seq = 3, 2, 7
+    model = tiny(layers, mlp="swiglu", d_ff=12)
+
+    def stacked(ck):
+        res = er.residuals(loss, er.set_checkpoint(model, ck), TOKENS)
+        return sorted(r.shape for r in res if r.shape[:3] == (layers, batch, seq))
+
+    assert stacked("nothing") == [(layers, batch, seq, 8)]
+    for name in ("mlp_gate", "mlp_hidden"):
+        expected = sorted([(layers, batch, seq, 8), (layers, batch, seq, 12)])
+        assert stacked(er.save_names(name)) == expected, name
+    both = stacked(er.save_names("mlp_gate", "mlp_hidden"))
+    assert both.count((layers, batch, seq, 12)) == 2
+
+
+@pytest.mark.parametrize("ck", [None, "everything"], ids=["None", "everything"])
+def test_no_transposed_weight_residuals(ck):
+    """The saved residuals include no transposed copy of a stacked weight: the
+    qkv weight is `(layers, 3 d_model, d_model)` = (3, 24, 8), and nothing of shape
+    (3, 8, 24) is saved (it was, while the block computed `x @ W.T`)."""
+    model = er.set_checkpoint(tiny(3), ck)
+    shapes = [r.shape for r in er.residuals(loss, model, TOKENS)]
+    assert (3, 8, 24) not in shapes
+
+
+def test_count_flops_counts_pallas_kernels():
+    """A Pallas kernel counts its `cost_estimate`; one without an estimate is
+    listed in `FlopCount.unknown`."""
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    x = jnp.ones((8, 128), jnp.float32)
+
+    def call(estimate):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            interpret=True,
+            cost_estimate=estimate,
+        )
+
+    estimate = pl.CostEstimate(flops=1234, transcendentals=5, bytes_accessed=0)
+    counted = er.count_flops(lambda x: call(estimate)(x) + 1.0, x)
+    assert int(counted) == 1234 + x.size and counted.transcendentals == 5
+    assert counted.unknown == {}
+    uncounted = er.count_flops(lambda x: call(None)(x) + 1.0, x)
+    assert int(uncounted) == x.size and uncounted.unknown == {"pallas_call": 1}
+    # The flash kernels, forward and the two backward ones (to which the zoo
+    # gives estimates), are all counted: nothing unknown. Per layer and example,
+    # 2 heads of a 128-long tile (the 7 tokens, padded), head_dim 4: forward 2,
+    # backward 7 products of 2 * 128 * 128 * 4 FLOPs.
+    model = zoo.Transformer(16, 8, 8, 2, 2, attention="flash", key=jr.key(0))
+    with flash_interpret():
+        forward = er.count_flops(lambda m, t: jax.vmap(m)(t), model, TOKENS)
+        backward = er.count_flops(eqx.filter_grad(loss), model, TOKENS)
+    assert forward.unknown == {} and backward.unknown == {}
+    xla = er.count_flops(lambda m, t: jax.vmap(m)(t), tiny(2), TOKENS)
+    xla_grad = er.count_flops(eqx.filter_grad(loss), tiny(2), TOKENS)
+    products = 2 * 2 * 2 * (2 * 128 * 128 * 4)  # layers * batch * heads * product
+    assert int(forward) - int(xla) >= 2 * products - 2 * 2 * 2 * 2 * 2 * 7 * 7 * 4
+    assert int(backward) - int(xla_grad) >= 7 * products - 6 * 2 * 2 * 2 * 2 * 7 * 7 * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"attention": "splash"}, r"unknown attention 'splash'.*'flash'"),
+        ({"norm": "batch"}, r"unknown norm 'batch'.*'rms'"),
+        ({"position": "alibi"}, r"unknown position 'alibi'.*'rope'"),
+        ({"mlp": "relu"}, r"unknown mlp 'relu'.*'swiglu'"),
+        ({"num_kv_heads": 3}, r"num_heads must be divisible by num_kv_heads"),
+        ({"num_kv_heads": 0}, r"num_kv_heads must be an int >= 1"),
+        (
+            {"d_model": 6, "num_heads": 2, "position": "rope"},
+            r"position='rope' needs an even head dimension.*Got 6 // 2 = 3",
+        ),
+        ({"tie_embeddings": 1}, r"tie_embeddings must be a bool"),
+    ],
+    ids=["attention", "norm", "position", "mlp", "kv3", "kv0", "rope", "tie"],
+)
+def test_bad_options(kwargs, match):
+    args = {"vocab_size": 16, "max_len": 8, "d_model": 8, "num_heads": 2}
+    args.update(kwargs)
+    with raises_bad_input(match, param=next(iter(kwargs))):
+        zoo.Transformer(**args, num_layers=2, key=jr.key(0))

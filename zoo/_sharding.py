@@ -16,18 +16,11 @@ def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
             f"Got a mesh with axes {tuple(mesh.axis_names)}; pass axis=... to "
             "choose one."
         )
-    kind = mesh.axis_types[mesh.axis_names.index(axis)]
-    if kind != AxisType.Auto:
-        # Under explicit sharding the sharding is part of every array's type and
-        # ops such as the Transformer's embedding lookup need an `out_sharding`;
-        # the zoo's models are written for the compiler's sharding propagation.
-        raise ValueError(
-            f"{fn}: expected mesh axis {axis!r} of type AxisType.Auto (the "
-            f"compiler propagates the sharding). Got AxisType.{kind.name}. Build "
-            "the mesh with jax.make_mesh(shape, names, axis_types=(jax.sharding."
-            "AxisType.Auto,) * len(shape)), or jax.sharding.Mesh(devices, names)."
-        )
     return mesh.shape[axis]
+
+
+def _explicit(mesh: Mesh) -> bool:
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
 def _fsdp_dim(shape: tuple[int, ...], n: int) -> int | None:
@@ -46,6 +39,9 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if isinstance(x, jax.core.Tracer):
+        if _explicit(sharding.mesh):
+            # Sharding in types: the array's type changes, with a reshard.
+            return jax.sharding.reshard(x, sharding)
         return jax.lax.with_sharding_constraint(x, sharding)
     return jax.device_put(x, sharding)
 
@@ -126,10 +122,13 @@ def shard(
 
     - `tree`: any pytree; its array leaves are placed and the other leaves (static
       fields, activation functions, ...) are kept as they are.
-    - `mesh`: the device mesh. Its axis `axis` must be of type
-      `jax.sharding.AxisType.Auto` (the sharding of intermediates is left to the
-      compiler), which `jax.sharding.Mesh` gives by default and `jax.make_mesh`
-      gives with `axis_types=(AxisType.Auto, ...)`.
+    - `mesh`: the device mesh, with axes of type `jax.sharding.AxisType.Auto`
+      (the compiler propagates the sharding of intermediates; what
+      `jax.sharding.Mesh` builds by default) or `AxisType.Explicit` (the
+      sharding is part of every array's type; what `jax.make_mesh` builds by
+      default). Inside `jax.jit`, arrays are constrained with
+      `jax.lax.with_sharding_constraint` on Auto meshes and resharded with
+      `jax.sharding.reshard` on Explicit ones.
     - `fsdp`: `False` (data parallel): every array is replicated on every device.
       `True` (fully sharded data parallel, ZeRO-3): every array is split along its
       largest axis whose size is divisible by the number of devices on mesh axis
@@ -161,8 +160,7 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
     - `batch`: a pytree whose array leaves all have a leading batch axis, e.g.
       `tokens` of shape `(batch, seq)`, or `(tokens, keys)`. Non-array leaves are
       kept as they are.
-    - `mesh`: the device mesh, with axis `axis` of type
-      `jax.sharding.AxisType.Auto` (see [`zoo.shard`][]).
+    - `mesh`: the device mesh, Auto or Explicit axes (see [`zoo.shard`][]).
     - `axis`: the name of the mesh axis to split the batch over. Default
       `"data"`. (Keyword only.)
 
@@ -175,7 +173,7 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
 
     `ValueError` if an array has no leading axis, or one whose size is not
     divisible by the number of devices on `axis` (the message names the leaf), or
-    if `mesh` has no axis `axis` of type `AxisType.Auto`.
+    if `mesh` has no axis `axis`.
     """
     n = _axis_size("zoo.shard_batch", mesh, axis)
 
