@@ -109,12 +109,12 @@ class EveryCheckpoint:
             return []
         slack = self.layers * preset.layer_param_bytes()
         worst = max(others, key=lambda r: r["temp_bytes"])
-        x = (worst["temp_bytes"] - slack) / base
+        x = worst["temp_bytes"] / (base + slack)  # of what is allowed
         extra = f" + {self.layers} layers' parameters" if self.layers else ""
         name = f"every checkpoint's temp memory <= None's{extra}"
         measured = (f"largest: {worst['checkpoint']} at "
                     f"{worst['temp_bytes'] / base:.3f}x None"
-                    + (f" ({x:.3f}x after the allowance)" if self.layers else ""))
+                    + (f", {x:.3f}x the allowance" if self.layers else ""))
         return [_verdict(name, group, "temp_bytes", 1.0, x, measured)]
 
 
