@@ -1,16 +1,21 @@
-"""The measurement code shared by the benchmark scripts.
+"""What every benchmark script shares: the command line, the checkpoint spec
+syntax, and the output (rich tables, progress, JSON + CSV + PNG).
 
-How we measure (DESIGN.md): memory is the compiled program's
-`memory_analysis()` (deterministic; per chip on TPU v5e, compiled ahead of time);
-FLOPs are `eqx_remat.count_flops` (loop trip counts and recomputation included);
-time is the median of repeated steps after warm-up, reported as a ratio to a
-baseline measured in the same run. Steps of all variants are timed round-robin
-(one step of each, repeated), so that a noisy neighbour slows every variant alike.
+One convention for every script (`_common.parser`):
 
-Nothing here is part of the `eqx_remat` API: the benchmarks use `eqx_remat` and
-`zoo` through their public names only.
+    --out DIR            where results go (default: a fresh benchmarks/runs/<script>-<date>/)
+    --update-results     write into benchmarks/results/ (the committed results)
+    --preset NAME ...    what to measure
+    --checkpoint SPEC ...  in the syntax of `parse_checkpoint`
+    --device auto|tpu|gpu|cpu, --distributed   (benchmarks/_device.py)
+    --target v5e[:AxB]   compile for TPU v5e ahead of time instead of running
+    --repeats N, --quick
+
+Every value is checked before any work starts (`error: ...`, exit status 2).
+Only process 0 of a multi-host run prints tables and writes files.
 """
 
+import argparse
 import csv
 import dataclasses
 import datetime
@@ -20,397 +25,344 @@ import math
 import os
 import platform
 import re
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import eqx_remat as er
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-
-import eqx_remat as er  # noqa: E402
+from . import _device
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
-GiB = 2**30
-MiB = 2**20
-V5E_HBM = 16 * GiB
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+RUNS = HERE / "runs"
+GiB, MiB = 2**30, 2**20
 
 
 # --------------------------------------------------------------------------------------
-# Checkpoint specs as strings (CLI, JSON, CSV) and back.
+# The checkpoint spec syntax (CLI, JSON, CSV), one parser for every script.
+
+SPEC_FORMS = (
+    "None",
+    *er.POLICIES,
+    "every(k[, policy])",
+    "nested(levels[, policy])",
+    "recursive([policy])",
+    "binomial(slots[, policy])",
+)
+_CALL = re.compile(r"(every|nested|recursive|binomial)\((.*)\)")
 
 
 def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
-    """`"None"`, a policy name, or a schedule written as Python:
-    `"every(4)"`, `"every(sqrt)"` (k = round(√depth)), `"nested(2, 'dots')"`,
-    `"recursive()"`, `"binomial(10)"`, `"binomial(log2)"` (slots = ⌈log₂ depth⌉)."""
+    """`"None"`, a policy name (`"dots"`), or a schedule written as a call:
+    `"every(4)"`, `"every(4, dots)"`, `"nested(3)"`, `"recursive()"`,
+    `"binomial(10)"`. An integer argument may be `sqrt` (round(√depth)) or `log2`
+    (⌈log₂ depth⌉), which need `depth`. A bad spec raises `ValueError` listing the
+    accepted forms."""
     spec = spec.strip()
-    if spec in ("None", "none", ""):
+    if spec in ("None", "none"):
         return None
     if spec in er.POLICIES:
         return spec
-    match = re.fullmatch(r"(every|nested|recursive|binomial)\((.*)\)", spec)
+    match = _CALL.fullmatch(spec)
     if match is None:
         raise ValueError(
-            f"Unknown checkpoint {spec!r}. It needs to be one of None, "
-            f"{', '.join(er.POLICIES)}, every(k), nested(levels), recursive(), "
-            "binomial(slots)."
+            f"unknown checkpoint {spec!r}. It needs to be one of: "
+            f"{', '.join(SPEC_FORMS)}; an integer may be written sqrt or log2 "
+            "(of the depth)."
         )
     fn, inner = match.groups()
-    args: list[Any] = []
-    for part in [p.strip() for p in inner.split(",") if p.strip()]:
+    args = [_argument(p.strip().strip("'\""), spec, depth) for p in inner.split(",")]
+    try:
+        return getattr(er, fn)(*[a for a in args if a != ""])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint {spec!r}: {e}") from None
+
+
+def _argument(part: str, spec: str, depth: int | None) -> Any:
+    if part in ("", *er.POLICIES):
+        return part
+    if part in ("sqrt", "log2"):
+        if depth is None:
+            raise ValueError(f"checkpoint {spec!r} needs the depth of the stack.")
         if part == "sqrt":
-            args.append(max(1, round(math.sqrt(_need(depth, spec)))))
-        elif part == "log2":
-            args.append(max(1, math.ceil(math.log2(max(2, _need(depth, spec))))))
-        elif part.strip("'\"") in er.POLICIES:
-            args.append(part.strip("'\""))
-        else:
-            args.append(int(part))
-    return getattr(er, fn)(*args)
-
-
-def _need(depth: int | None, spec: str) -> int:
-    if depth is None:
-        raise ValueError(f"{spec!r} needs the depth of the stack.")
-    return depth
+            return max(1, round(math.sqrt(depth)))
+        return max(1, math.ceil(math.log2(max(2, depth))))
+    try:
+        return int(part)
+    except ValueError:
+        raise ValueError(
+            f"checkpoint {spec!r}: expected an integer, sqrt, log2 or one of "
+            f"{', '.join(er.POLICIES)}. Got {part!r}."
+        ) from None
 
 
 def checkpoint_label(c: er.Checkpoint) -> str:
-    """A short, stable label: `None`, `dots`, `every(32)`, `nested(2)`,
-    `recursive()`, `binomial(10)`, `every(4, dots)`."""
+    """The spec of a checkpoint, as `parse_checkpoint` reads it back:
+    `None`, `dots`, `every(32)`, `every(4, dots)`, `recursive()`."""
     if c is None:
         return "None"
     if isinstance(c, str):
         return c
     if isinstance(c, er.Schedule):
-        fields = [f.name for f in dataclasses.fields(c)]
-        values = [getattr(c, f) for f in fields]
-        parts = [str(v) for f, v in zip(fields, values) if f != "policy"]
+        parts = [
+            str(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name != "policy"
+        ]
         if getattr(c, "policy", None) is not None:
             parts.append(str(c.policy))
         return f"{type(c).__name__}({', '.join(parts)})"
     return repr(c)
 
 
+def _spec_type(spec: str) -> str:
+    parse_checkpoint(spec, depth=16)  # syntax only: sqrt/log2 resolve per preset
+    return spec
+
+
+_BYTES = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """`"16GiB"`, `"512MiB"`, `"1.5GB"`, `"1000"` → bytes (binary units)."""
+    match = _BYTES.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"expected a size such as 16GiB or 512MiB. Got {text!r}.")
+    unit = (match.group(2) or "").upper()[:1]
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _target_type(text: str) -> str:
+    if re.fullmatch(r"v5e(:\d+x\d+)?", text) is None:
+        raise ValueError(f"expected v5e or v5e:AxB (e.g. v5e:2x4). Got {text!r}.")
+    return text
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"expected a positive integer. Got {text!r}.")
+    return int(text)
+
+
+def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    def check(text: str) -> Any:
+        try:
+            return fn(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    check.__name__ = name
+    return check
+
+
+# --------------------------------------------------------------------------------------
+# The command line.
+
+
+def parser(
+    doc: str,
+    *,
+    presets: Sequence[str] = (),
+    repeats: int | None = 5,
+    target: bool = True,
+    runs: bool = False,
+) -> argparse.ArgumentParser:
+    """The flags every script shares (`presets`: the names `--preset` accepts;
+    `repeats=None`: no `--repeats`; `target`: whether `--target` applies;
+    `runs`: the script runs steps, with `--memory-limit` and `--isolate`)."""
+    p = argparse.ArgumentParser(
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _output_args(p)
+    if presets:
+        p.add_argument(
+            "--preset",
+            nargs="+",
+            choices=list(presets),
+            metavar="NAME",
+            help=f"what to measure, any of: {', '.join(presets)} "
+            "(default: the script's own list)",
+        )
+    p.add_argument(
+        "--checkpoint",
+        nargs="+",
+        type=_checked(_spec_type, "checkpoint"),
+        metavar="SPEC",
+        help='checkpoints to compare, e.g. None dots "every(4, dots)" "nested(3)" '
+        '"recursive()" "binomial(log2)" (default: each preset\'s own list)',
+    )
+    if target:
+        p.add_argument(
+            "--target",
+            type=_checked(_target_type, "target"),
+            metavar="v5e[:AxB]",
+            default=None,
+            help="compile for TPU v5e ahead of time (v5e is a 2x2 slice, v5e:AxB any "
+            "other) and run nothing: per-chip memory and FLOPs (default: run on "
+            "--device)",
+        )
+    if repeats is not None:
+        p.add_argument(
+            "--repeats",
+            type=_checked(_positive, "repeats"),
+            metavar="N",
+            default=repeats,
+            help="timed steps per variant, after one warm-up (default: %(default)s)",
+        )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny presets, end to end (default: off)"
+    )
+    _device.add_device_args(p)
+    if runs:
+        _run_args(p)
+    return p
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory for the results (default: a fresh benchmarks/runs/"
+        "<script>-<date>/, so nothing is overwritten)",
+    )
+    p.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write into benchmarks/results/, replacing the committed results "
+        "(default: off)",
+    )
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """The flags of scripts that run steps: how variants are kept apart."""
+    p.add_argument(
+        "--memory-limit",
+        type=_checked(parse_bytes, "memory-limit"),
+        metavar="SIZE",
+        help="report variants whose compiled memory exceeds this as not fitting, "
+        "without running them, e.g. 15GiB (default: none)",
+    )
+    p.add_argument(
+        "--isolate",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="measure each variant in its own process (auto: on a TPU or GPU, where "
+        "peak memory is measured) (default: %(default)s)",
+    )
+    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+
+
+def isolate(args: argparse.Namespace) -> bool:
+    """Whether this process starts one process per variant (and so must not
+    open the device itself)."""
+    if getattr(args, "worker", None) or getattr(args, "target", None):
+        return False
+    if not hasattr(args, "isolate"):
+        return False
+    accel = _device.resolve_device(args.device) not in ("cpu",)
+    return args.isolate == "always" or (args.isolate == "auto" and accel)
+
+
+def parse_args(
+    p: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    script: str,
+    defer: Callable[[argparse.Namespace], bool] = lambda args: False,
+) -> argparse.Namespace:
+    """Parse and check every flag, pick the device, and settle `args.out` (a
+    fresh directory unless `--out` or `--update-results`). When `defer(args)`,
+    the device is only named, not opened: this process will start one process
+    per measurement (`args.deferred`)."""
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.script = script
+    if args.out is not None and args.update_results:
+        p.error("--out and --update-results exclude each other.")
+    args.deferred = defer(args)
+    args.platform = _device.select_device(args, p, initialise=not args.deferred)
+    if args.deferred:
+        there = {"tpu": _device._has_tpu, "cuda": _device._has_gpu}.get(args.platform)
+        if args.device != "auto" and there is not None and not there():
+            p.error(f"--device {args.device}: no {args.platform} device here. Use "
+                    "--device auto to take what the machine has.")
+        set_main(not args.distributed)
+    if args.update_results:
+        args.out = RESULTS
+    elif args.out is None:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+        args.out = RUNS / f"{script}-{stamp}"
+    return args
+
+
 # --------------------------------------------------------------------------------------
 # Machine, command, versions.
 
 
-def meta(argv: Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:
-    """What ran, where, with what: stored at the top of every results file."""
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
 
-    dev = jax.devices()[0]
-    argv = sys.argv[1:] if argv is None else list(argv)
-    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "?"
+_MAIN: list[bool] = []
+
+
+def set_main(main: bool) -> None:
+    """Whether this process prints and writes, where JAX is not initialised here
+    (one process per measurement): the measuring processes say."""
+    _MAIN[:] = [main]
+
+
+def is_main() -> bool:
+    return _MAIN[0] if _MAIN else _device.is_main_process()
+
+
+def meta(
+    args: argparse.Namespace, row: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """What ran, where, with what: stored at the top of every results file. The
+    device comes from a measured `row` when this process did not open it."""
+    if args.deferred:
+        row = row or {}
+        device = {"device": row.get("device_kind"), "device_count": row.get("device_count")}
+    else:
+        device = {"device": _device.device_kind(), "device_count": jax.device_count()}
     return {
-        "command": " ".join(["python", f"benchmarks/{script}", *argv]),
+        "command": " ".join(["python", f"benchmarks/{args.script}.py", *args.argv]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "backend": jax.default_backend(),
-        "device": getattr(dev, "device_kind", str(dev)),
+        "backend": args.platform,
+        **device,
+        "target": getattr(args, "target", None),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),
         "versions": {
-            n: version(n)
+            n: _version(n)
             for n in ("jax", "jaxlib", "equinox", "flax", "libtpu", "eqx-remat")
         },
         **extra,
     }
 
 
-# --------------------------------------------------------------------------------------
-# Compile, measure memory, time.
-
-
-@dataclasses.dataclass
-class Variant:
-    """One thing to measure: a function of `args` (typically
-    `jax.value_and_grad(loss)` of a model's arrays and a batch).
-
-    `group` is what ratios are taken within (a preset); `impl` is whose
-    implementation it is (`"eqx_remat"`, `"hand-written"`, `"flax"`, ...);
-    `checkpoint` is the label of the checkpoint it uses. `flops` (a number, or a
-    function computing it) may be given when `count_flops` of `fn` is not the
-    number to report (e.g. an exact count)."""
-
-    group: str
-    impl: str
-    checkpoint: str
-    fn: Callable[..., Any]
-    args: tuple
-    flops: int | Callable[[], int] | None = None
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def compile_fn(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
-    """`jax.jit(fn).lower(*args).compile()` and the seconds it took (trace, lower
-    and compile)."""
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    return compiled, time.perf_counter() - t0
-
-
-def memory_of(compiled: Any) -> dict[str, int]:
-    m = compiled.memory_analysis()
-    return {
-        "temp_bytes": int(m.temp_size_in_bytes),
-        "argument_bytes": int(m.argument_size_in_bytes),
-        "output_bytes": int(m.output_size_in_bytes),
-        "host_temp_bytes": int(getattr(m, "host_temp_size_in_bytes", 0)),
-    }
-
-
-def _first_scalar(out: Any) -> float | None:
-    leaves = jax.tree.leaves(out)
-    if leaves and jnp.ndim(leaves[0]) == 0:
-        return float(leaves[0])
-    return None
-
-
-def measure(
-    variants: Sequence[Variant],
-    *,
-    repeats: int = 5,
-    timed: bool = True,
-    progress: Any = None,
-) -> list[dict[str, Any]]:
-    """Compile and (if `timed`) run every variant on the local backend.
-
-    Returns one row per variant: memory (`temp_bytes`, ...), `flops`,
-    `compile_s`, `loss` (the first scalar the function returns) and `median_s`
-    (the median of `repeats` steps after one warm-up step, all variants timed
-    round-robin). `progress`, if given, is called with a short description before
-    each compile and each timing round."""
-    rows, compiled = [], []
-    for v in variants:
-        if progress:
-            progress(f"compile {v.group} {v.impl} {v.checkpoint}")
-        c, secs = compile_fn(v.fn, v.args)
-        if v.flops is None:
-            flops = er.count_flops(v.fn, *v.args)
-            # Loops whose trip count is only known at run time (while loops)
-            # are counted once: the count would be meaningless.
-            flops = None if flops.dynamic_loops else int(flops)
-        else:
-            flops = v.flops() if callable(v.flops) else v.flops
-        row = {
-            "group": v.group,
-            "impl": v.impl,
-            "checkpoint": v.checkpoint,
-            **memory_of(c),
-            "flops": flops,
-            "compile_s": secs,
-            **v.info,
-        }
-        if timed:
-            out = jax.block_until_ready(c(*v.args))  # warm-up
-            row["loss"] = _first_scalar(out)
-            del out
-        rows.append(row)
-        compiled.append(c)
-    if timed:
-        times: list[list[float]] = [[] for _ in variants]
-        for r in range(repeats):
-            if progress:
-                progress(f"time round {r + 1}/{repeats}")
-            for i, (v, c) in enumerate(zip(variants, compiled)):
-                t0 = time.perf_counter()
-                jax.block_until_ready(c(*v.args))
-                times[i].append(time.perf_counter() - t0)
-        for row, ts in zip(rows, times):
-            row["median_s"] = statistics.median(ts)
-            row["times_s"] = ts
-    return rows
-
-
-_XLA_NEED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
-_XLA_HAVE = re.compile(r"exceeds available HBM \(([\d.]+)([KMGT]?)\)")
-_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def aot_measure(
-    fn: Callable[..., Any], args: tuple, target: str, *, count: bool = True
-) -> dict[str, Any]:
-    """Per-chip memory of `fn(*args)` compiled for `target` (`"v5e"`,
-    `"v5e:2x4"`) with `eqx_remat.memory_report`; args may be
-    `jax.ShapeDtypeStruct`s with `NamedSharding`s on `eqx_remat.v5e_mesh(target)`.
-
-    Programs that do not fit in a chip do not compile: XLA says how much temporary
-    memory they would need, and that is reported as `temp_bytes` (rounded to
-    XLA's two decimals) with `compiled: False`."""
-    t0 = time.perf_counter()
-    try:
-        r = er.memory_report(fn, *args, target=target)
-    except jax.errors.JaxRuntimeError as e:
-        need, have = _XLA_NEED.search(str(e)), _XLA_HAVE.search(str(e))
-        if need is None:
-            raise
-        row: dict[str, Any] = {
-            "compiled": False,
-            "temp_bytes": int(float(need.group(1)) * _UNIT[need.group(2)]),
-            "argument_bytes": None,
-            "output_bytes": None,
-            "host_temp_bytes": None,
-            "xla_available_bytes": have
-            and int(float(have.group(1)) * _UNIT[have.group(2)]),
-            "flops": int(er.count_flops(fn, *args)) if count else None,
-            "target": target,
-        }
-    else:
-        row = {"compiled": True, **r.to_dict()}
-        row["compile_s"] = time.perf_counter() - t0
-        if count:
-            # Loops with run-time trip counts are counted once: no number.
-            f = er.count_flops(fn, *args)
-            row["flops"] = None if f.dynamic_loops else int(f)
-    row.setdefault("compile_s", time.perf_counter() - t0)
-    total = sum(row[k] or 0 for k in ("temp_bytes", "argument_bytes", "output_bytes"))
-    row["total_bytes"] = total
-    row["fits_16GiB"] = bool(row["compiled"] and total <= V5E_HBM)
-    return row
-
-
-def fsdp(tree: Any, mesh: Any) -> Any:
-    """`ShapeDtypeStruct`s of `tree`'s arrays, each sharded over the mesh's one
-    axis along its largest dimension divisible by the mesh size (FSDP / ZeRO-3
-    style: every chip holds 1/n of every parameter); other arrays replicated."""
-    n = mesh.size
-
-    def place(x):
-        if not eqx.is_array(x) and not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        spec: list[Any] = [None] * len(x.shape)
-        axes = [i for i in range(len(x.shape)) if x.shape[i] % n == 0 and i > 0]
-        if axes and len(x.shape) >= 2:
-            spec[max(axes, key=lambda i: (x.shape[i], i))] = "data"
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, P(*spec))
-        )
-
-    return jax.tree.map(place, tree)
-
-
-def replicated(tree: Any, mesh: Any) -> Any:
-    def place(x):
-        if not eqx.is_array(x) and not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P()))
-
-    return jax.tree.map(place, tree)
-
-
-def batch_sharded(shape: tuple[int, ...], dtype: Any, mesh: Any) -> Any:
-    """A batch split over the mesh's chips along its first axis (replicated when
-    the chips do not divide it)."""
-    spec = P("data") if shape[0] % mesh.size == 0 else P()
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+def where(args: argparse.Namespace, data: dict[str, Any]) -> str:
+    """For table titles: the device, or the compile-only target."""
+    if getattr(args, "target", None):
+        return f"TPU {args.target} per chip, compiled, not run"
+    m = data["meta"]
+    return f"{m['device']} x{m['device_count']}, run"
 
 
 # --------------------------------------------------------------------------------------
-# Ratios, Pareto front, targets.
-
-
-def add_ratios(rows: list[dict[str, Any]], base: str = "None") -> None:
-    """Add `temp_ratio`, `flops_ratio`, `time_ratio` to each row: against the
-    `eqx_remat` row of checkpoint `base` in the same group."""
-    bases = {
-        r["group"]: r
-        for r in rows
-        if r["impl"] == "eqx_remat" and r["checkpoint"] == base
-    }
-    for r in rows:
-        b = bases.get(r["group"])
-        for key, out in (
-            ("temp_bytes", "temp_ratio"),
-            ("flops", "flops_ratio"),
-            ("median_s", "time_ratio"),
-        ):
-            ok = b is not None and r.get(key) is not None and b.get(key)
-            r[out] = r[key] / b[key] if ok else None
-
-
-def pareto(rows: Sequence[dict[str, Any]], x: str, y: str) -> list[int]:
-    """Indices of the rows not dominated in (`x`, `y`), both minimised."""
-    pts = [
-        (i, r[x], r[y])
-        for i, r in enumerate(rows)
-        if r.get(x) is not None and r.get(y) is not None
-    ]
-    front = []
-    for i, a, b in pts:
-        dominated = any(
-            (c <= a and d <= b) and (c < a or d < b) for j, c, d in pts if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front
-
-
-def mark_pareto(rows: list[dict[str, Any]], cost: str) -> None:
-    """`pareto` (bool) on each row: on the (temp memory, `cost`) front of its
-    group."""
-    for r in rows:
-        r["pareto"] = False
-    for g in {r["group"] for r in rows}:
-        idx = [i for i, r in enumerate(rows) if r["group"] == g]
-        sub = [rows[i] for i in idx]
-        for j in pareto(sub, "temp_bytes", cost):
-            rows[idx[j]]["pareto"] = True
-
-
-@dataclasses.dataclass
-class Target:
-    """A target of DESIGN.md, checked against measured numbers."""
-
-    name: str
-    met: bool | None  # None: could not be measured here
-    measured: str
-    why: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------------------
-# Output: JSON, CSV, rich tables, plots.
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if size == GiB else f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def fmt_flops(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return str(n)
+# Output.
 
 
 def _jsonable(x: Any) -> Any:
@@ -433,45 +385,108 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys and not isinstance(r[k], list | dict)]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
+        w.writerows({k: r.get(k) for k in keys} for r in rows)
+
+
+def write(
+    args: argparse.Namespace, stem: str, data: dict[str, Any], plot: Callable
+) -> Path | None:
+    """`<out>/<stem>.json` (with `meta`), `.csv` (of `data["rows"]`) and `.png`
+    (`plot(data, path)`); only on process 0. Returns the JSON's path."""
+    if not is_main():
+        return None
+    path = args.out / f"{stem}.json"
+    write_json(path, data)
+    write_csv(path.with_suffix(".csv"), data["rows"])
+    plot(data, path.with_suffix(".png"))
+    return path
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if size == GiB else f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def fmt_flops(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g}"
+
+
+def fmt_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+class Console:
+    """rich output that only process 0 prints."""
+
+    def __init__(self) -> None:
+        from rich.console import Console as Rich
+
+        c = Rich()
+        self.rich = c if c.is_terminal else Rich(width=180)
+
+    def print(self, *objects: Any, **kw: Any) -> None:
+        if is_main():
+            self.rich.print(*objects, **kw)
+
+    def table(self, title: str, columns: Sequence[str], rows: Sequence) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        t = Table(title=escape(title), title_justify="left")
+        for i, c in enumerate(columns):
+            t.add_column(escape(c), justify="left" if i < 3 else "right")
         for r in rows:
-            w.writerow({k: r.get(k) for k in keys})
+            t.add_row(*[escape(str(x)) for x in r])
+        self.print(t)
+
+    def progress(self, total: int) -> Any:
+        """A context manager giving `step(description)`, one bar per run."""
+        from contextlib import contextmanager
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress
+        from rich.progress import TextColumn, TimeElapsedColumn
+
+        @contextmanager
+        def bar():
+            with Progress(
+                TextColumn("{task.description:<50}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.rich,
+                disable=not is_main(),
+            ) as prog:
+                task = prog.add_task("", total=total)
+
+                def step(desc: str) -> None:
+                    prog.update(task, description=desc[:50])
+                    prog.advance(task)
+
+                yield step
+
+        return bar()
 
 
-def console() -> Any:
-    from rich.console import Console
-
-    c = Console()
-    return c if c.is_terminal else Console(width=160)
-
-
-def rich_table(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=escape(title), title_justify="left")
-    for i, c in enumerate(columns):
-        t.add_column(escape(c), justify="left" if i < 2 else "right")
-    for r in rows:
-        t.add_row(*[escape(str(x)) for x in r])
-    return t
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def plt():
+def plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -480,64 +495,12 @@ def plt():
     return pyplot
 
 
-def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """For each group: temp memory against time ratio and against FLOPs ratio,
-    one marker per implementation, the Pareto front (of all implementations)
-    drawn as a step line."""
-    pyplot = plt()
-    groups = list(dict.fromkeys(r["group"] for r in rows))
-    has_time = any(r.get("time_ratio") is not None for r in rows)
-    costs = [("flops_ratio", "FLOPs / FLOPs of None")]
-    if has_time:
-        costs.insert(0, ("time_ratio", "step time / step time of None (median)"))
-    fig, axes = pyplot.subplots(
-        len(groups),
-        len(costs),
-        figsize=(6.5 * len(costs), 4.5 * len(groups)),
-        squeeze=False,
-    )
-    markers = {"eqx_remat": "o", "hand-written": "s", "flax": "^"}
-    for gi, g in enumerate(groups):
-        sub = [r for r in rows if r["group"] == g]
-        for ci, (cost, label) in enumerate(costs):
-            ax = axes[gi][ci]
-            for impl in dict.fromkeys(r["impl"] for r in sub):
-                pts = [r for r in sub if r["impl"] == impl and r.get(cost) is not None]
-                ax.scatter(
-                    [r[cost] for r in pts],
-                    [r["temp_bytes"] / MiB for r in pts],
-                    marker=markers.get(impl, "D"),
-                    label=impl,
-                    s=40,
-                    alpha=0.8,
-                )
-                if impl == "eqx_remat":
-                    for r in pts:
-                        ax.annotate(
-                            r["checkpoint"],
-                            (r[cost], r["temp_bytes"] / MiB),
-                            fontsize=7,
-                            xytext=(4, 3),
-                            textcoords="offset points",
-                        )
-            front = sorted(
-                (sub[i][cost], sub[i]["temp_bytes"] / MiB)
-                for i in pareto(sub, "temp_bytes", cost)
-            )
-            if front:
-                xs, ys = zip(*front)
-                ax.step(xs, ys, where="post", color="k", lw=1, alpha=0.6)
-                ax.scatter(
-                    xs, ys, s=160, facecolors="none", edgecolors="k", label="Pareto"
-                )
-            ax.set_xlabel(label)
-            ax.set_yscale("log")
-            ax.set_ylabel("compiled temp memory (MiB, log)")
-            ax.set_title(f"{g}", fontsize=10)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def where_compiled(data: dict[str, Any]) -> str:
+    """For the tables of compile-only scripts."""
+    return f"{data['meta']['device']}, compiled, not run"

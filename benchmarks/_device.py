@@ -103,14 +103,23 @@ def resolve_device(choice: str) -> str:
     return _PLATFORM[choice]
 
 
-def select_device(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+def select_device(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    *,
+    initialise: bool = True,
+) -> str:
     """Point JAX at the device `args.device` names and initialise it (and, with
     `args.distributed`, the multi-host runtime). Call before any JAX array is
-    made. Returns the platform; a device that is not there is a `parser.error`."""
+    made. Returns the platform; a device that is not there is a `parser.error`.
+    `initialise=False` only points JAX at it: a process that starts one process
+    per measurement must not hold the accelerator itself."""
     import jax
 
     platform = resolve_device(args.device)
     jax.config.update("jax_platforms", platform)
+    if not initialise:
+        return platform
     if getattr(args, "distributed", False):
         jax.distributed.initialize()
     try:
@@ -158,13 +167,24 @@ def peak_bytes_in_use() -> int | None:
     return max(peaks) if peaks else None
 
 
-def utilisation(flops: int | None, step_s: float | None) -> float | None:
+def utilisation(
+    flops: int | None,
+    step_s: float | None,
+    *,
+    kind: str | None = None,
+    devices: int | None = None,
+) -> float | None:
     """`flops / (step_s × peak FLOP/s of all devices)`: MFU when `flops` is the
     model's FLOPs without recomputation, HFU with it. `None` when the device's
-    peak is unknown or a figure is missing."""
-    import jax
-
-    peak = peak_flops_per_chip()
-    if peak is None or flops is None or not step_s:
+    peak is unknown or a figure is missing. `kind` and `devices` default to this
+    process's devices."""
+    if flops is None or not step_s:
         return None
-    return flops / (step_s * peak * jax.device_count())
+    peak = peak_flops_per_chip(kind)
+    if peak is None:
+        return None
+    if devices is None:
+        import jax
+
+        devices = jax.device_count()
+    return flops / (step_s * peak * devices)

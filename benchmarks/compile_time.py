@@ -12,142 +12,109 @@ interleaved; the median is reported, with the ratio of the deepest to the
 shallowest.
 
     python benchmarks/compile_time.py
-    python benchmarks/compile_time.py --layers 4 16 64 --checkpoints None dots
+    python benchmarks/compile_time.py --layers 4 16 64 --checkpoint None dots
     python benchmarks/compile_time.py --quick     # tests
 """
 
 import argparse
-import math
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import jax
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
-import _models as M  # noqa: E402
-import jax  # noqa: E402
+from benchmarks import _common as C, _models as M
 
 
 CHECKPOINTS = ("None", "dots", "nothing", "every(2)", "recursive()", "binomial(3)")
+LIMIT = 1.5  # the target, for None and every policy
 
 
-def compile_seconds(preset, spec: str) -> float:
+def _parser() -> argparse.ArgumentParser:
+    p = C.parser(__doc__, repeats=3, target=False)
+    positive = C._checked(C._positive, "positive integer")
+    p.add_argument("--layers", type=positive, nargs="+", default=[4, 64],
+                   help="depths to compare (default: %(default)s)")
+    p.add_argument("--d-model", type=positive, default=128, help="(default: %(default)s)")
+    return p
+
+
+def seconds(preset: M.TransformerPreset, spec: str) -> float:
     jax.clear_caches()
-    model = M.build(preset, abstract=True)
-    fn, params = M.ours(preset, model, C.parse_checkpoint(spec, preset.depth))
+    fn, params = M.ours(preset, preset.build(abstract=True),
+                        C.parse_checkpoint(spec, preset.depth))
     t0 = time.perf_counter()
-    jax.jit(fn).lower(params, M.batch(preset, abstract=True)).compile()
+    jax.jit(fn).lower(params, preset.inputs(abstract=True)).compile()
     return time.perf_counter() - t0
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, nargs="+", default=[4, 64])
-    p.add_argument("--checkpoints", nargs="+", default=list(CHECKPOINTS))
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="tiny (tests)")
-    p.add_argument("--out", type=Path, default=C.RESULTS)
-    args = p.parse_args(argv)
+def main(argv: list[str] | None = None) -> dict:
+    args = C.parse_args(_parser(), argv, "compile_time")
+    specs = args.checkpoint or CHECKPOINTS
     if args.quick:
-        args.layers, args.checkpoints, args.repeats = [2, 8], ["None"], 1
-        args.d_model, args.seq, args.batch = 32, 16, 2
-    console = C.console()
-    from rich.progress import Progress
+        args.layers, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
+    seq, batch = (16, 2) if args.quick else (128, 4)
 
-    def preset(n):
-        return M.TransformerPreset(
-            256, args.seq, args.d_model, max(1, args.d_model // 32), n, args.batch
-        )
+    def preset(n: int) -> M.TransformerPreset:
+        return M.TransformerPreset(batch, 256, seq, args.d_model,
+                                   max(1, args.d_model // 32), n)
 
-    times: dict[tuple[str, int], list[float]] = {}
-    t0 = time.perf_counter()
-    with Progress(console=console) as prog:
-        total = args.repeats * len(args.checkpoints) * len(args.layers)
-        task = prog.add_task("", total=total)
+    console, times, t0 = C.Console(), {}, time.perf_counter()
+    with console.progress(args.repeats * len(specs) * len(args.layers)) as step:
         for r in range(args.repeats):
-            for spec in args.checkpoints:
+            for spec in specs:
                 for n in args.layers:
-                    prog.update(task, description=f"round {r + 1}: {spec}, {n} layers")
-                    s = compile_seconds(preset(n), spec)
-                    times.setdefault((spec, n), []).append(s)
-                    prog.advance(task)
-    elapsed = time.perf_counter() - t0
-
+                    step(f"round {r + 1}: {spec}, {n} layers")
+                    times.setdefault((spec, n), []).append(seconds(preset(n), spec))
     lo, hi = min(args.layers), max(args.layers)
-    rows = []
-    for spec in args.checkpoints:
-        for n in args.layers:
-            ts = times[(spec, n)]
-            rows.append(
-                {
-                    "checkpoint": spec,
-                    "layers": n,
-                    "median_s": statistics.median(ts),
-                    "times_s": ts,
-                }
-            )
-    med = {(r["checkpoint"], r["layers"]): r["median_s"] for r in rows}
-    ratios = {s: med[(s, hi)] / med[(s, lo)] for s in args.checkpoints}
-    policies = {s: x for s, x in ratios.items() if "(" not in s}
-    schedules = {s: x for s, x in ratios.items() if "(" in s}
-    describe = preset(hi).describe().replace(f"{hi} layers", "N layers")
-    stem = "compile_time" + ("_quick" if args.quick else "")
+    rows = [{"checkpoint": s, "layers": n, "compile_s": statistics.median(ts),
+             "times_s": ts} for (s, n), ts in times.items()]
+    med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in rows}
+    ratios = {s: med[(s, hi)] / med[(s, lo)] for s in specs}
+    policies = {s: x for s, x in ratios.items()
+                if C.parse_checkpoint(s, hi) is None or isinstance(
+                    C.parse_checkpoint(s, hi), str)}
     data = {
-        "meta": C.meta(argv, seconds=elapsed, describe=describe),
+        "meta": C.meta(args, seconds=time.perf_counter() - t0,
+                       describe=preset(hi).describe().replace(f"{hi} layers", "N layers")),
         "rows": rows,
         "ratio_deepest_to_shallowest": ratios,
-        "target": {
-            "name": f"compile time at {hi} layers <= 1.5x at {lo} layers "
-            "(None and every policy)",
-            "met": all(x <= 1.5 for x in policies.values()),
-            "policies": policies,
-            # recursive / binomial trace O(log D) loops by design: log2 ratio.
-            "schedules": schedules,
-            "log2_depth_ratio": math.log2(hi) / math.log2(lo) if lo > 1 else None,
-        },
+        "targets": [{
+            "name": f"compile time at {hi} layers <= {LIMIT}x at {lo} layers (None and "
+            "every policy)", "metric": "compile_s", "threshold": LIMIT,
+            "value": max(policies.values(), default=None),
+            "met": all(x <= LIMIT for x in policies.values()) if policies else None,
+            "measured": ", ".join(f"{s} {x:.2f}x" for s, x in ratios.items()),
+            "why": "recursive/binomial trace O(log D) loops by design",
+        }],
     }
-    C.write_json(args.out / f"{stem}.json", data)
-    C.write_csv(args.out / f"{stem}.csv", rows)
+    stem = "compile_time" + ("_quick" if args.quick else "")
+    path = C.write(args, stem, data, plot)
+    console.print(data["meta"]["describe"])
+    console.table(f"Compile time, s (median) [{C.where_compiled(data)}]",
+                  ["checkpoint", *(f"{n} layers" for n in args.layers), f"{hi} / {lo}"],
+                  [[s, *(f"{med[(s, n)]:.2f}" for n in args.layers),
+                    C.fmt_ratio(ratios[s])] for s in specs])
+    t = data["targets"][0]
+    console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")
+    return data
 
+
+def plot(data: dict, path: Path) -> None:
     pyplot = C.plt()
     fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
-    for spec in args.checkpoints:
-        ax.plot(
-            args.layers, [med[(spec, n)] for n in args.layers], marker="o", label=spec
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("layers")
-    ax.set_ylabel("trace + lower + compile (s, median)")
+    for spec in dict.fromkeys(r["checkpoint"] for r in data["rows"]):
+        pts = sorted((r["layers"], r["compile_s"]) for r in data["rows"]
+                     if r["checkpoint"] == spec)
+        ax.plot(*zip(*pts), marker="o", label=spec)
+    ax.set(xscale="log", xlabel="layers", ylabel="trace + lower + compile (s, median)")
     ax.set_ylim(bottom=0)
-    ax.set_title(describe, fontsize=8)
+    ax.set_title(data["meta"]["describe"], fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / f"{stem}.png", dpi=110)
+    fig.savefig(path, dpi=110)
     pyplot.close(fig)
-
-    cols = ["checkpoint"] + [f"{n} layers (s)" for n in args.layers]
-    cols += [f"{hi} / {lo}"]
-    table = [
-        [s] + [f"{med[(s, n)]:.2f}" for n in args.layers] + [f"{ratios[s]:.2f}x"]
-        for s in args.checkpoints
-    ]
-    console.print(describe)
-    console.print(C.rich_table("Compile time (CPU, median)", cols, table))
-    console.print(
-        f"target (None and policies <= 1.5x): "
-        f"{'met' if data['target']['met'] else 'NOT met'}; "
-        f"{elapsed:.0f} s; results in {args.out}/{stem}.*"
-    )
-    return data
 
 
 if __name__ == "__main__":

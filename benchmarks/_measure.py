@@ -1,0 +1,368 @@
+"""How the benchmarks measure (DESIGN.md, "How we measure").
+
+- Memory: the compiled step's `memory_analysis()` (deterministic); per chip on
+  TPU v5e compiled ahead of time (`--target`); and, on an accelerator, the
+  measured `memory_stats()["peak_bytes_in_use"]`, each variant in its own process
+  so that one variant's peak does not leak into the next.
+- FLOPs: `eqx_remat.count_flops` (loop trip counts and recomputation included).
+- Time: the median of repeated steps after a warm-up, every variant of a run timed
+  round-robin (one step of each, repeated) when they share a process.
+- MFU / HFU: model FLOPs (the `None` step's) or the step's own FLOPs (with
+  recomputation) / (step time x the devices' peak FLOP/s). Causal attention is
+  counted in full (not halved as MaxText does).
+
+A variant that does not fit (XLA refuses to compile it, it runs out of memory,
+or its compiled size is over `--memory-limit`) is a row that says so.
+"""
+
+import dataclasses
+import functools
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import eqx_remat as er
+import zoo
+
+from . import _device, _models as M
+from ._common import checkpoint_label, parse_checkpoint
+
+
+V5E_HBM = 16 * 2**30
+
+
+@dataclasses.dataclass
+class Variant:
+    """One thing to measure: `build()` gives `(fn, args)`, typically
+    `jax.value_and_grad` of a preset's loss and `(params, batch)`."""
+
+    group: str  # the preset's name: ratios are taken within a group
+    preset: M.Preset
+    impl: str  # "eqx_remat" or a peer's impl
+    checkpoint: str
+    schedule: str  # "None", "policy", "every", ... or "peer"
+    build: Callable[[], tuple[Callable, tuple]]
+    ours: tuple[str, ...] = ()  # a peer: the checkpoints of ours it is compared with
+
+    def key(self) -> dict[str, Any]:
+        k = {"group": self.group, "impl": self.impl, "checkpoint": self.checkpoint}
+        return k | ({"compared_with": list(self.ours)} if self.ours else {})
+
+
+def _kind(c: er.Checkpoint) -> str:
+    return "None" if c is None else "policy" if isinstance(c, str) else type(c).__name__
+
+
+def mesh_for(target: str | None) -> Any:
+    """The TPU v5e mesh of `target`, else one axis over every device here."""
+    if target:
+        return er.v5e_mesh(target)
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
+
+
+def _place_batch(batch: Any, mesh: Any) -> Any:
+    """Split over the mesh along the batch axis, or replicate if it does not divide."""
+    spec = P("data") if batch.shape[0] % mesh.size == 0 else P()
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(batch, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(batch.shape, batch.dtype, sharding=sharding)
+    return jax.device_put(batch, sharding)
+
+
+def variants(
+    name: str,
+    preset: M.Preset,
+    specs: Sequence[str],
+    *,
+    target: str | None,
+    peers: bool,
+    quick: bool,
+) -> list[Variant]:
+    """Ours under each checkpoint, then the preset's peers, on `mesh_for(target)`
+    (parameters sharded as the preset says, the batch split)."""
+    aot = target is not None
+
+    @functools.cache  # one model and batch per preset, shared by its variants
+    def placed() -> tuple[Any, Any]:
+        mesh = mesh_for(target)
+        model = zoo.shard(preset.build(abstract=aot), mesh, fsdp=preset.fsdp)
+        return model, _place_batch(preset.inputs(abstract=aot), mesh)
+
+    def ours(c: er.Checkpoint) -> Callable:
+        def build():
+            model, batch = placed()
+            fn, params = M.ours(preset, model, c)
+            return fn, (params, batch)
+
+        return build
+
+    def peer(p: M.Peer) -> Callable:
+        def build():
+            model, batch = placed()
+            fn, params = p.make(preset, model)
+            return fn, (params, batch)
+
+        return build
+
+    out, seen = [], set()
+    for spec in specs:
+        c = parse_checkpoint(spec, preset.depth)
+        label = checkpoint_label(c)
+        if label not in seen:  # every(sqrt) is every(4) at depth 16
+            seen.add(label)
+            out.append(Variant(name, preset, "eqx_remat", label, _kind(c), ours(c)))
+    if peers:
+        for p in preset.peers(quick=quick, aot=aot):
+            v = Variant(name, preset, p.impl, p.checkpoint, "peer", peer(p), p.ours)
+            out.append(v)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# One variant: compile, memory, FLOPs.
+
+
+def _flops(fn: Callable, args: tuple) -> int | None:
+    f = er.count_flops(fn, *args)
+    # Loops whose trip count is only known at run time are counted once: no number.
+    return None if f.dynamic_loops else int(f)
+
+
+def _memory(compiled: Any) -> dict[str, int]:
+    m = compiled.memory_analysis()
+    row = {
+        "temp_bytes": int(m.temp_size_in_bytes),
+        "argument_bytes": int(m.argument_size_in_bytes),
+        "output_bytes": int(m.output_size_in_bytes),
+        "host_temp_bytes": int(getattr(m, "host_temp_size_in_bytes", 0)),
+    }
+    row["total_bytes"] = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"]
+    return row
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def compile_variant(
+    v: Variant, limit: int | None
+) -> tuple[dict[str, Any], Any, tuple | None]:
+    """`(row, compiled, args)`: compiled memory and FLOPs; `compiled` is `None`
+    when the variant does not fit (the row says why)."""
+    row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "fits": True}
+    row |= {"device_kind": _device.device_kind(), "device_count": jax.device_count(),
+            "process_index": jax.process_index()}
+    fn, args = v.build()
+    t0 = time.perf_counter()
+    try:
+        compiled = jax.jit(fn).lower(*args).compile()
+    except Exception as e:  # XLA refuses what does not fit in device memory
+        return {**row, "fits": False, "error": _first_line(e)}, None, None
+    row["compile_s"] = time.perf_counter() - t0
+    row |= _memory(compiled)
+    row["flops"] = _flops(fn, args)
+    if limit is not None and row["total_bytes"] > limit:
+        row["fits"] = False
+        row["error"] = f"compiled size {row['total_bytes']} B > limit {limit} B"
+        return row, None, None
+    return row, compiled, args
+
+
+def _run(compiled: Any, args: tuple) -> Any:
+    return jax.block_until_ready(compiled(*args))
+
+
+def warm_up(row: dict[str, Any], compiled: Any, args: tuple) -> bool:
+    """One step; `row["loss"]`. A run that fails (out of memory) marks the row."""
+    try:
+        out = _run(compiled, args)
+    except Exception as e:
+        row.update(fits=False, error=_first_line(e))
+        return False
+    first = jax.tree.leaves(out)[0]
+    row["loss"] = float(first) if first.ndim == 0 else None
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# Many variants: in this process (round-robin), or one process each.
+
+
+def measure_here(
+    variants: Sequence[Variant],
+    *,
+    repeats: int,
+    limit: int | None,
+    step: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Compile and run every variant in this process; time them round-robin."""
+    rows, ready = [], []
+    for v in variants:
+        step(f"compile {v.group} {v.impl} {v.checkpoint}")
+        row, compiled, args = compile_variant(v, limit)
+        rows.append(row)
+        if compiled is not None and warm_up(row, compiled, args):
+            ready.append((row, compiled, args))
+    times: list[list[float]] = [[] for _ in ready]
+    for r in range(repeats):
+        step(f"time round {r + 1}/{repeats}")
+        for ts, (_, compiled, args) in zip(times, ready):
+            t0 = time.perf_counter()
+            _run(compiled, args)
+            ts.append(time.perf_counter() - t0)
+    for ts, (row, _, _) in zip(times, ready):
+        row["step_s"], row["times_s"] = statistics.median(ts), ts
+        row["peak_bytes"] = _device.peak_bytes_in_use()  # None on the CPU
+    return rows
+
+
+def measure_isolated(
+    variants: Sequence[Variant],
+    *,
+    argv: Sequence[str],
+    step: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Each variant in a fresh process (the same script and flags, `--worker I`),
+    so its measured peak memory is its own."""
+    rows = []
+    for i, v in enumerate(variants):
+        step(f"run {v.group} {v.impl} {v.checkpoint} (own process)")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "row.json"
+            cmd = [sys.executable, sys.argv[0], *argv, "--worker", str(i), str(path)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 0 and path.exists():
+                rows.append(json.loads(path.read_text()))
+                continue
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        err = f"its process failed (rc {proc.returncode}): {tail}"
+        rows.append({**v.key(), "schedule": v.schedule, "fits": False, "error": err})
+    return rows
+
+
+def worker(
+    v: Variant, *, repeats: int, limit: int | None, path: Path
+) -> None:
+    """`--worker`: measure one variant (peak memory, median step, and on a TPU v5e
+    the AOT estimate for this topology) and write its row to `path`."""
+    (row,) = measure_here([v], repeats=repeats, limit=limit, step=lambda _: None)
+    if row["fits"]:
+        row |= aot_beside(v)
+    path.write_text(json.dumps(row))
+
+
+# --------------------------------------------------------------------------------------
+# TPU v5e, ahead of time.
+
+
+_XLA_NEED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def compile_aot(v: Variant, target: str) -> dict[str, Any]:
+    """Per-chip memory of `v` compiled for `target` with
+    `eqx_remat.memory_report`. Programs that do not fit in a chip do not compile:
+    XLA says how much temporary memory they would need, reported as `temp_bytes`
+    with `fits: False`."""
+    fn, args = v.build()
+    row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "target": target}
+    row |= {"device_kind": "TPU v5 lite", "device_count": er.v5e_mesh(target).size}
+    t0 = time.perf_counter()
+    try:
+        report = er.memory_report(fn, *args, target=target)
+    except jax.errors.JaxRuntimeError as e:
+        need = _XLA_NEED.search(str(e))
+        if need is None:
+            raise
+        need_bytes = int(float(need.group(1)) * _UNIT[need.group(2)])
+        row |= {"fits": False, "temp_bytes": need_bytes, "total_bytes": None}
+        row["error"] = _first_line(e)
+    else:
+        row |= _memory_dict(report)
+        row["fits"] = row["total_bytes"] <= V5E_HBM
+    row["compile_s"] = time.perf_counter() - t0
+    row["flops"] = _flops(fn, args)
+    return row
+
+
+def _memory_dict(report: er.MemoryReport) -> dict[str, Any]:
+    keys = ("temp_bytes", "argument_bytes", "output_bytes", "host_temp_bytes")
+    row = {k: getattr(report, k) for k in keys}
+    row["total_bytes"] = sum(row[k] for k in keys[:3])
+    return row
+
+
+_TOPOLOGY = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8"}
+
+
+def aot_beside(v: Variant) -> dict[str, Any]:
+    """On a TPU v5e: the no-TPU estimate (`memory_report(target="v5e:AxB")` for
+    this topology) beside the measured peak. Elsewhere: nothing."""
+    if _device.device_kind() not in ("TPU v5 lite", "TPU v5e"):
+        return {}
+    target = f"v5e:{_TOPOLOGY.get(jax.device_count(), '2x2')}"
+    try:
+        aot = compile_aot(dataclasses.replace(v, build=_abstract(v, target)), target)
+    except Exception as e:
+        return {"aot_target": target, "aot_error": _first_line(e)}
+    return {"aot_target": target, "aot_temp_bytes": aot["temp_bytes"],
+            "aot_total_bytes": aot["total_bytes"]}
+
+
+def _abstract(v: Variant, target: str) -> Callable:
+    """`v.build`, its arrays as `ShapeDtypeStruct`s on the AOT mesh of `target`."""
+
+    def build():
+        fn, args = v.build()
+        mesh = er.v5e_mesh(target)
+
+        def spec(x):
+            s = getattr(getattr(x, "sharding", None), "spec", P())
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
+
+        return fn, jax.tree.map(spec, args)
+
+    return build
+
+
+# --------------------------------------------------------------------------------------
+# Ratios, device figures.
+
+
+def add_figures(rows: list[dict[str, Any]]) -> None:
+    """Per row, against the `eqx_remat` `None` row of its group: `temp_ratio`,
+    `flops_ratio`, `time_ratio`; and the device figures every row carries:
+    `device_kind`, `peak_bytes`, `step_s`, throughput, `mfu`, `hfu` (`None` where
+    the backend cannot measure them)."""
+    base = {
+        r["group"]: r for r in rows if r["impl"] == "eqx_remat" and r["checkpoint"] == "None"
+    }
+    for r in rows:
+        b = base.get(r["group"], {})
+        for key, out in (("temp_bytes", "temp_ratio"), ("flops", "flops_ratio"),
+                         ("step_s", "time_ratio")):
+            ok = r.get(key) is not None and b.get(key)
+            r[out] = r[key] / b[key] if ok else None
+        r.setdefault("peak_bytes", None)
+        r.setdefault("step_s", None)
+        on = {"kind": r.get("device_kind"), "devices": r.get("device_count")}
+        r["mfu"] = _device.utilisation(b.get("flops"), r["step_s"], **on)
+        r["hfu"] = _device.utilisation(r.get("flops"), r["step_s"], **on)
+
+
+def add_throughput(rows: list[dict[str, Any]], presets: dict[str, M.Preset]) -> None:
+    for r in rows:
+        unit, n = presets[r["group"]].per_step()
+        r[unit] = n / r["step_s"] if r.get("step_s") else None

@@ -1,0 +1,177 @@
+"""DESIGN.md's targets, defined once as data: what is measured, the threshold,
+and on which presets. `run.py` evaluates them on a run's rows and stores the
+verdicts in its JSON; `report.py` only formats what the JSON says.
+
+A verdict is `met: true/false`, or `null` where this run could not measure the
+figure (no timings when compiling for a TPU ahead of time).
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from . import _models as M
+
+
+Rows = Sequence[dict[str, Any]]
+_PHRASE = {"temp_bytes": "temp memory", "flops": "FLOPs", "step_s": "step time"}
+
+
+def _selects(on: Any, name: str, preset: M.Preset) -> bool:
+    return isinstance(preset, on) if isinstance(on, type) else name in on
+
+
+def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
+    return {
+        r["checkpoint"]: r for r in rows if r["group"] == group and r["impl"] == "eqx_remat"
+    }
+
+
+def _verdict(name: str, group: str, metric: str, limit: float, value: float | None,
+             measured: str, why: str = "") -> dict[str, Any]:
+    return {
+        "name": f"{group}: {name}", "target": name, "preset": group, "metric": metric,
+        "threshold": limit, "value": value,
+        "met": None if value is None else bool(value <= limit),
+        "measured": measured if value is not None else "not measured here", "why": why,
+    }
+
+
+def _ratio(a: dict | None, b: dict | None, metric: str) -> float | None:
+    if not a or not b or a.get(metric) is None or not b.get(metric):
+        return None
+    return a[metric] / b[metric]
+
+
+@dataclasses.dataclass(frozen=True)
+class VsNone:
+    """Our `checkpoint`'s `metric` is at most `at_most` x `None`'s."""
+
+    on: Any  # a Preset type, or preset names
+    checkpoint: str
+    metric: str
+    at_most: float
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        ours = _ours(rows, group)
+        if self.checkpoint not in ours or "None" not in ours:
+            return []  # not in this run
+        x = _ratio(ours.get(self.checkpoint), ours.get("None"), self.metric)
+        name = f"{self.checkpoint!r} {_PHRASE[self.metric]} <= {self.at_most:.2f}x None"
+        return [_verdict(name, group, self.metric, self.at_most, x,
+                         "" if x is None else f"{x:.3f}x")]
+
+
+@dataclasses.dataclass(frozen=True)
+class VsPeer:
+    """Ours / a peer's `metric`, for every pair with peers of `impl` (only our
+    schedules of kind `schedule`, if given), at most `at_most`."""
+
+    on: Any
+    impl: str
+    metric: str
+    at_most: float
+    schedule: str | None = None
+    why: str = ""
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        pairs = [p for p in peer_pairs(rows) if p["group"] == group
+                 and p["impl"] == self.impl
+                 and (self.schedule is None or p["schedule"] == self.schedule)]
+        ratios = [p[_PAIR[self.metric]] for p in pairs]
+        worst = None if not pairs or None in ratios else max(ratios)
+        what = "every pair" if self.schedule is None else f"{self.schedule}"
+        name = (f"{_PHRASE[self.metric]} <= {self.at_most:.2f}x {self.impl} "
+                f"({what})")
+        measured = ", ".join(
+            f"{p['ours']} / {p['peer']} {p[_PAIR[self.metric]]:.3f}x"
+            for p in pairs if p[_PAIR[self.metric]] is not None
+        )
+        return [_verdict(name, group, self.metric, self.at_most, worst, measured,
+                         self.why)] if pairs else []
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryCheckpoint:
+    """Every checkpoint (but `skip`) uses at most `None`'s temp memory plus
+    `layers` layers' parameters."""
+
+    on: Any
+    layers: int = 0
+    skip: tuple[str, ...] = ("None", "everything")
+
+    def evaluate(self, rows: Rows, group: str, preset: M.Preset) -> list[dict]:
+        ours = _ours(rows, group)
+        base = ours.get("None", {}).get("temp_bytes")
+        others = [r for c, r in ours.items() if c not in self.skip
+                  and r.get("temp_bytes") is not None]
+        if not base or not others:
+            return []
+        slack = self.layers * preset.layer_param_bytes()
+        worst = max(others, key=lambda r: r["temp_bytes"])
+        x = worst["temp_bytes"] / (base + slack)  # of what is allowed
+        extra = f" + {self.layers} layers' parameters" if self.layers else ""
+        name = f"every checkpoint's temp memory <= None's{extra}"
+        measured = (f"largest: {worst['checkpoint']} at "
+                    f"{worst['temp_bytes'] / base:.3f}x None"
+                    + (f", {x:.3f}x the allowance" if self.layers else ""))
+        return [_verdict(name, group, "temp_bytes", 1.0, x, measured)]
+
+
+NOISY = "CPU timings on a shared 2-core machine are noisy"
+PARAMS = ("chain-params", "chain-params-novmap", "chain-params-tiny", "chain-v5e-params")
+TARGETS = (
+    VsNone(M.TransformerPreset, "dots", "temp_bytes", 0.60),
+    VsNone(M.TransformerPreset, "nothing", "temp_bytes", 0.30),
+    VsNone(M.TransformerPreset, "dots", "flops", 1.10),
+    VsPeer(M.TransformerPreset, "hand-written", "temp_bytes", 1.02),
+    VsPeer(M.TransformerPreset, "flax", "temp_bytes", 1.00),
+    VsPeer(M.TransformerPreset, "hand-written", "step_s", 1.05, why=NOISY),
+    VsPeer(M.TransformerPreset, "flax", "step_s", 1.05, why=NOISY),
+    VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
+    VsPeer(M.ChainPreset, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
+    VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
+    VsPeer(M.ChainPreset, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
+    EveryCheckpoint(M.Preset),
+    EveryCheckpoint(PARAMS, layers=2),
+)
+
+
+# --------------------------------------------------------------------------------------
+
+_PAIR = {"temp_bytes": "temp_ratio", "flops": "flops_ratio", "step_s": "time_ratio"}
+
+
+def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
+    """Each peer row beside each of our rows it is compared with (the peer's
+    `compared_with`): ratios ours / peer, and both losses."""
+    out = []
+    for p in rows:
+        for spec in p.get("compared_with", ()):
+            o = _ours(rows, p["group"]).get(spec)
+            if o is None:
+                continue
+            pair = {"group": p["group"], "ours": spec, "schedule": o["schedule"],
+                    "impl": p["impl"], "peer": f"{p['impl']} {p['checkpoint']}"}
+            for metric, key in _PAIR.items():
+                pair[key] = _ratio(o, p, metric)
+            if o.get("loss") is not None and p.get("loss") is not None:
+                diff = abs(o["loss"] - p["loss"])
+                pair |= {"loss_abs_diff": diff,
+                         "losses_equal": diff <= 1e-4 * max(1.0, abs(o["loss"]))}
+            out.append(pair)
+    return out
+
+
+def evaluate(rows: Rows, presets: dict[str, M.Preset]) -> list[dict[str, Any]]:
+    """Every target on every preset it applies to, in `TARGETS`' order."""
+    out = []
+    for t in TARGETS:
+        for name, preset in presets.items():
+            if not _selects(t.on, name, preset):
+                continue
+            if isinstance(t, EveryCheckpoint):
+                out += t.evaluate(rows, name, preset)
+            else:
+                out += t.evaluate(rows, name)
+    return out
