@@ -3,7 +3,7 @@ syntax, and the output (rich tables, progress, JSON + CSV + PNG).
 
 One convention for every script (`_common.parser`):
 
-    --out DIR            where results go (default: a fresh benchmarks/runs/<script>-<date>/)
+    --out DIR            where results go (default: benchmarks/runs/<script>-<date>/)
     --update-results     write into benchmarks/results/ (the committed results)
     --preset NAME ...    what to measure
     --checkpoint SPEC ...  in the syntax of `parse_checkpoint`
@@ -124,17 +124,9 @@ def _spec_type(spec: str) -> str:
     return spec
 
 
-_BYTES = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
 def parse_bytes(text: str) -> int:
-    """`"16GiB"`, `"512MiB"`, `"1.5GB"`, `"1000"` → bytes (binary units)."""
-    match = _BYTES.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"expected a size such as 16GiB or 512MiB. Got {text!r}.")
-    unit = (match.group(2) or "").upper()[:1]
-    return int(float(match.group(1)) * _UNITS[unit])
+    """`"16GiB"`, `"512MiB"`, `"1.5GB"`, `"1000"` → bytes: the library's parser."""
+    return er.parse_bytes(text, name="the size")
 
 
 def _target_type(text: str) -> str:
@@ -291,8 +283,10 @@ def parse_args(
     if args.deferred:
         there = {"tpu": _device._has_tpu, "cuda": _device._has_gpu}.get(args.platform)
         if args.device != "auto" and there is not None and not there():
-            p.error(f"--device {args.device}: no {args.platform} device here. Use "
-                    "--device auto to take what the machine has.")
+            p.error(
+                f"--device {args.device}: no {args.platform} device here. Use "
+                "--device auto to take what the machine has."
+            )
         set_main(not args.distributed)
     if args.update_results:
         args.out = RESULTS
@@ -333,7 +327,10 @@ def meta(
     device comes from a measured `row` when this process did not open it."""
     if args.deferred:
         row = row or {}
-        device = {"device": row.get("device_kind"), "device_count": row.get("device_count")}
+        device = {
+            "device": row.get("device_kind"),
+            "device_count": row.get("device_count"),
+        }
     else:
         device = {"device": _device.device_kind(), "device_count": jax.device_count()}
     return {
@@ -409,12 +406,7 @@ def write(
 
 
 def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if size == GiB else f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    return "n/a" if n is None else er.format_bytes(n)
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -462,8 +454,13 @@ class Console:
         """A context manager giving `step(description)`, one bar per run."""
         from contextlib import contextmanager
 
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress
-        from rich.progress import TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         @contextmanager
         def bar():

@@ -127,8 +127,8 @@ def select_device(
     except Exception as e:  # RuntimeError, or an AssertionError inside jax
         parser.error(
             f"--device {args.device}: no {platform} device could be initialised "
-            f"({(str(e) or type(e).__name__).splitlines()[0]}). Use --device auto to take what the "
-            "machine has."
+            f"({(str(e) or type(e).__name__).splitlines()[0]}). Use --device auto "
+            "to take what the machine has."
         )
     return platform
 

@@ -162,8 +162,11 @@ def compile_variant(
     """`(row, compiled, args)`: compiled memory and FLOPs; `compiled` is `None`
     when the variant does not fit (the row says why)."""
     row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "fits": True}
-    row |= {"device_kind": _device.device_kind(), "device_count": jax.device_count(),
-            "process_index": jax.process_index()}
+    row |= {
+        "device_kind": _device.device_kind(),
+        "device_count": jax.device_count(),
+        "process_index": jax.process_index(),
+    }
     fn, args = v.build()
     t0 = time.perf_counter()
     try:
@@ -252,9 +255,7 @@ def measure_isolated(
     return rows
 
 
-def worker(
-    v: Variant, *, repeats: int, limit: int | None, path: Path
-) -> None:
+def worker(v: Variant, *, repeats: int, limit: int | None, path: Path) -> None:
     """`--worker`: measure one variant (peak memory, median step, and on a TPU v5e
     the AOT estimate for this topology) and write its row to `path`."""
     (row,) = measure_here([v], repeats=repeats, limit=limit, step=lambda _: None)
@@ -317,8 +318,11 @@ def aot_beside(v: Variant) -> dict[str, Any]:
         aot = compile_aot(dataclasses.replace(v, build=_abstract(v, target)), target)
     except Exception as e:
         return {"aot_target": target, "aot_error": _first_line(e)}
-    return {"aot_target": target, "aot_temp_bytes": aot["temp_bytes"],
-            "aot_total_bytes": aot["total_bytes"]}
+    return {
+        "aot_target": target,
+        "aot_temp_bytes": aot["temp_bytes"],
+        "aot_total_bytes": aot["total_bytes"],
+    }
 
 
 def _abstract(v: Variant, target: str) -> Callable:
@@ -330,7 +334,9 @@ def _abstract(v: Variant, target: str) -> Callable:
 
         def spec(x):
             s = getattr(getattr(x, "sharding", None), "spec", P())
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
+            return jax.ShapeDtypeStruct(
+                x.shape, x.dtype, sharding=NamedSharding(mesh, s)
+            )
 
         return fn, jax.tree.map(spec, args)
 
@@ -347,12 +353,17 @@ def add_figures(rows: list[dict[str, Any]]) -> None:
     `device_kind`, `peak_bytes`, `step_s`, throughput, `mfu`, `hfu` (`None` where
     the backend cannot measure them)."""
     base = {
-        r["group"]: r for r in rows if r["impl"] == "eqx_remat" and r["checkpoint"] == "None"
+        r["group"]: r
+        for r in rows
+        if r["impl"] == "eqx_remat" and r["checkpoint"] == "None"
     }
     for r in rows:
         b = base.get(r["group"], {})
-        for key, out in (("temp_bytes", "temp_ratio"), ("flops", "flops_ratio"),
-                         ("step_s", "time_ratio")):
+        for key, out in (
+            ("temp_bytes", "temp_ratio"),
+            ("flops", "flops_ratio"),
+            ("step_s", "time_ratio"),
+        ):
             ok = r.get(key) is not None and b.get(key)
             r[out] = r[key] / b[key] if ok else None
         r.setdefault("peak_bytes", None)

@@ -127,13 +127,25 @@ class TransformerPreset(Preset):
     shard_params: bool = False
 
     CHECKPOINTS = (
-        "None", "everything", "dots", "dots_no_batch", "nothing", "every(2)",
-        "every(2, dots)", "nested(2)", "recursive()", "binomial(3)",
+        "None",
+        "everything",
+        "dots",
+        "dots_no_batch",
+        "nothing",
+        "every(2)",
+        "every(2, dots)",
+        "nested(2)",
+        "recursive()",
+        "binomial(3)",
     )
     QUICK = ("None", "dots")
     ACCELERATOR = ("offload_dots_no_batch",)
     PEER_POLICIES: ClassVar[tuple[str, ...]] = (
-        "None", "everything", "dots", "dots_no_batch", "nothing",
+        "None",
+        "everything",
+        "dots",
+        "dots_no_batch",
+        "nothing",
     )
 
     @property
@@ -154,8 +166,14 @@ class TransformerPreset(Preset):
 
     def make(self, checkpoint, key):
         return zoo.Transformer(
-            self.vocab, self.seq, self.d_model, self.heads, self.layers,
-            dtype=jnp.dtype(self.dtype), checkpoint=checkpoint, key=key,
+            self.vocab,
+            self.seq,
+            self.d_model,
+            self.heads,
+            self.layers,
+            dtype=jnp.dtype(self.dtype),
+            checkpoint=checkpoint,
+            key=key,
         )
 
     def inputs(self, *, abstract=False):
@@ -168,12 +186,20 @@ class TransformerPreset(Preset):
         return cross_entropy(jax.vmap(model)(tokens), tokens)
 
     def peers(self, *, quick, aot):
-        pols = ("dots",) if quick else ("None", "dots", "nothing") if aot else (
-            self.PEER_POLICIES
+        pols = (
+            ("dots",)
+            if quick
+            else ("None", "dots", "nothing")
+            if aot
+            else (self.PEER_POLICIES)
         )
         return tuple(
-            Peer(impl, spec, (spec,), functools.partial(
-                make, checkpoint=None if spec == "None" else spec))
+            Peer(
+                impl,
+                spec,
+                (spec,),
+                functools.partial(make, checkpoint=None if spec == "None" else spec),
+            )
             for impl, make in (
                 ("hand-written", handwritten_transformer),
                 ("flax", flax_transformer),
@@ -193,7 +219,12 @@ class ChainPreset(Preset):
     vmap: bool = True  # False: one example, no jax.vmap (batch must be 1)
 
     CHECKPOINTS = (
-        "None", "nothing", "every(sqrt)", "nested(2)", "nested(3)", "recursive()",
+        "None",
+        "nothing",
+        "every(sqrt)",
+        "nested(2)",
+        "nested(3)",
+        "recursive()",
         "binomial(log2)",
     )
     QUICK = ("None", "recursive()", "binomial(log2)")
@@ -210,7 +241,9 @@ class ChainPreset(Preset):
         )
 
     def make(self, checkpoint, key):
-        return zoo.ResidualChain(self.width, self.layers, checkpoint=checkpoint, key=key)
+        return zoo.ResidualChain(
+            self.width, self.layers, checkpoint=checkpoint, key=key
+        )
 
     def inputs(self, *, abstract=False):
         shape = (self.batch, self.width)
@@ -230,11 +263,19 @@ class ChainPreset(Preset):
         outer, inner = nested_split(self.layers)
         return (
             Peer("hand-written", "None", ("None",), plain_scan_chain),
-            Peer("hand-written", f"nested-scan({outer}x{inner})", ("nested(2)",),
-                 nested_scan_chain),
+            Peer(
+                "hand-written",
+                f"nested-scan({outer}x{inner})",
+                ("nested(2)",),
+                nested_scan_chain,
+            ),
         ) + tuple(
-            Peer("eqxi.scan", f"treeverse({s})", ("recursive()", f"binomial({s})"),
-                 functools.partial(treeverse_chain, checkpoints=s))
+            Peer(
+                "eqxi.scan",
+                f"treeverse({s})",
+                ("recursive()", f"binomial({s})"),
+                functools.partial(treeverse_chain, checkpoints=s),
+            )
             for s in (self.treeverse or (log2,))
         )
 
@@ -246,7 +287,12 @@ class MLPPreset(Preset):
     layers: int = 32
 
     CHECKPOINTS = (
-        "None", "dots", "nothing", "every(sqrt)", "nested(2)", "recursive()",
+        "None",
+        "dots",
+        "nothing",
+        "every(sqrt)",
+        "nested(2)",
+        "recursive()",
         "binomial(log2)",
     )
     QUICK = ("None", "recursive()")
@@ -263,7 +309,11 @@ class MLPPreset(Preset):
 
     def make(self, checkpoint, key):
         return zoo.MLP(
-            self.size, self.size, self.width, self.layers, checkpoint=checkpoint,
+            self.size,
+            self.size,
+            self.width,
+            self.layers,
+            checkpoint=checkpoint,
             key=key,
         )
 
@@ -276,21 +326,43 @@ class MLPPreset(Preset):
 
 # Every schedule and policy, for the parameter-dominated presets.
 ALL = (
-    "None", "dots", "nothing", "every(4)", "every(sqrt)", "nested(2)", "nested(3)",
-    "recursive()", "binomial(log2)",
+    "None",
+    "dots",
+    "nothing",
+    "every(4)",
+    "every(sqrt)",
+    "nested(2)",
+    "nested(3)",
+    "recursive()",
+    "binomial(log2)",
 )
 _V5E = (
-    "None", "dots", "dots_no_batch", "nothing", "every(2)", "nested(2)", "recursive()",
+    "None",
+    "dots",
+    "dots_no_batch",
+    "nothing",
+    "every(2)",
+    "nested(2)",
+    "recursive()",
 )
 
 
-def seed(batch: int = 4, d_model: int = 2048, layers: int = 24, seq: int = 2048,
-         **kw: Any) -> TransformerPreset:
+def seed(
+    batch: int = 4, d_model: int = 2048, layers: int = 24, seq: int = 2048, **kw: Any
+) -> TransformerPreset:
     """The seed claim's transformer: bf16, vocab 32000, head dim 128, FSDP;
     `batch` per device (32 on a v5e-8)."""
     return TransformerPreset(
-        batch, 32000, seq, d_model, d_model // 128, layers, "bfloat16", True,
-        per_device=True, **kw,
+        batch,
+        32000,
+        seq,
+        d_model,
+        d_model // 128,
+        layers,
+        "bfloat16",
+        True,
+        per_device=True,
+        **kw,
     )
 
 
@@ -463,7 +535,9 @@ def _flax_lm(preset: "TransformerPreset", d_ff: int, pol: Any) -> Any:
     dtype, heads = jnp.dtype(preset.dtype), preset.heads
 
     def norm(name):
-        return nn.LayerNorm(epsilon=1e-5, dtype=dtype, use_fast_variance=False, name=name)
+        return nn.LayerNorm(
+            epsilon=1e-5, dtype=dtype, use_fast_variance=False, name=name
+        )
 
     def dense(n, name, tag, x):
         return checkpoint_name(nn.Dense(n, dtype=dtype, name=name)(x), tag)
@@ -483,7 +557,9 @@ def _flax_lm(preset: "TransformerPreset", d_ff: int, pol: Any) -> Any:
 
     block = Block if pol is None else nn.remat(Block, policy=pol, prevent_cse=False)
     stack = nn.scan(
-        block, variable_axes={"params": 0}, split_rngs={"params": True},
+        block,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
         length=preset.layers,
     )
 
@@ -506,7 +582,9 @@ def _flax_params(a: dict[str, Any]) -> dict[str, Any]:
 
     def t(w):  # (out, in) -> (in, out)
         if isinstance(w, jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct((*w.shape[:-2], w.shape[-1], w.shape[-2]), w.dtype)
+            return jax.ShapeDtypeStruct(
+                (*w.shape[:-2], w.shape[-1], w.shape[-2]), w.dtype
+            )
         return jnp.swapaxes(w, -1, -2)
 
     bl = a["blocks"]

@@ -23,17 +23,31 @@ def _selects(on: Any, name: str, preset: M.Preset) -> bool:
 
 def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
     return {
-        r["checkpoint"]: r for r in rows if r["group"] == group and r["impl"] == "eqx_remat"
+        r["checkpoint"]: r
+        for r in rows
+        if r["group"] == group and r["impl"] == "eqx_remat"
     }
 
 
-def _verdict(name: str, group: str, metric: str, limit: float, value: float | None,
-             measured: str, why: str = "") -> dict[str, Any]:
+def _verdict(
+    name: str,
+    group: str,
+    metric: str,
+    limit: float,
+    value: float | None,
+    measured: str,
+    why: str = "",
+) -> dict[str, Any]:
     return {
-        "name": f"{group}: {name}", "target": name, "preset": group, "metric": metric,
-        "threshold": limit, "value": value,
+        "name": f"{group}: {name}",
+        "target": name,
+        "preset": group,
+        "metric": metric,
+        "threshold": limit,
+        "value": value,
         "met": None if value is None else bool(value <= limit),
-        "measured": measured if value is not None else "not measured here", "why": why,
+        "measured": measured if value is not None else "not measured here",
+        "why": why,
     }
 
 
@@ -58,8 +72,16 @@ class VsNone:
             return []  # not in this run
         x = _ratio(ours.get(self.checkpoint), ours.get("None"), self.metric)
         name = f"{self.checkpoint!r} {_PHRASE[self.metric]} <= {self.at_most:.2f}x None"
-        return [_verdict(name, group, self.metric, self.at_most, x,
-                         "" if x is None else f"{x:.3f}x")]
+        return [
+            _verdict(
+                name,
+                group,
+                self.metric,
+                self.at_most,
+                x,
+                "" if x is None else f"{x:.3f}x",
+            )
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,20 +97,31 @@ class VsPeer:
     why: str = ""
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
-        pairs = [p for p in peer_pairs(rows) if p["group"] == group
-                 and p["impl"] == self.impl
-                 and (self.schedule is None or p["schedule"] == self.schedule)]
+        pairs = [
+            p
+            for p in peer_pairs(rows)
+            if p["group"] == group
+            and p["impl"] == self.impl
+            and (self.schedule is None or p["schedule"] == self.schedule)
+        ]
         ratios = [p[_PAIR[self.metric]] for p in pairs]
         worst = None if not pairs or None in ratios else max(ratios)
         what = "every pair" if self.schedule is None else f"{self.schedule}"
-        name = (f"{_PHRASE[self.metric]} <= {self.at_most:.2f}x {self.impl} "
-                f"({what})")
+        name = f"{_PHRASE[self.metric]} <= {self.at_most:.2f}x {self.impl} ({what})"
         measured = ", ".join(
             f"{p['ours']} / {p['peer']} {p[_PAIR[self.metric]]:.3f}x"
-            for p in pairs if p[_PAIR[self.metric]] is not None
+            for p in pairs
+            if p[_PAIR[self.metric]] is not None
         )
-        return [_verdict(name, group, self.metric, self.at_most, worst, measured,
-                         self.why)] if pairs else []
+        return (
+            [
+                _verdict(
+                    name, group, self.metric, self.at_most, worst, measured, self.why
+                )
+            ]
+            if pairs
+            else []
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +136,11 @@ class EveryCheckpoint:
     def evaluate(self, rows: Rows, group: str, preset: M.Preset) -> list[dict]:
         ours = _ours(rows, group)
         base = ours.get("None", {}).get("temp_bytes")
-        others = [r for c, r in ours.items() if c not in self.skip
-                  and r.get("temp_bytes") is not None]
+        others = [
+            r
+            for c, r in ours.items()
+            if c not in self.skip and r.get("temp_bytes") is not None
+        ]
         if not base or not others:
             return []
         slack = self.layers * preset.layer_param_bytes()
@@ -112,14 +148,21 @@ class EveryCheckpoint:
         x = worst["temp_bytes"] / (base + slack)  # of what is allowed
         extra = f" + {self.layers} layers' parameters" if self.layers else ""
         name = f"every checkpoint's temp memory <= None's{extra}"
-        measured = (f"largest: {worst['checkpoint']} at "
-                    f"{worst['temp_bytes'] / base:.3f}x None"
-                    + (f", {x:.3f}x the allowance" if self.layers else ""))
+        measured = (
+            f"largest: {worst['checkpoint']} at "
+            f"{worst['temp_bytes'] / base:.3f}x None"
+            + (f", {x:.3f}x the allowance" if self.layers else "")
+        )
         return [_verdict(name, group, "temp_bytes", 1.0, x, measured)]
 
 
 NOISY = "CPU timings on a shared 2-core machine are noisy"
-PARAMS = ("chain-params", "chain-params-novmap", "chain-params-tiny", "chain-v5e-params")
+PARAMS = (
+    "chain-params",
+    "chain-params-novmap",
+    "chain-params-tiny",
+    "chain-v5e-params",
+)
 TARGETS = (
     VsNone(M.TransformerPreset, "dots", "temp_bytes", 0.60),
     VsNone(M.TransformerPreset, "nothing", "temp_bytes", 0.30),
@@ -151,14 +194,21 @@ def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
             o = _ours(rows, p["group"]).get(spec)
             if o is None:
                 continue
-            pair = {"group": p["group"], "ours": spec, "schedule": o["schedule"],
-                    "impl": p["impl"], "peer": f"{p['impl']} {p['checkpoint']}"}
+            pair = {
+                "group": p["group"],
+                "ours": spec,
+                "schedule": o["schedule"],
+                "impl": p["impl"],
+                "peer": f"{p['impl']} {p['checkpoint']}",
+            }
             for metric, key in _PAIR.items():
                 pair[key] = _ratio(o, p, metric)
             if o.get("loss") is not None and p.get("loss") is not None:
                 diff = abs(o["loss"] - p["loss"])
-                pair |= {"loss_abs_diff": diff,
-                         "losses_equal": diff <= 1e-4 * max(1.0, abs(o["loss"]))}
+                pair |= {
+                    "loss_abs_diff": diff,
+                    "losses_equal": diff <= 1e-4 * max(1.0, abs(o["loss"])),
+                }
             out.append(pair)
     return out
 

@@ -33,16 +33,24 @@ LIMIT = 1.5  # the target, for None and every policy
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
     positive = C._checked(C._positive, "positive integer")
-    p.add_argument("--layers", type=positive, nargs="+", default=[4, 64],
-                   help="depths to compare (default: %(default)s)")
-    p.add_argument("--d-model", type=positive, default=128, help="(default: %(default)s)")
+    p.add_argument(
+        "--layers",
+        type=positive,
+        nargs="+",
+        default=[4, 64],
+        help="depths to compare (default: %(default)s)",
+    )
+    p.add_argument(
+        "--d-model", type=positive, default=128, help="(default: %(default)s)"
+    )
     return p
 
 
 def seconds(preset: M.TransformerPreset, spec: str) -> float:
     jax.clear_caches()
-    fn, params = M.ours(preset, preset.build(abstract=True),
-                        C.parse_checkpoint(spec, preset.depth))
+    fn, params = M.ours(
+        preset, preset.build(abstract=True), C.parse_checkpoint(spec, preset.depth)
+    )
     t0 = time.perf_counter()
     jax.jit(fn).lower(params, preset.inputs(abstract=True)).compile()
     return time.perf_counter() - t0
@@ -56,8 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     seq, batch = (16, 2) if args.quick else (128, 4)
 
     def preset(n: int) -> M.TransformerPreset:
-        return M.TransformerPreset(batch, 256, seq, args.d_model,
-                                   max(1, args.d_model // 32), n)
+        return M.TransformerPreset(
+            batch, 256, seq, args.d_model, max(1, args.d_model // 32), n
+        )
 
     console, times, t0 = C.Console(), {}, time.perf_counter()
     with console.progress(args.repeats * len(specs) * len(args.layers)) as step:
@@ -67,34 +76,55 @@ def main(argv: list[str] | None = None) -> dict:
                     step(f"round {r + 1}: {spec}, {n} layers")
                     times.setdefault((spec, n), []).append(seconds(preset(n), spec))
     lo, hi = min(args.layers), max(args.layers)
-    rows = [{"checkpoint": s, "layers": n, "compile_s": statistics.median(ts),
-             "times_s": ts} for (s, n), ts in times.items()]
+    rows = [
+        {
+            "checkpoint": s,
+            "layers": n,
+            "compile_s": statistics.median(ts),
+            "times_s": ts,
+        }
+        for (s, n), ts in times.items()
+    ]
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in rows}
     ratios = {s: med[(s, hi)] / med[(s, lo)] for s in specs}
-    policies = {s: x for s, x in ratios.items()
-                if C.parse_checkpoint(s, hi) is None or isinstance(
-                    C.parse_checkpoint(s, hi), str)}
+    policies = {
+        s: x
+        for s, x in ratios.items()
+        if C.parse_checkpoint(s, hi) is None
+        or isinstance(C.parse_checkpoint(s, hi), str)
+    }
     data = {
-        "meta": C.meta(args, seconds=time.perf_counter() - t0,
-                       describe=preset(hi).describe().replace(f"{hi} layers", "N layers")),
+        "meta": C.meta(
+            args,
+            seconds=time.perf_counter() - t0,
+            describe=preset(hi).describe().replace(f"{hi} layers", "N layers"),
+        ),
         "rows": rows,
         "ratio_deepest_to_shallowest": ratios,
-        "targets": [{
-            "name": f"compile time at {hi} layers <= {LIMIT}x at {lo} layers (None and "
-            "every policy)", "metric": "compile_s", "threshold": LIMIT,
-            "value": max(policies.values(), default=None),
-            "met": all(x <= LIMIT for x in policies.values()) if policies else None,
-            "measured": ", ".join(f"{s} {x:.2f}x" for s, x in ratios.items()),
-            "why": "recursive/binomial trace O(log D) loops by design",
-        }],
+        "targets": [
+            {
+                "name": f"compile time at {hi} layers <= {LIMIT}x at {lo} layers "
+                "(None and every policy)",
+                "metric": "compile_s",
+                "threshold": LIMIT,
+                "value": max(policies.values(), default=None),
+                "met": all(x <= LIMIT for x in policies.values()) if policies else None,
+                "measured": ", ".join(f"{s} {x:.2f}x" for s, x in ratios.items()),
+                "why": "recursive/binomial trace O(log D) loops by design",
+            }
+        ],
     }
     stem = "compile_time" + ("_quick" if args.quick else "")
     path = C.write(args, stem, data, plot)
     console.print(data["meta"]["describe"])
-    console.table(f"Compile time, s (median) [{C.where_compiled(data)}]",
-                  ["checkpoint", *(f"{n} layers" for n in args.layers), f"{hi} / {lo}"],
-                  [[s, *(f"{med[(s, n)]:.2f}" for n in args.layers),
-                    C.fmt_ratio(ratios[s])] for s in specs])
+    console.table(
+        f"Compile time, s (median) [{C.where_compiled(data)}]",
+        ["checkpoint", *(f"{n} layers" for n in args.layers), f"{hi} / {lo}"],
+        [
+            [s, *(f"{med[(s, n)]:.2f}" for n in args.layers), C.fmt_ratio(ratios[s])]
+            for s in specs
+        ],
+    )
     t = data["targets"][0]
     console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")
     return data
@@ -104,8 +134,11 @@ def plot(data: dict, path: Path) -> None:
     pyplot = C.plt()
     fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
     for spec in dict.fromkeys(r["checkpoint"] for r in data["rows"]):
-        pts = sorted((r["layers"], r["compile_s"]) for r in data["rows"]
-                     if r["checkpoint"] == spec)
+        pts = sorted(
+            (r["layers"], r["compile_s"])
+            for r in data["rows"]
+            if r["checkpoint"] == spec
+        )
         ax.plot(*zip(*pts), marker="o", label=spec)
     ax.set(xscale="log", xlabel="layers", ylabel="trace + lower + compile (s, median)")
     ax.set_ylim(bottom=0)

@@ -27,26 +27,46 @@ import numpy as np
 from benchmarks import _common as C, _measure as X, _models as M
 
 
-CHECKPOINTS = ("None", "nothing", "every(sqrt)", "nested(2)", "nested(3)",
-               "recursive()", "binomial(log2)")
+CHECKPOINTS = (
+    "None",
+    "nothing",
+    "every(sqrt)",
+    "nested(2)",
+    "nested(3)",
+    "recursive()",
+    "binomial(log2)",
+)
 DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
     positive = C._checked(C._positive, "positive integer")
-    p.add_argument("--depths", type=positive, nargs="+", default=list(DEPTHS),
-                   help="depths D (default: %(default)s)")
+    p.add_argument(
+        "--depths",
+        type=positive,
+        nargs="+",
+        default=list(DEPTHS),
+        help="depths D (default: %(default)s)",
+    )
     p.add_argument("--width", type=positive, default=32, help="(default: %(default)s)")
     p.add_argument("--batch", type=positive, default=256, help="(default: %(default)s)")
-    p.add_argument("--no-peers", action="store_true", help="no treeverse (default: off)")
+    p.add_argument(
+        "--no-peers", action="store_true", help="no treeverse (default: off)"
+    )
     return p
 
 
 def one(preset: M.ChainPreset, spec: str | None, first: bool) -> dict:
     """Compile one variant (`spec=None`: the treeverse peer) from scratch."""
-    vs = X.variants("chain", preset, [spec] if spec else [], target=None,
-                    peers=spec is None, quick=False)
+    vs = X.variants(
+        "chain",
+        preset,
+        [spec] if spec else [],
+        target=None,
+        peers=spec is None,
+        quick=False,
+    )
     v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
     jax.clear_caches()
     if first:
@@ -56,13 +76,20 @@ def one(preset: M.ChainPreset, spec: str | None, first: bool) -> dict:
         t0 = time.perf_counter()
         jax.jit(fn).lower(*args).compile()
         row = {"compile_s": time.perf_counter() - t0}
-    return row | {"spec": spec or "treeverse(log2)", "depth": preset.depth,
-                  "impl": v.impl, "checkpoint": v.checkpoint}
+    return row | {
+        "spec": spec or "treeverse(log2)",
+        "depth": preset.depth,
+        "impl": v.impl,
+        "checkpoint": v.checkpoint,
+    }
 
 
 def slope(rows: list[dict], spec: str, lo: int) -> float | None:
-    pts = [(r["depth"], r["temp_bytes"]) for r in rows
-           if r["spec"] == spec and r["depth"] >= lo and r["temp_bytes"] > 0]
+    pts = [
+        (r["depth"], r["temp_bytes"])
+        for r in rows
+        if r["spec"] == spec and r["depth"] >= lo and r["temp_bytes"] > 0
+    ]
     if len(pts) < 2:
         return None
     return float(np.polyfit(*np.log(np.array(pts, dtype=float)).T, 1)[0])
@@ -72,8 +99,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = C.parse_args(_parser(), argv, "depth_scaling")
     if args.quick:
         args.depths, args.width, args.batch, args.repeats = [16, 64], 8, 2, 1
-    specs = list(args.checkpoint or (["None", "nested(2)", "recursive()"] if args.quick
-                                     else CHECKPOINTS))
+    specs = list(
+        args.checkpoint
+        or (["None", "nested(2)", "recursive()"] if args.quick else CHECKPOINTS)
+    )
     specs += [] if args.no_peers else [None]
     console, rows, t0 = C.Console(), {}, time.perf_counter()
     with console.progress(args.repeats * len(args.depths) * len(specs)) as step:
@@ -91,12 +120,17 @@ def main(argv: list[str] | None = None) -> dict:
     lo = sorted(args.depths)[len(args.depths) // 3]
     names = list(dict.fromkeys(r["spec"] for r in rows))
     data = {
-        "meta": C.meta(args, seconds=time.perf_counter() - t0,
-                       describe=f"zoo.ResidualChain width {args.width}, batch "
-                       f"{args.batch}, float32"),
+        "meta": C.meta(
+            args,
+            seconds=time.perf_counter() - t0,
+            describe=f"zoo.ResidualChain width {args.width}, batch "
+            f"{args.batch}, float32",
+        ),
         "rows": rows,
-        "memory_slopes": {"from_depth": lo, "slopes": {s: slope(rows, s, lo)
-                                                       for s in names}},
+        "memory_slopes": {
+            "from_depth": lo,
+            "slopes": {s: slope(rows, s, lo) for s in names},
+        },
     }
     stem = "depth_scaling" + ("_quick" if args.quick else "")
     path = C.write(args, stem, data, plot)
@@ -112,16 +146,41 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
     cols = ["checkpoint", *(f"D={d}" for d in depths)]
     console.print(data["meta"]["describe"])
     title = f"[{C.where_compiled(data)}]"
-    console.table(f"Temp memory vs depth {title}", [*cols, "slope"],
-                  [[s, *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
-                    "n/a" if slopes[s] is None else f"{slopes[s]:.2f}"] for s in names])
-    console.table(f"FLOPs vs None {title}", cols,
-                  [[s, *(C.fmt_ratio(by[(s, d)]["flops"] / by[("None", d)]["flops"]
-                                     if by[(s, d)]["flops"] and ("None", d) in by
-                                     else None) for d in depths)] for s in names])
-    console.table(f"Compile time, s (median) {title}", cols,
-                  [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)]
-                   for s in names])
+    console.table(
+        f"Temp memory vs depth {title}",
+        [*cols, "slope"],
+        [
+            [
+                s,
+                *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+                "n/a" if slopes[s] is None else f"{slopes[s]:.2f}",
+            ]
+            for s in names
+        ],
+    )
+    console.table(
+        f"FLOPs vs None {title}",
+        cols,
+        [
+            [
+                s,
+                *(
+                    C.fmt_ratio(
+                        by[(s, d)]["flops"] / by[("None", d)]["flops"]
+                        if by[(s, d)]["flops"] and ("None", d) in by
+                        else None
+                    )
+                    for d in depths
+                ),
+            ]
+            for s in names
+        ],
+    )
+    console.table(
+        f"Compile time, s (median) {title}",
+        cols,
+        [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in names],
+    )
 
 
 def plot(data: dict, path: Path) -> None:
@@ -131,14 +190,17 @@ def plot(data: dict, path: Path) -> None:
     for spec in dict.fromkeys(r["spec"] for r in data["rows"]):
         pts = sorted((r["depth"], r) for r in data["rows"] if r["spec"] == spec)
         ds = [d for d, _ in pts]
-        axes[0].loglog(ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o",
-                       label=spec)
+        axes[0].loglog(
+            ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o", label=spec
+        )
         fl = [(d, r["flops"]) for d, r in pts if r.get("flops")]
         if fl:
             axes[1].loglog(*zip(*fl), marker="o", label=spec)
         axes[2].semilogx(ds, [r["compile_s"] for _, r in pts], marker="o", label=spec)
-    for ax, label in zip(axes, ("compiled temp memory (MiB)", "FLOPs per step",
-                                "trace + lower + compile (s)")):
+    for ax, label in zip(
+        axes,
+        ("compiled temp memory (MiB)", "FLOPs per step", "trace + lower + compile (s)"),
+    ):
         ax.set(xlabel="depth D (layers)", ylabel=label)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)

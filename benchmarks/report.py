@@ -20,29 +20,66 @@ def provenance(data: dict) -> str:
     m = data["meta"]
     aot = str(m.get("target") or "").startswith("v5e")
     target = f", compiled for TPU {m['target']}, not run" if aot else ""
-    return (f"`{m['command']}` — {m['device']}{target}, {m['cpu_count']}-core host, "
-            f"jax {m['versions']['jax']}, {m['date']}")
+    return (
+        f"`{m['command']}` — {m['device']}{target}, {m['cpu_count']}-core host, "
+        f"jax {m['versions']['jax']}, {m['date']}"
+    )
 
 
 def sweep(data: dict) -> str:
-    cols = ["preset", "impl", "checkpoint", "temp", "vs None", "FLOPs vs None",
-            "time vs None", "peak (measured)", "MFU", "fits"]
-    rows = [[r["group"], r["impl"], f"`{r['checkpoint']}`",
-             C.fmt_bytes(r.get("temp_bytes")), C.fmt_ratio(r.get("temp_ratio")),
-             C.fmt_ratio(r.get("flops_ratio")), C.fmt_ratio(r.get("time_ratio")),
-             C.fmt_bytes(r.get("peak_bytes")), C.fmt_pct(r.get("mfu")),
-             "yes" if r.get("fits", True) else "no"] for r in data["rows"]]
+    cols = [
+        "preset",
+        "impl",
+        "checkpoint",
+        "temp",
+        "vs None",
+        "FLOPs vs None",
+        "time vs None",
+        "peak (measured)",
+        "MFU",
+        "fits",
+    ]
+    rows = [
+        [
+            r["group"],
+            r["impl"],
+            f"`{r['checkpoint']}`",
+            C.fmt_bytes(r.get("temp_bytes")),
+            C.fmt_ratio(r.get("temp_ratio")),
+            C.fmt_ratio(r.get("flops_ratio")),
+            C.fmt_ratio(r.get("time_ratio")),
+            C.fmt_bytes(r.get("peak_bytes")),
+            C.fmt_pct(r.get("mfu")),
+            "yes" if r.get("fits", True) else "no",
+        ]
+        for r in data["rows"]
+    ]
     presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
     return presets + "\n\n" + C.markdown_table(cols, rows)
 
 
 def peers(data: dict) -> str:
-    rows = [[p["group"], f"`{p['ours']}`", p["peer"], C.fmt_ratio(p["temp_ratio"]),
-             C.fmt_ratio(p["time_ratio"]),
-             "n/a" if "losses_equal" not in p else
-             f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})"]
-            for p in data.get("peers", [])]
-    cols = ["preset", "ours", "peer", "temp ours/peer", "time ours/peer", "losses equal"]
+    rows = [
+        [
+            p["group"],
+            f"`{p['ours']}`",
+            p["peer"],
+            C.fmt_ratio(p["temp_ratio"]),
+            C.fmt_ratio(p["time_ratio"]),
+            "n/a"
+            if "losses_equal" not in p
+            else f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})",
+        ]
+        for p in data.get("peers", [])
+    ]
+    cols = [
+        "preset",
+        "ours",
+        "peer",
+        "temp ours/peer",
+        "time ours/peer",
+        "losses equal",
+    ]
     return C.markdown_table(cols, rows) if rows else ""
 
 
@@ -55,15 +92,34 @@ def targets(data: dict) -> str:
 
 
 def seed(data: dict) -> str:
-    cols = ["config", "checkpoint", "temp / chip", "temp+args+out / chip", "fits",
-            "temp vs None", "FLOPs vs None", "peak (measured)", "step vs None"]
-    rows = [[r["group"], f"`{r['checkpoint']}`", C.fmt_bytes(r.get("temp_bytes")),
-             C.fmt_bytes(r.get("total_bytes")), "yes" if r["fits"] else "no",
-             C.fmt_ratio(r.get("temp_ratio")), C.fmt_ratio(r.get("flops_ratio")),
-             C.fmt_bytes(r.get("peak_bytes")), C.fmt_ratio(r.get("time_ratio"))]
-            for r in data["rows"]]
-    legend = "\n".join(f"- `{n}`: {p['describe']}, {p['topology']}"
-                       for n, p in data["presets"].items())
+    cols = [
+        "config",
+        "checkpoint",
+        "temp / chip",
+        "temp+args+out / chip",
+        "fits",
+        "temp vs None",
+        "FLOPs vs None",
+        "peak (measured)",
+        "step vs None",
+    ]
+    rows = [
+        [
+            r["group"],
+            f"`{r['checkpoint']}`",
+            C.fmt_bytes(r.get("temp_bytes")),
+            C.fmt_bytes(r.get("total_bytes")),
+            "yes" if r["fits"] else "no",
+            C.fmt_ratio(r.get("temp_ratio")),
+            C.fmt_ratio(r.get("flops_ratio")),
+            C.fmt_bytes(r.get("peak_bytes")),
+            C.fmt_ratio(r.get("time_ratio")),
+        ]
+        for r in data["rows"]
+    ]
+    legend = "\n".join(
+        f"- `{n}`: {p['describe']}, {p['topology']}" for n, p in data["presets"].items()
+    )
     return legend + "\n\n" + C.markdown_table(cols, rows) + "\n\n" + targets(data)
 
 
@@ -73,33 +129,64 @@ def depth(data: dict) -> str:
     specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
     slopes = data["memory_slopes"]["slopes"]
     cols = ["checkpoint", *(f"D={d}" for d in depths)]
-    mem = [[f"`{s}`", *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
-            C.fmt_ratio(slopes[s]).rstrip("x")] for s in specs]
-    comp = [[f"`{s}`", *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)]
-            for s in specs]
-    return (f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
-            f"from D = {data['memory_slopes']['from_depth']}:\n\n"
-            + C.markdown_table([*cols, "slope"], mem)
-            + "\n\nTrace + lower + compile, seconds (median):\n\n"
-            + C.markdown_table(cols, comp))
+    mem = [
+        [
+            f"`{s}`",
+            *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+            C.fmt_ratio(slopes[s]).rstrip("x"),
+        ]
+        for s in specs
+    ]
+    comp = [
+        [f"`{s}`", *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in specs
+    ]
+    return (
+        f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
+        f"from D = {data['memory_slopes']['from_depth']}:\n\n"
+        + C.markdown_table([*cols, "slope"], mem)
+        + "\n\nTrace + lower + compile, seconds (median):\n\n"
+        + C.markdown_table(cols, comp)
+    )
 
 
 def compile_time(data: dict) -> str:
     layers = sorted({r["layers"] for r in data["rows"]})
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in data["rows"]}
     specs = list(data["ratio_deepest_to_shallowest"])
-    rows = [[f"`{s}`", *(f"{med[(s, n)]:.2f}" for n in layers),
-             C.fmt_ratio(data["ratio_deepest_to_shallowest"][s])] for s in specs]
-    cols = ["checkpoint", *(f"{n} layers (s)" for n in layers),
-            f"{layers[-1]} / {layers[0]}"]
-    return (data["meta"]["describe"] + "\n\n" + C.markdown_table(cols, rows) + "\n\n"
-            + targets(data))
+    rows = [
+        [
+            f"`{s}`",
+            *(f"{med[(s, n)]:.2f}" for n in layers),
+            C.fmt_ratio(data["ratio_deepest_to_shallowest"][s]),
+        ]
+        for s in specs
+    ]
+    cols = [
+        "checkpoint",
+        *(f"{n} layers (s)" for n in layers),
+        f"{layers[-1]} / {layers[0]}",
+    ]
+    return (
+        data["meta"]["describe"]
+        + "\n\n"
+        + C.markdown_table(cols, rows)
+        + "\n\n"
+        + targets(data)
+    )
 
 
 def plan(data: dict) -> str:
-    rows = [[r["group"], "**→**" if r.get("chosen") else "", f"`{r['checkpoint']}`",
-             C.fmt_bytes(r.get("memory_bytes")), C.fmt_flops(r.get("flops")),
-             "yes" if r["fits"] else "no"] for r in data["rows"]]
+    rows = [
+        [
+            r["group"],
+            "**→**" if r.get("chosen") else "",
+            f"`{r['checkpoint']}`",
+            C.fmt_bytes(r.get("memory_bytes")),
+            C.fmt_flops(r.get("flops")),
+            "yes" if r["fits"] else "no",
+        ]
+        for r in data["rows"]
+    ]
     cols = ["preset", "", "checkpoint", "temp+args+out / chip", "FLOPs", "fits"]
     return C.markdown_table(cols, rows)
 
@@ -120,8 +207,11 @@ def _measured(ts: list[dict]) -> str:
     if len(values) < len(ts) or not values:
         return "; ".join(t["measured"] for t in ts)
     where = ts[0].get("preset", "") if len(ts) == 1 else f"{len(ts)} presets"
-    span = f"{min(values):.3f}x" if len(values) == 1 else (
-        f"{min(values):.3f}x – {max(values):.3f}x")
+    span = (
+        f"{min(values):.3f}x"
+        if len(values) == 1
+        else (f"{min(values):.3f}x – {max(values):.3f}x")
+    )
     return f"{span} ({where})" if where else span
 
 
@@ -142,16 +232,27 @@ def summary(results: Path) -> str:
             met = [t["met"] for t in ts if t["met"] is not None]
             verdict = "n/a" if not met else f"{sum(met)} of {len(met)}"
             rows.append([name, _measured(ts), verdict, mark])
-    return (C.markdown_table(["target", "measured", "met", "where"], rows) + "\n\n"
-            + "  \n".join(notes) + "\n")
+    return (
+        C.markdown_table(["target", "measured", "met", "where"], rows)
+        + "\n\n"
+        + "  \n".join(notes)
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, default=C.RESULTS,
-                   help="the directory of results files (default: benchmarks/results)")
-    p.add_argument("--no-write", action="store_true",
-                   help="only print; do not write summary.md (default: off)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=C.RESULTS,
+        help="the directory of results files (default: benchmarks/results)",
+    )
+    p.add_argument(
+        "--no-write",
+        action="store_true",
+        help="only print; do not write summary.md (default: off)",
+    )
     args = p.parse_args(argv)
     if not args.results.is_dir():
         p.error(f"--results {args.results}: no such directory.")

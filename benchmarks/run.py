@@ -15,7 +15,7 @@ are evaluated on the result (benchmarks/_targets.py).
     python benchmarks/run.py                  # the sweep, on this machine's device
     python benchmarks/run.py --quick          # tiny, end to end (tests)
     python benchmarks/run.py --preset v5e-fits v5e-tight    # real runs on a v5e host
-    python benchmarks/run.py --target v5e     # per-chip memory, TPU v5e, compiled, not run
+    python benchmarks/run.py --target v5e     # per-chip TPU v5e memory, compiled, not run
     python benchmarks/run.py --budget 16GiB --target v5e   # eqx_remat.plan's table
 """
 
@@ -48,8 +48,13 @@ def _isolate(args: argparse.Namespace) -> bool:
 
 def presets_of(args: argparse.Namespace) -> dict[str, M.Preset]:
     names = args.preset or (
-        M.QUICK if args.quick else M.V5E if args.target
-        else M.ACCELERATOR if args.platform != "cpu" else M.DEFAULT
+        M.QUICK
+        if args.quick
+        else M.V5E
+        if args.target
+        else M.ACCELERATOR
+        if args.platform != "cpu"
+        else M.DEFAULT
     )
     return {n: M.PRESETS[n] for n in names}
 
@@ -58,9 +63,17 @@ def all_variants(args: argparse.Namespace, presets: dict[str, M.Preset]) -> list
     accel = bool(args.target) or args.platform != "cpu"
     out = []
     for name, preset in presets.items():
-        specs = args.checkpoint or preset.checkpoints(quick=args.quick, accelerator=accel)
-        out += X.variants(name, preset, specs, target=args.target,
-                          peers=not args.no_peers, quick=args.quick)
+        specs = args.checkpoint or preset.checkpoints(
+            quick=args.quick, accelerator=accel
+        )
+        out += X.variants(
+            name,
+            preset,
+            specs,
+            target=args.target,
+            peers=not args.no_peers,
+            quick=args.quick,
+        )
     return out
 
 
@@ -77,8 +90,9 @@ def measure(args: argparse.Namespace, variants: list, console: C.Console) -> lis
             rows = X.measure_isolated(variants, argv=args.argv, step=step)
             C.set_main(rows[0].get("process_index", 0) == 0)
             return rows
-        return X.measure_here(variants, repeats=args.repeats,
-                              limit=args.memory_limit, step=step)
+        return X.measure_here(
+            variants, repeats=args.repeats, limit=args.memory_limit, step=step
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -102,26 +116,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     X.add_throughput(rows, presets)
     data = {
         "meta": C.meta(args, rows[0], seconds=time.perf_counter() - t0),
-        "presets": {n: {"type": type(p).__name__, "describe": p.describe(),
-                        **dataclasses.asdict(p)} for n, p in presets.items()},
+        "presets": {
+            n: {
+                "type": type(p).__name__,
+                "describe": p.describe(),
+                **dataclasses.asdict(p),
+            }
+            for n, p in presets.items()
+        },
         "rows": rows,
         "peers": T.peer_pairs(rows),
         "targets": T.evaluate(rows, presets),
     }
     tag = args.target or args.platform
-    stem = args.name or f"sweep-{tag.replace(':', '_')}" + ("-quick" if args.quick else "")
+    stem = args.name or f"sweep-{tag.replace(':', '_')}" + (
+        "-quick" if args.quick else ""
+    )
     path = C.write(args, stem, data, plot)
     show(console, data, C.where(args, data))
-    console.print(f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; "
-                  f"results in {path}")
+    console.print(
+        f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; results in {path}"
+    )
     return data
 
 
 # --------------------------------------------------------------------------------------
 # Tables and the plot.
 
-SWEEP = ("preset", "impl", "checkpoint", "temp", "vs None", "FLOPs", "vs None",
-         "step ms", "vs None", "peak (measured)", "throughput", "MFU", "HFU", "fits")
+SWEEP = (
+    "preset",
+    "impl",
+    "checkpoint",
+    "temp",
+    "vs None",
+    "FLOPs",
+    "vs None",
+    "step ms",
+    "vs None",
+    "peak (measured)",
+    "throughput",
+    "MFU",
+    "HFU",
+    "fits",
+)
 
 
 def sweep_rows(rows: list[dict]) -> list[list[str]]:
@@ -130,18 +167,29 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
         tput = r.get("tokens_per_s") or r.get("examples_per_s")
         unit = "tok/s" if "tokens_per_s" in r else "ex/s"
         step = r.get("step_s")
-        out.append([
-            r["group"], r["impl"], r["checkpoint"], C.fmt_bytes(r.get("temp_bytes")),
-            C.fmt_ratio(r.get("temp_ratio")), C.fmt_flops(r.get("flops")),
-            C.fmt_ratio(r.get("flops_ratio")),
-            "n/a" if step is None else f"{1e3 * step:.1f}", C.fmt_ratio(r.get("time_ratio")),
-            C.fmt_bytes(r.get("peak_bytes"))
-            + (f" (AOT {C.fmt_bytes(r['aot_total_bytes'])})" if r.get("aot_total_bytes")
-               else ""),
-            "n/a" if tput is None else f"{tput:.3g} {unit}",
-            C.fmt_pct(r.get("mfu")), C.fmt_pct(r.get("hfu")),
-            "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
-        ])
+        out.append(
+            [
+                r["group"],
+                r["impl"],
+                r["checkpoint"],
+                C.fmt_bytes(r.get("temp_bytes")),
+                C.fmt_ratio(r.get("temp_ratio")),
+                C.fmt_flops(r.get("flops")),
+                C.fmt_ratio(r.get("flops_ratio")),
+                "n/a" if step is None else f"{1e3 * step:.1f}",
+                C.fmt_ratio(r.get("time_ratio")),
+                C.fmt_bytes(r.get("peak_bytes"))
+                + (
+                    f" (AOT {C.fmt_bytes(r['aot_total_bytes'])})"
+                    if r.get("aot_total_bytes")
+                    else ""
+                ),
+                "n/a" if tput is None else f"{tput:.3g} {unit}",
+                C.fmt_pct(r.get("mfu")),
+                C.fmt_pct(r.get("hfu")),
+                "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
+            ]
+        )
     return out
 
 
@@ -155,15 +203,24 @@ def show(console: C.Console, data: dict, where: str) -> None:
         console.print(f"[bold]{n}[/]: {p['describe']}")
     console.table(f"Sweep [{where}]", SWEEP, sweep_rows(data["rows"]))
     if data["peers"]:
-        console.table("Against peers (same weights)",
-                      ("preset", "ours", "peer", "temp ours/peer", "time ours/peer",
-                       "loss Δ"),
-                      [(p["group"], p["ours"], p["peer"], C.fmt_ratio(p["temp_ratio"]),
-                        C.fmt_ratio(p["time_ratio"]),
-                        f"{p['loss_abs_diff']:.1e}" if "loss_abs_diff" in p else "n/a")
-                       for p in data["peers"]])
-    console.table("Targets", ("", "target", "measured", "note"),
-                  target_rows(data["targets"]))
+        console.table(
+            "Against peers (same weights)",
+            ("preset", "ours", "peer", "temp ours/peer", "time ours/peer", "loss Δ"),
+            [
+                (
+                    p["group"],
+                    p["ours"],
+                    p["peer"],
+                    C.fmt_ratio(p["temp_ratio"]),
+                    C.fmt_ratio(p["time_ratio"]),
+                    f"{p['loss_abs_diff']:.1e}" if "loss_abs_diff" in p else "n/a",
+                )
+                for p in data["peers"]
+            ],
+        )
+    console.table(
+        "Targets", ("", "target", "measured", "note"), target_rows(data["targets"])
+    )
 
 
 def plot(data: dict, path: Path) -> None:
@@ -173,20 +230,38 @@ def plot(data: dict, path: Path) -> None:
     groups = list(data["presets"])
     timed = any(r.get("time_ratio") is not None for r in data["rows"])
     cost = "time_ratio" if timed else "flops_ratio"
-    fig, axes = pyplot.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5),
-                                squeeze=False)
+    fig, axes = pyplot.subplots(
+        1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False
+    )
     for ax, g in zip(axes[0], groups):
-        rows = [r for r in data["rows"] if r["group"] == g
-                and r.get(cost) is not None and r.get("temp_bytes")]
+        rows = [
+            r
+            for r in data["rows"]
+            if r["group"] == g and r.get(cost) is not None and r.get("temp_bytes")
+        ]
         for impl in dict.fromkeys(r["impl"] for r in rows):
             pts = [r for r in rows if r["impl"] == impl]
-            ax.scatter([r[cost] for r in pts], [r["temp_bytes"] / C.MiB for r in pts],
-                       label=impl, s=40, alpha=0.8)
+            ax.scatter(
+                [r[cost] for r in pts],
+                [r["temp_bytes"] / C.MiB for r in pts],
+                label=impl,
+                s=40,
+                alpha=0.8,
+            )
             for r in pts if impl == "eqx_remat" else ():
-                ax.annotate(r["checkpoint"], (r[cost], r["temp_bytes"] / C.MiB),
-                            fontsize=7, xytext=(4, 3), textcoords="offset points")
-        ax.set(xlabel=f"{cost.replace('_', ' ')} (vs None)", yscale="log",
-               ylabel="compiled temp memory (MiB)", title=g)
+                ax.annotate(
+                    r["checkpoint"],
+                    (r[cost], r["temp_bytes"] / C.MiB),
+                    fontsize=7,
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                )
+        ax.set(
+            xlabel=f"{cost.replace('_', ' ')} (vs None)",
+            yscale="log",
+            ylabel="compiled temp memory (MiB)",
+            title=g,
+        )
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -213,14 +288,28 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
     cands = None
     if args.checkpoint:
         cands = [C.parse_checkpoint(s, preset.depth) for s in args.checkpoint]
-    res = er.plan(eqx.filter_grad(preset.loss), model, batch, budget_bytes=args.budget,
-                  target=args.target, candidates=cands)
+    res = er.plan(
+        eqx.filter_grad(preset.loss),
+        model,
+        batch,
+        budget_bytes=args.budget,
+        target=args.target,
+        candidates=cands,
+    )
     chosen = C.checkpoint_label(res.checkpoint)
-    return [{"group": name, "checkpoint": C.checkpoint_label(e.checkpoint),
-             "memory_bytes": e.memory_bytes, "flops": e.flops, "fits": e.fits,
-             "chosen": C.checkpoint_label(e.checkpoint) == chosen,
-             "budget_bytes": res.budget_bytes, "target": res.target}
-            for e in res.table]
+    return [
+        {
+            "group": name,
+            "checkpoint": C.checkpoint_label(e.checkpoint),
+            "memory_bytes": e.memory_bytes,
+            "flops": e.flops,
+            "fits": e.fits,
+            "chosen": C.checkpoint_label(e.checkpoint) == chosen,
+            "budget_bytes": res.budget_bytes,
+            "target": res.target,
+        }
+        for e in res.table
+    ]
 
 
 def plan_mode(args: argparse.Namespace, presets: dict, console: C.Console) -> dict:
@@ -232,17 +321,36 @@ def plan_mode(args: argparse.Namespace, presets: dict, console: C.Console) -> di
             try:
                 rows += plan_one(args, name, preset)
             except ValueError as e:  # nothing fits
-                rows.append({"group": name, "checkpoint": None, "fits": False,
-                             "error": str(e).splitlines()[0]})
-    data = {"meta": C.meta(args), "rows": rows,
-            "presets": {n: p.describe() for n, p in presets.items()}}
+                rows.append(
+                    {
+                        "group": name,
+                        "checkpoint": None,
+                        "fits": False,
+                        "error": str(e).splitlines()[0],
+                    }
+                )
+    data = {
+        "meta": C.meta(args),
+        "rows": rows,
+        "presets": {n: p.describe() for n, p in presets.items()},
+    }
     stem = f"plan-{(args.target or args.platform).replace(':', '_')}"
     path = C.write(args, stem, data, plot_plan)
-    console.table(f"Plan, budget {C.fmt_bytes(args.budget)} [{C.where(args, data)}]",
-                  ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
-                  [(r["group"], "→" if r.get("chosen") else "", r["checkpoint"],
-                    C.fmt_bytes(r.get("memory_bytes")), C.fmt_flops(r.get("flops")),
-                    "yes" if r["fits"] else "no") for r in rows])
+    console.table(
+        f"Plan, budget {C.fmt_bytes(args.budget)} [{C.where(args, data)}]",
+        ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
+        [
+            (
+                r["group"],
+                "→" if r.get("chosen") else "",
+                r["checkpoint"],
+                C.fmt_bytes(r.get("memory_bytes")),
+                C.fmt_flops(r.get("flops")),
+                "yes" if r["fits"] else "no",
+            )
+            for r in rows
+        ],
+    )
     console.print(f"results in {path}")
     return data
 
@@ -253,11 +361,13 @@ def plot_plan(data: dict, path: Path) -> None:
     rows = [r for r in data["rows"] if r.get("memory_bytes")]
     for g in dict.fromkeys(r["group"] for r in rows):
         pts = [r for r in rows if r["group"] == g]
-        ax.scatter([r["flops"] for r in pts], [r["memory_bytes"] / C.MiB for r in pts],
-                   label=g)
+        ax.scatter(
+            [r["flops"] for r in pts], [r["memory_bytes"] / C.MiB for r in pts], label=g
+        )
         for r in pts:
-            ax.annotate(r["checkpoint"], (r["flops"], r["memory_bytes"] / C.MiB),
-                        fontsize=7)
+            ax.annotate(
+                r["checkpoint"], (r["flops"], r["memory_bytes"] / C.MiB), fontsize=7
+            )
     ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -37,10 +37,18 @@ from benchmarks._device import resolve_device
 from benchmarks.run import measure
 
 
-def _config(batch=32, topology="v5e:2x4", d_model=2048, layers=24, seq=2048,
-            fsdp=True, vocab=32000) -> tuple[M.TransformerPreset, str]:
-    preset = M.TransformerPreset(batch, vocab, seq, d_model, max(1, d_model // 128),
-                                 layers, "bfloat16", fsdp)
+def _config(
+    batch=32,
+    topology="v5e:2x4",
+    d_model=2048,
+    layers=24,
+    seq=2048,
+    fsdp=True,
+    vocab=32000,
+) -> tuple[M.TransformerPreset, str]:
+    preset = M.TransformerPreset(
+        batch, vocab, seq, d_model, max(1, d_model // 128), layers, "bfloat16", fsdp
+    )
     return preset, topology
 
 
@@ -57,17 +65,31 @@ GRID = {
 QUICK = {"tiny": _config(8, "v5e:2x2", 256, 2, 256, vocab=512)}
 POLICIES = ("None", "dots", "nothing")
 BASE_POLICIES = ("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch")
-REAL = ("None", "everything", "dots", "dots_no_batch", "nothing",
-        "offload_dots_no_batch", "every(4, dots_no_batch)", "recursive()")
+REAL = (
+    "None",
+    "everything",
+    "dots",
+    "dots_no_batch",
+    "nothing",
+    "offload_dots_no_batch",
+    "every(4, dots_no_batch)",
+    "recursive()",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, presets=list(GRID), target=False, runs=True)
-    p.add_argument("--run", action="store_true",
-                   help="run the seed setting on this machine's device, even a CPU "
-                   "(default: only on a TPU or GPU)")
-    p.add_argument("--fresh", action="store_true",
-                   help="do not resume the rows already in the output (default: off)")
+    p.add_argument(
+        "--run",
+        action="store_true",
+        help="run the seed setting on this machine's device, even a CPU "
+        "(default: only on a TPU or GPU)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="do not resume the rows already in the output (default: off)",
+    )
     return p
 
 
@@ -78,18 +100,29 @@ def _real(args: argparse.Namespace) -> bool:
 def aot(args, grid, console) -> list[dict]:
     """Compile each config for its v5e topology; resume rows already written."""
     path = args.out / "seed_claim.json"
-    old = [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
+    old = (
+        [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
+    )
     done = {(r["group"], r["checkpoint"]) for r in old if "group" in r}
     rows = [r for r in old if "group" in r]
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
-        for v in X.variants(name, preset, [s for s in specs if (name, s) not in done],
-                            target=topology, peers=False, quick=False):
-            console.print(f"[bold]{name}[/] ({preset.describe()}, {topology}): "
-                          f"{v.checkpoint} ...")
+        for v in X.variants(
+            name,
+            preset,
+            [s for s in specs if (name, s) not in done],
+            target=topology,
+            peers=False,
+            quick=False,
+        ):
+            console.print(
+                f"[bold]{name}[/] ({preset.describe()}, {topology}): {v.checkpoint} ..."
+            )
             rows.append(X.compile_aot(v, topology))
-            console.print(f"    temp {C.fmt_bytes(rows[-1]['temp_bytes'])}/chip, "
-                          f"fits: {rows[-1]['fits']}")
+            console.print(
+                f"    temp {C.fmt_bytes(rows[-1]['temp_bytes'])}/chip, "
+                f"fits: {rows[-1]['fits']}"
+            )
             if C.is_main():
                 C.write_json(path, {"rows": rows})
     return rows
@@ -106,12 +139,17 @@ def main(argv: list[str] | None = None) -> dict:
     if _real(args):
         name = "base" if "base" in grid else next(iter(grid))
         preset = grid[name][0]
-        variants = X.variants(name, preset, args.checkpoint or REAL, target=None,
-                              peers=False, quick=False)
+        variants = X.variants(
+            name, preset, args.checkpoint or REAL, target=None, peers=False, quick=False
+        )
         if args.worker:
             i, path = int(args.worker[0]), Path(args.worker[1])
-            X.worker(variants[int(i)], repeats=args.repeats, limit=args.memory_limit,
-                     path=path)
+            X.worker(
+                variants[int(i)],
+                repeats=args.repeats,
+                limit=args.memory_limit,
+                path=path,
+            )
             return {}
         rows, presets = measure(args, variants, console), {name: preset}
     else:
@@ -121,13 +159,22 @@ def main(argv: list[str] | None = None) -> dict:
     data = {
         "meta": C.meta(args, rows[0], seconds=time.perf_counter() - t0),
         "claim": __doc__.split("\n\n")[1],
-        "presets": {n: {"describe": p.describe(),
-                        "topology": "this machine" if _real(args) else grid[n][1],
-                        **dataclasses.asdict(p)} for n, p in presets.items()},
+        "presets": {
+            n: {
+                "describe": p.describe(),
+                "topology": "this machine" if _real(args) else grid[n][1],
+                **dataclasses.asdict(p),
+            }
+            for n, p in presets.items()
+        },
         "rows": rows,
         "targets": T.evaluate(rows, presets),
     }
-    stem = "seed_claim" + ("_quick" if args.quick else "") + ("_run" if _real(args) else "")
+    stem = (
+        "seed_claim"
+        + ("_quick" if args.quick else "")
+        + ("_run" if _real(args) else "")
+    )
     path = C.write(args, stem, data, plot)
     show(console, data, _real(args))
     console.print(f"results in {path}")
@@ -135,28 +182,55 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def show(console: C.Console, data: dict, real: bool) -> None:
-    where = (f"{data['meta']['device']}, run" if real
-             else "TPU v5e per chip, compiled, not run")
-    cols = ["config", "checkpoint", "temp/chip", "temp+args+out/chip", "fits",
-            "temp vs None", "FLOPs vs None"]
+    where = (
+        f"{data['meta']['device']}, run"
+        if real
+        else "TPU v5e per chip, compiled, not run"
+    )
+    cols = [
+        "config",
+        "checkpoint",
+        "temp/chip",
+        "temp+args+out/chip",
+        "fits",
+        "temp vs None",
+        "FLOPs vs None",
+    ]
     cols += ["peak (measured)", "AOT estimate", "step vs None", "MFU"] if real else []
     out = []
     for r in data["rows"]:
-        cells = [r["group"], r["checkpoint"], C.fmt_bytes(r.get("temp_bytes")),
-                 C.fmt_bytes(r.get("total_bytes")),
-                 "yes" if r["fits"] else f"no {r.get('error', '')[:50]}",
-                 C.fmt_ratio(r.get("temp_ratio")), C.fmt_ratio(r.get("flops_ratio"))]
+        cells = [
+            r["group"],
+            r["checkpoint"],
+            C.fmt_bytes(r.get("temp_bytes")),
+            C.fmt_bytes(r.get("total_bytes")),
+            "yes" if r["fits"] else f"no {r.get('error', '')[:50]}",
+            C.fmt_ratio(r.get("temp_ratio")),
+            C.fmt_ratio(r.get("flops_ratio")),
+        ]
         if real:
-            cells += [C.fmt_bytes(r.get("peak_bytes")),
-                      C.fmt_bytes(r.get("aot_total_bytes")),
-                      C.fmt_ratio(r.get("time_ratio")), C.fmt_pct(r.get("mfu"))]
+            cells += [
+                C.fmt_bytes(r.get("peak_bytes")),
+                C.fmt_bytes(r.get("aot_total_bytes")),
+                C.fmt_ratio(r.get("time_ratio")),
+                C.fmt_pct(r.get("mfu")),
+            ]
         out.append(cells)
     console.table(f"Seed claim [{where}]", cols, out)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
-    console.table("Targets", ("", "target", "measured"),
-                  [({True: "met", False: "NOT met", None: "n/a"}[t["met"]], t["name"],
-                    t["measured"]) for t in data["targets"]])
+    console.table(
+        "Targets",
+        ("", "target", "measured"),
+        [
+            (
+                {True: "met", False: "NOT met", None: "n/a"}[t["met"]],
+                t["name"],
+                t["measured"],
+            )
+            for t in data["targets"]
+        ],
+    )
 
 
 def plot(data: dict, path: Path) -> None:
@@ -169,8 +243,12 @@ def plot(data: dict, path: Path) -> None:
     width = 0.8 / max(1, len(specs))
     for j, s in enumerate(specs):
         pts = [(configs.index(r["group"]), r) for r in rows if r["checkpoint"] == s]
-        bars = ax.bar([i + j * width for i, _ in pts],
-                      [r["temp_bytes"] / C.GiB for _, r in pts], width, label=s)
+        bars = ax.bar(
+            [i + j * width for i, _ in pts],
+            [r["temp_bytes"] / C.GiB for _, r in pts],
+            width,
+            label=s,
+        )
         for b, (_, r) in zip(bars, pts):
             b.set_hatch("" if r["fits"] else "//")
     ax.axhline(16, color="k", ls="--", lw=1, label="16 GiB (one v5e chip)")

@@ -93,16 +93,7 @@ from rich.progress import (
 import eqx_remat
 import zoo
 from benchmarks import _device
-
-
-# `benchmarks._common` still sets JAX_PLATFORMS=cpu when imported; `--device` must
-# see only what the user set, so undo that (select_device sets the platform).
-_user_platforms = os.environ.get("JAX_PLATFORMS")
-from benchmarks._common import parse_checkpoint  # noqa: E402
-
-
-if _user_platforms is None:
-    os.environ.pop("JAX_PLATFORMS", None)
+from benchmarks._common import parse_checkpoint
 
 
 VOCAB_SIZE = 256  # bytes

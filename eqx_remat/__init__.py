@@ -20,6 +20,7 @@ from ._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
+    parse_bytes as parse_bytes,
     plan as plan,
 )
 from ._policies import (
@@ -41,6 +42,7 @@ from ._schedules import (
     nested as nested,
     recursive as recursive,
 )
+from ._util import format_bytes as format_bytes
 from ._validate import (
     check_checkpoint as check_checkpoint,
     check_int as check_int,
@@ -68,7 +70,9 @@ __all__ = [
     "every",
     "memory_report",
     "nested",
+    "format_bytes",
     "offload_names",
+    "parse_bytes",
     "plan",
     "policy",
     "print_residuals",

@@ -121,9 +121,24 @@ _BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
 
 
 def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
-    """A number of bytes from an `int` or a string such as `"16GiB"`, `"512 MiB"`,
-    `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
-    `KB`/`MB`/`GB`/`TB`, case-insensitive). Raises `ValueError` naming `name`."""
+    """A number of bytes from an integer or a string: the parser behind
+    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
+
+    **Arguments:**
+
+    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
+      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
+      `KB`/`MB`/`GB`/`TB`, case-insensitive).
+    - `name`: what to call the value in an error message.
+
+    **Returns:**
+
+    The number of bytes, an `int`.
+
+    **Raises:**
+
+    `ValueError` naming `name`, with examples of what is accepted.
+    """
     if not isinstance(value, str):
         try:
             return check_int("plan", name, value, 0)

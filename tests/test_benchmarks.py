@@ -32,7 +32,11 @@ def run(script: str, *args: str, rc: int = 0, env: dict | None = None):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"} if env is None else env
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), *args],
-        env=env, capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     assert proc.returncode == rc, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
@@ -63,14 +67,26 @@ def test_run_quick(tmp_path):
     # Same architecture and weights: every peer's loss equals ours.
     assert data["peers"] and all(p["losses_equal"] for p in data["peers"])
     names = [t["name"] for t in data["targets"]]
-    assert any("2 layers' parameters" in n for n in names)  # the parameter-dominated one
+    assert any(
+        "2 layers' parameters" in n for n in names
+    )  # the parameter-dominated one
     assert all({"met", "threshold", "measured"} <= set(t) for t in data["targets"])
     assert "Targets" in stdout and "n/a" in stdout
 
 
 def test_variant_that_does_not_fit_is_a_row(tmp_path):
-    args = ["--preset", "chain-tiny", "--checkpoint", "None", "recursive()",
-            "--no-peers", "--memory-limit", "1KiB", "--out", str(tmp_path)]
+    args = [
+        "--preset",
+        "chain-tiny",
+        "--checkpoint",
+        "None",
+        "recursive()",
+        "--no-peers",
+        "--memory-limit",
+        "1KiB",
+        "--out",
+        str(tmp_path),
+    ]
     stdout = run("run.py", *args).stdout
     rows = json.loads((tmp_path / "sweep-cpu.json").read_text())["rows"]
     assert [r["fits"] for r in rows] == [False, False]
@@ -80,12 +96,24 @@ def test_variant_that_does_not_fit_is_a_row(tmp_path):
 
 def test_each_variant_in_its_own_process(tmp_path):
     """What runs on an accelerator (one process per variant), run on the CPU."""
-    args = ["--preset", "chain-tiny", "--checkpoint", "None", "recursive()",
-            "--no-peers", "--isolate", "always", "--repeats", "1"]
+    args = [
+        "--preset",
+        "chain-tiny",
+        "--checkpoint",
+        "None",
+        "recursive()",
+        "--no-peers",
+        "--isolate",
+        "always",
+        "--repeats",
+        "1",
+    ]
     run("run.py", *args, "--out", str(tmp_path))
     rows = json.loads((tmp_path / "sweep-cpu.json").read_text())["rows"]
     assert [r["checkpoint"] for r in rows] == ["None", "recursive()"]
-    assert all(r["fits"] and r["step_s"] > 0 and r["device_kind"] == "cpu" for r in rows)
+    assert all(
+        r["fits"] and r["step_s"] > 0 and r["device_kind"] == "cpu" for r in rows
+    )
 
 
 def test_seed_claim_run_mode_on_cpu(tmp_path):
@@ -112,8 +140,18 @@ def test_seed_claim_run_mode_on_cpu(tmp_path):
         ("depth_scaling.py", ["--depths", "0"], "expected a positive integer"),
         ("compile_time.py", ["--checkpoint", "nested(two)"], "expected an integer"),
     ],
-    ids=["repeats", "budget", "spec-arg", "spec-name", "target", "preset", "device",
-         "seed-repeats", "depths", "compile-spec"],
+    ids=[
+        "repeats",
+        "budget",
+        "spec-arg",
+        "spec-name",
+        "target",
+        "preset",
+        "device",
+        "seed-repeats",
+        "depths",
+        "compile-spec",
+    ],
 )
 def test_bad_flags_exit_2_before_any_work(tmp_path, script, args, message):
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
@@ -131,8 +169,14 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
         "args = C.parse_args(C.parser('x'), ['--device', 'auto'], 'x')\n"
         "import jax; print(jax.default_backend(), args.platform)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["cpu", "cpu"]
     for noise in ("TPU", "libtpu", "accelerator type", "worker hostname"):
@@ -202,8 +246,9 @@ def test_depth_scaling_quick(tmp_path):
     run("depth_scaling.py", "--quick", "--out", str(tmp_path))
     data = check_files(tmp_path, "depth_scaling_quick")
     assert {r["depth"] for r in data["rows"]} == {16, 64}
-    assert all({"spec", "temp_bytes", "flops", "compile_s"} <= set(r)
-               for r in data["rows"])
+    assert all(
+        {"spec", "temp_bytes", "flops", "compile_s"} <= set(r) for r in data["rows"]
+    )
     assert "recursive()" in data["memory_slopes"]["slopes"]
 
 
@@ -211,7 +256,8 @@ def test_compile_time_quick(tmp_path):
     run("compile_time.py", "--quick", "--out", str(tmp_path))
     data = check_files(tmp_path, "compile_time_quick")
     assert {(r["checkpoint"], r["layers"]) for r in data["rows"]} == {
-        ("None", 2), ("None", 8)
+        ("None", 2),
+        ("None", 8),
     }
     assert data["targets"][0]["met"] in (True, False)
 
@@ -221,15 +267,18 @@ def test_compile_time_quick(tmp_path):
 def test_seed_claim_quick_aot(tmp_path):
     run("seed_claim.py", "--quick", "--out", str(tmp_path))
     data = check_files(tmp_path, "seed_claim_quick")
-    assert all({"temp_bytes", "fits", "temp_ratio", "flops_ratio"} <= set(r)
-               for r in data["rows"])
+    assert all(
+        {"temp_bytes", "fits", "temp_ratio", "flops_ratio"} <= set(r)
+        for r in data["rows"]
+    )
 
 
 @pytest.mark.slow
 @needs_libtpu
 def test_run_quick_v5e(tmp_path):
-    stdout = run("run.py", "--quick", "--target", "v5e", "--no-peers",
-                 "--out", str(tmp_path)).stdout
+    stdout = run(
+        "run.py", "--quick", "--target", "v5e", "--no-peers", "--out", str(tmp_path)
+    ).stdout
     data = check_files(tmp_path, "sweep-v5e-quick")
     assert all(r["target"] == "v5e" and r["step_s"] is None for r in data["rows"])
     assert "compiled, not run" in stdout
@@ -237,8 +286,17 @@ def test_run_quick_v5e(tmp_path):
 
 @pytest.mark.slow
 def test_run_budget_quick(tmp_path):
-    args = ["--preset", "chain-tiny", "--budget", "1MiB", "--checkpoint", "None",
-            "recursive()", "--out", str(tmp_path)]
+    args = [
+        "--preset",
+        "chain-tiny",
+        "--budget",
+        "1MiB",
+        "--checkpoint",
+        "None",
+        "recursive()",
+        "--out",
+        str(tmp_path),
+    ]
     run("run.py", *args)
     rows = json.loads((tmp_path / "plan-cpu.json").read_text())["rows"]
     assert {r["checkpoint"] for r in rows} == {"None", "recursive()"}
