@@ -15,7 +15,7 @@ are evaluated on the result (benchmarks/_targets.py).
     python benchmarks/run.py                  # the sweep, on this machine's device
     python benchmarks/run.py --quick          # tiny, end to end (tests)
     python benchmarks/run.py --preset v5e-fits v5e-tight    # real runs on a v5e host
-    python benchmarks/run.py --target v5e     # per-chip TPU v5e memory, compiled, not run
+    python benchmarks/run.py --target v5e     # per-chip v5e memory, compiled, not run
     python benchmarks/run.py --budget 16GiB --target v5e   # eqx_remat.plan's table
 """
 
