@@ -130,7 +130,7 @@ def test_seed_claim_run_mode_on_cpu(tmp_path):
     "script, args, message",
     [
         ("run.py", ["--repeats", "-1"], "expected a positive integer"),
-        ("run.py", ["--budget", "16XB"], "expected a size"),
+        ("run.py", ["--budget", "16XB"], "such as '16GiB'"),
         ("run.py", ["--checkpoint", "every(x)"], "expected an integer"),
         ("run.py", ["--checkpoint", "dot"], "every(k[, policy])"),
         ("run.py", ["--target", "v6e"], "v5e:AxB"),
