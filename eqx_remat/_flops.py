@@ -165,6 +165,7 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
         _count_jaxpr(jaxpr, acc, 1, known)
     finally:
         _CONTROL_CACHE.clear()
+        _MEMO.clear()
     return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
 
 
@@ -447,9 +448,57 @@ def _is_small_int(x: Any) -> bool:
     return x.dtype.kind in "biu" and x.size <= _KNOWN_MAX_SIZE
 
 
+def _dynamic_slice(x, *idx, slice_sizes):
+    starts = [int(np.clip(i, 0, d - n)) for i, d, n in zip(idx, x.shape, slice_sizes)]
+    return x[tuple(slice(a, a + n) for a, n in zip(starts, slice_sizes))]
+
+
+# NumPy versions of the common integer operations (an eager JAX op costs ~100x
+# more, and counting a deep schedule evaluates thousands of them).
+_NUMPY: dict[str, Callable[..., Any]] = {
+    "add": lambda a, b, **_: a + b,
+    "sub": lambda a, b, **_: a - b,
+    "mul": lambda a, b, **_: a * b,
+    "max": lambda a, b, **_: np.maximum(a, b),
+    "min": lambda a, b, **_: np.minimum(a, b),
+    "neg": lambda a, **_: -a,
+    "eq": lambda a, b, **_: a == b,
+    "ne": lambda a, b, **_: a != b,
+    "lt": lambda a, b, **_: a < b,
+    "le": lambda a, b, **_: a <= b,
+    "gt": lambda a, b, **_: a > b,
+    "ge": lambda a, b, **_: a >= b,
+    "and": lambda a, b, **_: a & b,
+    "or": lambda a, b, **_: a | b,
+    "not": lambda a, **_: ~a,
+    "shift_left": lambda a, b, **_: a << b,
+    "shift_right_arithmetic": lambda a, b, **_: a >> b,
+    "convert_element_type": lambda a, new_dtype, **_: a.astype(new_dtype),
+    "select_n": lambda w, *cases, **_: np.choose(w.astype(np.int64), cases),
+    "clamp": lambda lo, x, hi, **_: np.clip(x, lo, hi),
+    "squeeze": lambda a, dimensions, **_: np.squeeze(a, tuple(dimensions)),
+    "reshape": lambda a, new_sizes, **_: np.reshape(a, new_sizes),
+    "broadcast_in_dim": lambda a, shape, broadcast_dimensions, **_: np.broadcast_to(
+        np.expand_dims(
+            a,
+            [d for d in range(len(shape)) if d not in broadcast_dimensions],
+        ),
+        shape,
+    ),
+    "slice": lambda a, start_indices, limit_indices, strides=None, **_: a[
+        tuple(
+            slice(s, e, st)
+            for s, e, st in zip(start_indices, limit_indices, strides or [1] * a.ndim)
+        )
+    ],
+    "dynamic_slice": _dynamic_slice,
+}
+
+
 def _evaluate(eqn, known: dict) -> None:
     """Record the outputs of `eqn` in `known` if they can be computed now."""
-    if eqn.primitive.name not in _EVALUABLE:
+    name = eqn.primitive.name
+    if name not in _EVALUABLE:
         return
     if not all(
         getattr(o.aval, "dtype", np.float32).kind in "biu"
@@ -460,6 +509,16 @@ def _evaluate(eqn, known: dict) -> None:
     vals = [_value(v, known) for v in eqn.invars]
     if any(x is None for x in vals):
         return
+    fast = _NUMPY.get(name)
+    if fast is not None:
+        try:
+            out = np.asarray(fast(*vals, **eqn.params))
+        except Exception:  # an unusual parameter: let JAX compute it
+            fast = None
+        else:
+            if out.shape == eqn.outvars[0].aval.shape:
+                known[eqn.outvars[0]] = out.astype(eqn.outvars[0].aval.dtype)
+                return
     with jax.ensure_compile_time_eval():
         outs = eqn.primitive.bind(*vals, **eqn.params)
     outs = outs if eqn.primitive.multiple_results else [outs]
@@ -532,8 +591,29 @@ def _sub_jaxprs(eqn) -> list:
     return out
 
 
+_MEMO: dict = {}
+
+
 def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> None:
-    known = dict(known or {})
+    """Count `jaxpr` (`known`: values of its inputs known while counting).
+    Its count depends only on the known inputs that may decide a branch
+    (`_control`), so it is computed once per distinct such values."""
+    known = known or {}
+    control = _control(jaxpr)
+    key = (id(jaxpr),) + tuple(
+        None if (x := known.get(jaxpr.invars[k])) is None else x.tobytes()
+        for k in sorted(control)
+    )
+    hit = _MEMO.get(key)
+    if hit is None or hit[0] is not jaxpr:
+        count = _Count()
+        _count_eqns(jaxpr, count, dict(known))
+        hit = _MEMO[key] = (jaxpr, count)
+    acc.add(hit[1], mult)
+
+
+def _count_eqns(jaxpr, acc: _Count, known: dict) -> None:
+    mult = 1
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
