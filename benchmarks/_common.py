@@ -152,6 +152,10 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+positive_int = _checked(_positive, "positive integer")
+"""An argparse `type` for flags that take integers >= 1."""
+
+
 # --------------------------------------------------------------------------------------
 # The command line.
 

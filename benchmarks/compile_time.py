@@ -32,16 +32,15 @@ LIMIT = 1.5  # the target, for None and every policy
 
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
-    positive = C._checked(C._positive, "positive integer")
     p.add_argument(
         "--layers",
-        type=positive,
+        type=C.positive_int,
         nargs="+",
         default=[4, 64],
         help="depths to compare (default: %(default)s)",
     )
     p.add_argument(
-        "--d-model", type=positive, default=128, help="(default: %(default)s)"
+        "--d-model", type=C.positive_int, default=128, help="(default: %(default)s)"
     )
     return p
 

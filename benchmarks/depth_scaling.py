@@ -27,30 +27,25 @@ import numpy as np
 from benchmarks import _common as C, _measure as X, _models as M
 
 
-CHECKPOINTS = (
-    "None",
-    "nothing",
-    "every(sqrt)",
-    "nested(2)",
-    "nested(3)",
-    "recursive()",
-    "binomial(log2)",
-)
+CHECKPOINTS = M.ChainPreset.CHECKPOINTS  # the sweep's chain checkpoints
 DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
-    positive = C._checked(C._positive, "positive integer")
     p.add_argument(
         "--depths",
-        type=positive,
+        type=C.positive_int,
         nargs="+",
         default=list(DEPTHS),
         help="depths D (default: %(default)s)",
     )
-    p.add_argument("--width", type=positive, default=32, help="(default: %(default)s)")
-    p.add_argument("--batch", type=positive, default=256, help="(default: %(default)s)")
+    p.add_argument(
+        "--width", type=C.positive_int, default=32, help="(default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch", type=C.positive_int, default=256, help="(default: %(default)s)"
+    )
     p.add_argument(
         "--no-peers", action="store_true", help="no treeverse (default: off)"
     )
