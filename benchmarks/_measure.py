@@ -124,7 +124,7 @@ def variants(
             seen.add(label)
             out.append(Variant(name, preset, "eqx_remat", label, _kind(c), ours(c)))
     if peers:
-        for p in preset.peers(quick=quick, aot=aot):
+        for p in preset.peers(quick=quick):
             v = Variant(name, preset, p.impl, p.checkpoint, "peer", peer(p), p.ours)
             out.append(v)
     return out

@@ -97,7 +97,7 @@ class Preset:
             return self.QUICK
         return self.CHECKPOINTS + (self.ACCELERATOR if accelerator else ())
 
-    def peers(self, *, quick: bool, aot: bool) -> tuple[Peer, ...]:
+    def peers(self, *, quick: bool) -> tuple[Peer, ...]:
         return ()
 
     def on(self, devices: int) -> "Preset":
@@ -185,14 +185,8 @@ class TransformerPreset(Preset):
     def loss(self, model, tokens):
         return cross_entropy(jax.vmap(model)(tokens), tokens)
 
-    def peers(self, *, quick, aot):
-        pols = (
-            ("dots",)
-            if quick
-            else ("None", "dots", "nothing")
-            if aot
-            else (self.PEER_POLICIES)
-        )
+    def peers(self, *, quick):
+        pols = ("dots",) if quick else self.PEER_POLICIES
         return tuple(
             Peer(
                 impl,
@@ -256,7 +250,7 @@ class ChainPreset(Preset):
             return super().loss(model, x)
         return jnp.mean(model(x[0]) ** 2)
 
-    def peers(self, *, quick, aot):
+    def peers(self, *, quick):
         if not self.vmap:
             return ()
         log2 = max(1, math.ceil(math.log2(max(2, self.layers))))
@@ -444,7 +438,7 @@ def _layer_norm(x, weight, bias, eps=1e-5):
 
 
 def _linear(x, weight, bias=None):
-    y = x @ weight.T.astype(x.dtype)
+    y = x @ weight.astype(x.dtype)
     if bias is not None:
         y = y + bias.astype(x.dtype)[None, :]
     return y
@@ -578,19 +572,11 @@ def _flax_lm(preset: "TransformerPreset", d_ff: int, pol: Any) -> Any:
 
 
 def _flax_params(a: dict[str, Any]) -> dict[str, Any]:
-    """`transformer_arrays` in Flax's layout: `Dense` kernels are `(in, out)`."""
-
-    def t(w):  # (out, in) -> (in, out)
-        if isinstance(w, jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct(
-                (*w.shape[:-2], w.shape[-1], w.shape[-2]), w.dtype
-            )
-        return jnp.swapaxes(w, -1, -2)
-
+    """`transformer_arrays` in Flax's tree (the kernels are `(in, out)` in both)."""
     bl = a["blocks"]
 
     def dense(w, b):
-        return {"kernel": t(bl[w]), "bias": bl[b]}
+        return {"kernel": bl[w], "bias": bl[b]}
 
     return {
         "tok": a["tok"],
@@ -604,7 +590,7 @@ def _flax_params(a: dict[str, Any]) -> dict[str, Any]:
             "mlp_out": dense("mlp_w", "mlp_b"),
         },
         "lnf": {"scale": a["lnf_w"], "bias": a["lnf_b"]},
-        "head": {"kernel": t(a["head_w"])},
+        "head": {"kernel": a["head_w"]},
     }
 
 

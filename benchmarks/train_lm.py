@@ -515,12 +515,12 @@ def decay_mask(params):
     biases)."""
 
     def mark(x):
-        if isinstance(x, eqx.nn.Linear):
+        if isinstance(x, zoo.Dense):
             m = jax.tree.map(lambda _: False, x)
             return eqx.tree_at(lambda lin: lin.weight, m, True)
         return False
 
-    is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+    is_linear = lambda x: isinstance(x, zoo.Dense)
     return jax.tree.map(mark, params, is_leaf=is_linear)
 
 

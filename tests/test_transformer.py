@@ -186,13 +186,14 @@ def test_architecture():
         "mlp_out",
     )
     assert model.d_ff == 32  # 4 * d_model by default
-    assert model.blocks.qkv.weight.shape == (3, 24, 8)  # stacked over layers
-    assert model.blocks.mlp_in.weight.shape == (3, 32, 8)
+    # Weights are (in, out), stacked over layers.
+    assert model.blocks.qkv.weight.shape == (3, 8, 24)
+    assert model.blocks.mlp_in.weight.shape == (3, 8, 32)
     assert model.position_embedding.weight.shape == (8, 8)
     # An untied output head, without bias.
-    assert model.head.weight.shape == (16, 8) and model.head.bias is None
+    assert model.head.weight.shape == (8, 16) and model.head.bias is None
     assert model.head.weight is not model.token_embedding.weight
-    assert tiny(d_ff=5).blocks.mlp_in.weight.shape == (3, 5, 8)
+    assert tiny(d_ff=5).blocks.mlp_in.weight.shape == (3, 8, 5)
 
 
 # --- dropout ---------------------------------------------------------------------
@@ -486,8 +487,8 @@ def test_llama():
     assert model.position_embedding is None and not model.use_bias
     assert model.blocks.qkv.bias is None and model.blocks.mlp_gate.bias is None
     # q: 2 heads, k and v: 1 head each, head_dim 4; stacked over 3 layers.
-    assert model.blocks.qkv.weight.shape == (3, 16, 8)
-    assert model.blocks.mlp_gate.weight.shape == (3, 24, 8)
+    assert model.blocks.qkv.weight.shape == (3, 8, 16)
+    assert model.blocks.mlp_gate.weight.shape == (3, 8, 24)
     assert isinstance(model.final_norm, eqx.nn.RMSNorm)
     assert model.activation_names == (*NAMES[:-1], "mlp_gate", "mlp_out")
     big = zoo.Transformer.llama(32000, 2048, 2048, 16, 1, key=jr.key(0))
@@ -518,11 +519,15 @@ def test_swiglu_tags_both_hidden_projections():
 @pytest.mark.parametrize("ck", [None, "everything"], ids=["None", "everything"])
 def test_no_transposed_weight_residuals(ck):
     """The saved residuals include no transposed copy of a stacked weight: the
-    qkv weight is `(layers, 3 d_model, d_model)` = (3, 24, 8), and nothing of shape
-    (3, 8, 24) is saved (it was, while the block computed `x @ W.T`)."""
-    model = er.set_checkpoint(tiny(3), ck)
-    shapes = [r.shape for r in er.residuals(loss, model, TOKENS)]
-    assert (3, 8, 24) not in shapes
+    qkv weight is `(layers, d_model, 3 d_model)` = (3, 8, 24), and nothing of shape
+    (3, 24, 8) is saved (a block computing `x @ W.T` would save it). The tied
+    head contracts the `(vocab, d_model)` embedding without transposing it."""
+    for tie in (False, True):
+        model = er.set_checkpoint(tiny(3, tie_embeddings=tie), ck)
+        shapes = [r.shape for r in er.residuals(loss, model, TOKENS)]
+        assert (3, 24, 8) not in shapes
+        if tie:
+            assert (8, 16) not in shapes  # the embedding (16, 8), transposed
 
 
 def test_count_flops_counts_pallas_kernels():

@@ -3,10 +3,11 @@
 from ._mlp import MLP as MLP
 from ._residual_chain import ResidualChain as ResidualChain
 from ._sharding import shard as shard, shard_batch as shard_batch
-from ._transformer import Transformer as Transformer
+from ._transformer import Dense as Dense, Transformer as Transformer
 
 
 __all__ = [
+    "Dense",
     "MLP",
     "ResidualChain",
     "Transformer",
