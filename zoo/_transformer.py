@@ -106,10 +106,12 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
     (`(x - mean) * (rsqrt(var + eps) * weight) + bias`): the backward pass then
     keeps `x - mean` and a per-row scale, not a normalised copy of `x` as well
     (measured: one `(batch, seq, d_model)` buffer less than `jax.vmap(norm)`).
-    The mean and variance are taken as Flax's `LayerNorm(use_fast_variance=False)`
-    takes them (reduce, then `expand_dims`): with `keepdims=True` instead, the TPU
-    compiler fuses the backward pass differently and keeps one more per-row
-    buffer (16 KiB per layer on the v5e benchmark preset under `"nothing"`).
+    The statistics are written as Flax's `LayerNorm(use_fast_variance=False)`
+    writes them (reduce, then `expand_dims`; `x - mean` written twice, once for
+    the variance and once for the output): written with `keepdims=True`, or with
+    one shared `x - mean`, the TPU compiler fuses the backward pass differently
+    and keeps one more per-row buffer (+32 KiB on the v5e benchmark preset under
+    `"nothing"`). `count_flops` counts both subtractions.
     """
     x32 = x.astype(jnp.float32)
     row = (1,) * (x.ndim - 1) + (-1,)
