@@ -479,6 +479,22 @@ def test_flash_needs_a_tpu():
         eqx.filter_eval_shape(model, TOKENS[0])
 
 
+def test_dense():
+    """`zoo.Dense`: an `(in, out)` weight, `x @ weight + bias` in `x`'s dtype,
+    clear errors for a wrong input or size."""
+    dense = zoo.Dense(3, 5, key=jr.key(0))
+    assert dense.weight.shape == (3, 5) and dense.bias.shape == (5,)
+    x = jr.normal(jr.key(1), (2, 3))
+    expected = x @ dense.weight + dense.bias[None, :]
+    assert jnp.allclose(dense(x), expected, rtol=1e-6, atol=1e-6)
+    assert dense(x.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+    assert zoo.Dense(3, 5, use_bias=False, key=jr.key(0)).bias is None
+    with pytest.raises(ValueError, match=r"Dense expected x with last axis 3"):
+        dense(jnp.ones((2, 4)))
+    with pytest.raises(ValueError, match="in_size"):
+        zoo.Dense(0, 5, key=jr.key(0))
+
+
 def test_llama():
     model = zoo.Transformer.llama(16, 8, 8, 2, 3, key=jr.key(0))
     assert (model.norm, model.position, model.mlp) == ("rms", "rope", "swiglu")
