@@ -377,8 +377,8 @@ print(json.dumps({{
     assert proc.returncode == 0, proc.stderr
     assert "damaged" not in proc.stderr and "fsdp" in proc.stderr, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
-    assert out["spec"] == "P(None, 'data', None)"
-    assert out["shard"] == [3, 64, 32]  # (layers, d_ff / 2, d_model)
+    assert out["spec"] == "P(None, None, 'data')"
+    assert out["shard"] == [3, 32, 64]  # (layers, d_model, d_ff / 2)
     np.testing.assert_allclose(out["losses"], result.losses, rtol=1e-4, atol=0)
 
 
