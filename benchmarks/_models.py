@@ -628,8 +628,8 @@ def _chain_layer(depth: int):
     step = 1.0 / depth
 
     def layer(x, p):
-        w, b = p
-        return x + step * jnp.tanh(_linear(x, w, b)), None
+        w, b = p  # `equinox.nn.Linear`'s: the weight is (out, in)
+        return x + step * jnp.tanh(x @ w.T + b[None, :]), None
 
     return layer
 
