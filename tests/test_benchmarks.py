@@ -287,7 +287,8 @@ def _temp_vs_flax(preset, policy, target=None):
 def test_transformer_temp_memory_at_most_flax(policy):
     """DESIGN.md: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
-    ours, flax = _temp_vs_flax(M.PRESETS["transformer-tiny"], C.parse_checkpoint(policy))
+    preset = M.PRESETS["transformer-tiny"]
+    ours, flax = _temp_vs_flax(preset, C.parse_checkpoint(policy))
     assert ours <= flax
 
 
