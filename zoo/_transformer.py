@@ -36,8 +36,8 @@ class Dense(eqx.Module):
     from the weight gradient's, and under checkpointing it keeps a re-laid-out
     copy of each recomputed layer input (TPU v5e, compiled ahead of time: +1.2%
     temp memory under `"nothing"` on the `transformer-v5e` benchmark preset,
-    against the same model with `(in, out)` weights, which matches Flax linen to
-    the byte).
+    against the same model with `(in, out)` weights; with those, and the norms
+    of `_apply_norm`, the temp bytes are Flax linen's to the byte).
 
     The parameters stay in their own dtype (float32) and are cast inside the
     product to the input's dtype, so a low-precision compute dtype never
