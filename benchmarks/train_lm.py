@@ -135,24 +135,25 @@ class RunConfig:
     val_fraction: float = 0.05
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int. Got {text!r}.") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1. Got {n}.")
-    return n
+def _int_at_least(minimum: int):
+    """An argparse `type`: an int >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an int. Got {text!r}."
+            ) from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}. Got {n}.")
+        return n
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int. Got {text!r}.") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0. Got {n}.")
-    return n
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _float_in(low: float, high: float, *, closed_low: bool, name: str):

@@ -271,8 +271,9 @@ def _temp_vs_flax(preset, policy, target=None):
     model = preset.build(abstract=True)
     tokens = preset.inputs(abstract=True)
     if target is not None:
-        model = zoo.shard(model, er.v5e_mesh(target))
-        tokens = X._place_batch(tokens, er.v5e_mesh(target))
+        mesh = er.v5e_mesh(target)
+        model = zoo.shard(model, mesh)
+        tokens = X._place_batch(tokens, mesh)
     out = []
     for make in (M.ours, M.flax_transformer):
         # Flax's LayerNorm mixes bfloat16 and float32 implicitly.
