@@ -6,18 +6,22 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, SupportsIndex
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from ._binomial import binomial
-from ._combinators import set_checkpoint
+from ._checkpoint import (
+    Checkpoint,
+    check_checkpoint,
+    map_checkpoints,
+    set_checkpoint,
+)
 from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
-from ._schedules import Checkpoint, every, nested, recursive
+from ._schedules import every, nested, recursive
 from ._util import format_bytes, is_array_like
-from ._validate import check_checkpoint, check_int
+from ._validate import check_int
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
@@ -220,27 +224,6 @@ def _needed_bytes(message: str) -> int | None:
     return None
 
 
-def _has_checkpoint_field(tree: Any) -> bool:
-    found = False
-
-    def visit(x):
-        nonlocal found
-        if isinstance(x, eqx.Module):
-            for f in dataclasses.fields(x):
-                if f.name == "checkpoint":
-                    found = True
-                else:
-                    jtu.tree_map(visit, getattr(x, f.name), is_leaf=_is_module)
-        return x
-
-    jtu.tree_map(visit, tree, is_leaf=_is_module)
-    return found
-
-
-def _is_module(x) -> bool:
-    return isinstance(x, eqx.Module)
-
-
 def plan(
     fn: Callable[..., Any],
     *args: Any,
@@ -310,7 +293,7 @@ def plan(
         raise ValueError("plan expected at least one candidate. Got none.")
     for i, c in enumerate(candidates):
         check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
-    if not _has_checkpoint_field(args):
+    if not map_checkpoints(args, lambda c: c)[1]:
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
