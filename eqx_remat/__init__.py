@@ -2,6 +2,7 @@
 
 import importlib.metadata as _metadata
 
+from . import internal as internal
 from ._binomial import binomial as binomial
 from ._combinators import (
     chain as chain,

@@ -251,5 +251,6 @@ def test_namespaces_export_exactly_all(package):
         if not n.startswith("_") and isinstance(v, types.ModuleType)
     ]
     # pytest's jaxtyping import hook (pyproject's addopts) injects `jaxtyping`
-    # into instrumented packages; a plain import does not.
-    assert [n for n in leaked if n != "jaxtyping"] == []
+    # into instrumented packages; a plain import does not. `eqx_remat.internal`
+    # is the semi-public namespace (as `equinox.internal`).
+    assert [n for n in leaked if n not in {"jaxtyping", "internal"}] == []
