@@ -16,7 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._jaxpr import CALLS, is_literal, jaxpr_and_consts, open_jaxpr, sub_jaxprs
+from ._jaxpr import (
+    CALLS,
+    is_literal,
+    jaxpr_and_consts,
+    open_jaxpr,
+    producers,
+    sub_jaxprs,
+)
 from ._util import traceable
 
 
@@ -720,14 +727,13 @@ def _static_trip_count(eqn) -> int | None:
         return None
     # the counter must be incremented by one
     inc = body.outvars[i_pos]
-    for e in body.eqns:
-        if any(o is inc for o in e.outvars):
-            if (
-                e.primitive.name == "add"
-                and len(e.invars) == 2
-                and any(v is body_carry[i_pos] for v in e.invars)
-                and any(_literal(v) == 1 for v in e.invars)
-            ):
-                return max(0, upper - lower)
-            return None
+    e = None if is_literal(inc) else producers(body).get(inc)
+    if (
+        e is not None
+        and e.primitive.name == "add"
+        and len(e.invars) == 2
+        and any(v is body_carry[i_pos] for v in e.invars)
+        and any(_literal(v) == 1 for v in e.invars)
+    ):
+        return max(0, upper - lower)
     return None
