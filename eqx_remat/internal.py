@@ -8,7 +8,8 @@ messages). It is documented and tested, but not part of the stable API of
 """
 
 from ._checkpoint import check_checkpoint as check_checkpoint
+from ._pallas import with_pallas_costs as with_pallas_costs
 from ._validate import check_int as check_int
 
 
-__all__ = ["check_checkpoint", "check_int"]
+__all__ = ["check_checkpoint", "check_int", "with_pallas_costs"]
