@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     def preset(n: int) -> M.TransformerPreset:
         return M.TransformerPreset(
-            batch, 256, seq, args.d_model, max(1, args.d_model // 32), n
+            batch=batch,
+            seq=seq,
+            d_model=args.d_model,
+            heads=max(1, args.d_model // 32),
+            layers=n,
         )
 
     console, times, t0 = C.Console(), {}, time.perf_counter()
@@ -144,9 +148,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(data["meta"]["describe"], fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    C.save_figure(fig, path)
 
 
 if __name__ == "__main__":
