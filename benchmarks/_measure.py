@@ -282,8 +282,9 @@ def worker(v: Variant, *, repeats: int, limit: int | None, path: Path) -> None:
 def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     """Per-chip memory of `v` compiled for `target` with
     `eqx_remat.memory_report`. Programs that do not fit in a chip do not compile:
-    XLA says how much temporary memory they would need, reported as `temp_bytes`
-    with `fits: False`."""
+    XLA says how much memory they would need (`eqx_remat.internal.needed_bytes`),
+    reported as `temp_bytes` with `fits: False`. `compile_s` includes counting
+    the FLOPs, which `memory_report` does too."""
     fn, args = v.build()
     row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "target": target}
     row |= {"device_kind": "TPU v5 lite", "device_count": er.v5e_mesh(target).size}

@@ -288,16 +288,9 @@ PRESETS: dict[str, Preset] = {
     "chain-m": ChainPreset(batch=256, width=128),
     # binomial(s) against treeverse with s checkpoints, 2 MiB carries.
     "chain-bvt": ChainPreset(batch=4096, width=128, treeverse=(4, 10, 32)),
-    # For --target v5e: per-chip memory of models that leave VMEM.
-    "transformer-v5e": TransformerPreset(
-        batch=8,
-        vocab=32000,
-        seq=2048,
-        d_model=1024,
-        heads=8,
-        layers=16,
-        dtype="bfloat16",
-    ),
+    # For --target v5e: per-chip memory of models that leave VMEM (the seed
+    # setting, narrower and shallower, its parameters replicated).
+    "transformer-v5e": seed(batch=8, d_model=1024, layers=16, shard_params=False),
     # Activations dominate (batch per chip / width = 4), as on the CPU presets ...
     "chain-v5e": ChainPreset(batch=4096, width=256),
     # ... and parameters dominate (1/16): 4 GiB of weights, 256 KiB carries.
