@@ -418,7 +418,7 @@ def fmt_ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-def fmt_flops(n: int | None) -> str:
+def fmt_flops(n: int | float | None) -> str:
     return "n/a" if n is None else format_flops(n)
 
 

@@ -69,7 +69,7 @@ def format_bytes(n: int, *, unit: str | None = None, digits: int = 2) -> str:
     return f"{n / sizes[unit]:.{digits}f} {unit}"
 
 
-def format_flops(n: int) -> str:
+def format_flops(n: int | float) -> str:
     """`n` FLOPs as a short decimal-prefixed string (`k`, `M`, `G`, `T`, `P`): the
     one formatter behind `plan`'s table and the benchmarks' tables.
 
