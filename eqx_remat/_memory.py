@@ -47,7 +47,8 @@ class MemoryReport(NamedTuple):
       move off the device. `0` where the backend has no separate host memory
       space (the CPU).
     - `flops`: [`eqx_remat.count_flops`][] of the function (loop trip counts and
-      recomputation included).
+      recomputation included): a [`eqx_remat.FlopCount`][], an `int` that also
+      says what it could not count (`dynamic_loops`, `unknown`).
     - `target`: what it was compiled for: the default backend's platform
       (`"cpu"`, `"gpu"`, ...) or a TPU topology such as `"v5e:2x2"`.
     """
@@ -65,6 +66,12 @@ class MemoryReport(NamedTuple):
             f"out {_mib(self.output_bytes)}, host temp {_mib(self.host_temp_bytes)}, "
             f"{self.flops / 1e9:.3f} GFLOPs [{self.target}]"
         )
+
+    @property
+    def total_bytes(self) -> int:
+        """Device memory in all: `temp_bytes + argument_bytes + output_bytes` (what
+        must fit in one device; host memory not included)."""
+        return self.temp_bytes + self.argument_bytes + self.output_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-serialisable `dict` (plain `int`s and `str`)."""
@@ -165,14 +172,22 @@ def memory_report(
                 "how much it needs. Nothing else can be reported for it."
             )
         raise
+    return compiled_report(compiled, flops=count_flops(fn, *args), target=name)
+
+
+def compiled_report(compiled: Any, *, flops: int, target: str) -> MemoryReport:
+    """The [`eqx_remat.MemoryReport`][] of a program already compiled (a
+    `jax.stages.Compiled`), read from its `memory_analysis()`, with `flops` and
+    `target` as given: for callers that compile to run the program too (the
+    benchmarks), so that it is compiled once."""
     m = compiled.memory_analysis()
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),
         argument_bytes=int(m.argument_size_in_bytes),
         output_bytes=int(m.output_size_in_bytes),
         host_temp_bytes=int(getattr(m, "host_temp_size_in_bytes", 0)),
-        flops=int(count_flops(fn, *args)),
-        target=name,
+        flops=flops,
+        target=target,
     )
 
 

@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import eqx_remat as er
+from eqx_remat.internal import compiled_report, format_flops
 
 
 S = jax.ShapeDtypeStruct
@@ -477,6 +478,30 @@ def test_memory_report_equals_memory_analysis():
         assert r.host_temp_bytes == direct.host_temp_size_in_bytes
         assert r.flops == er.count_flops(fn, w, x) > 0
         assert r.target == jax.default_backend()
+        assert isinstance(r.flops, er.FlopCount) and r.flops.dynamic_loops == 0
+        in_device = ("temp", "argument", "output")
+        assert r.total_bytes == sum(
+            getattr(direct, f"{k}_size_in_bytes") for k in in_device
+        )
+        compiled = jax.jit(fn).lower(w, x).compile()
+        same = compiled_report(compiled, flops=r.flops, target=r.target)
+        assert same == r
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        (0, "0"),
+        (999, "999"),
+        (1500, "1.5 k"),
+        (2_000_000, "2 M"),
+        (3.2e12, "3.2 T"),
+        (2.5e15, "2.5 P"),
+        (4.5e18, "4.5e+03 P"),
+    ],
+)
+def test_format_flops(n, expected):
+    assert format_flops(n) == expected
 
 
 def test_memory_report_str_and_dict():
