@@ -77,7 +77,7 @@ def _apply(
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
-    _check_unroll(unroll)
+    unroll = _check_unroll(unroll)
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     pol = _normalise_policy(check_checkpoint(checkpoint))
@@ -87,9 +87,11 @@ def _apply(
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 
-def _check_unroll(unroll: Any) -> None:
-    if not isinstance(unroll, bool):
-        check_int("scan_layers", "unroll", unroll, 1)
+def _check_unroll(unroll: Any) -> int | bool:
+    """`unroll` as `lax.scan` takes it: a bool, or any integer type as an `int`."""
+    if isinstance(unroll, bool):
+        return unroll
+    return check_int("scan_layers", "unroll", unroll, 1)
 
 
 def scan_layers(

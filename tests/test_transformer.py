@@ -464,7 +464,7 @@ def test_attention_implementations_agree():
 def test_gqa_equals_repeated_heads():
     """Grouped-query attention is multi-head attention with each key/value head
     shared by its group of query heads."""
-    from zoo._transformer import _xla_attention
+    from zoo._attention import _xla_attention
 
     q = jr.normal(jr.key(0), (5, 4, 3))
     k, v = jr.normal(jr.key(1), (5, 2, 3)), jr.normal(jr.key(2), (5, 2, 3))

@@ -1,5 +1,5 @@
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
-from ._util import check_unroll
+from ._base import AbstractModel, as_unroll
 
 
 class _Hidden(eqx.Module):
@@ -24,7 +24,7 @@ class _Hidden(eqx.Module):
         return self.activation(checkpoint_name(self.linear(x), "linear"))
 
 
-class MLP(eqx.Module):
+class MLP(AbstractModel):
     """A multi-layer perceptron whose hidden layers are stacked and scanned.
 
     `in_size -> width_size`, then `depth` hidden layers `width_size -> width_size`
@@ -55,18 +55,18 @@ class MLP(eqx.Module):
     width_size: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
-    unroll: int | bool = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True, converter=as_unroll)
 
     def __init__(
         self,
-        in_size: int,
-        out_size: int,
-        width_size: int,
-        depth: int,
+        in_size: SupportsIndex,
+        out_size: SupportsIndex,
+        width_size: SupportsIndex,
+        depth: SupportsIndex,
         *,
         activation: Callable = jax.nn.gelu,
         checkpoint: eqx_remat.Checkpoint = None,
-        unroll: int | bool = 1,
+        unroll: SupportsIndex | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -88,8 +88,6 @@ class MLP(eqx.Module):
         out_size = eqx_remat.check_int("MLP", "out_size", out_size, 1)
         width_size = eqx_remat.check_int("MLP", "width_size", width_size, 1)
         depth = eqx_remat.check_int("MLP", "depth", depth, 1)
-        eqx_remat.check_checkpoint(checkpoint, name="MLP: checkpoint")
-        unroll = check_unroll("MLP", unroll)
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(

@@ -1,4 +1,4 @@
-from typing import ClassVar
+from typing import ClassVar, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
 
-from ._util import check_unroll
+from ._base import AbstractModel, as_unroll
 
 
 class _Residual(eqx.Module):
@@ -25,7 +25,7 @@ class _Residual(eqx.Module):
         return x + self.step * checkpoint_name(jnp.tanh(h), "tanh")
 
 
-class ResidualChain(eqx.Module):
+class ResidualChain(AbstractModel):
     """A deep chain of residual layers, `x ↦ x + f_i(x) / depth` with
     `f_i(x) = tanh(W_i x + b_i)`, stacked and scanned.
 
@@ -49,15 +49,15 @@ class ResidualChain(eqx.Module):
     width: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
-    unroll: int | bool = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True, converter=as_unroll)
 
     def __init__(
         self,
-        width: int,
-        depth: int,
+        width: SupportsIndex,
+        depth: SupportsIndex,
         *,
         checkpoint: eqx_remat.Checkpoint = None,
-        unroll: int | bool = 1,
+        unroll: SupportsIndex | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -73,8 +73,6 @@ class ResidualChain(eqx.Module):
         """
         width = eqx_remat.check_int("ResidualChain", "width", width, 1)
         depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)
-        eqx_remat.check_checkpoint(checkpoint, name="ResidualChain: checkpoint")
-        unroll = check_unroll("ResidualChain", unroll)
         step = 1.0 / depth
         self.layers = eqx_remat.stack(
             lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),
