@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import equinox as eqx
 import jax
@@ -100,7 +100,7 @@ def scan_layers(
     xs: Any = None,
     *,
     checkpoint: Checkpoint = None,
-    unroll: int | bool = 1,
+    unroll: SupportsIndex | bool = 1,
 ) -> Any:
     """Apply stacked layers in order, checkpointed by `checkpoint`.
 
@@ -128,9 +128,9 @@ def scan_layers(
       plus what the policy saves), or a schedule ([`eqx_remat.every`][],
       [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
     - `unroll`: layers per iteration of the layer loops (`lax.scan`'s `unroll`):
-      an int >= 1, or `True` to unroll the whole stack. Larger values trade
-      compile time and program size for step time (fewer loop iterations; on
-      TPUs often faster). The gradient does not change.
+      an int >= 1 (any integer type), or `True` to unroll the whole stack.
+      Larger values trade compile time and program size for step time (fewer
+      loop iterations; on TPUs often faster). The gradient does not change.
 
     **Returns:**
 

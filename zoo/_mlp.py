@@ -83,6 +83,9 @@ class MLP(AbstractModel):
           `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+
+        Integer arguments take any integer type (`int`, `numpy.int64`, a concrete
+        JAX integer) and are stored as Python `int`s.
         """
         in_size = eqx_remat.check_int("MLP", "in_size", in_size, 1)
         out_size = eqx_remat.check_int("MLP", "out_size", out_size, 1)

@@ -70,6 +70,9 @@ class ResidualChain(AbstractModel):
           `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+
+        Integer arguments take any integer type (`int`, `numpy.int64`, a concrete
+        JAX integer) and are stored as Python `int`s.
         """
         width = eqx_remat.check_int("ResidualChain", "width", width, 1)
         depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)

@@ -8,7 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
 
 
@@ -22,7 +22,7 @@ def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
     return mesh.shape[axis]
 
 
-def _explicit(mesh: Mesh) -> bool:
+def _explicit(mesh: Mesh | AbstractMesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 

@@ -283,6 +283,9 @@ class Transformer(AbstractModel):
           `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+
+        Integer arguments take any integer type (`int`, `numpy.int64`, a concrete
+        JAX integer) and are stored as Python `int`s.
         """
         cls = "Transformer"
         vocab_size, max_len, d_model, num_heads, num_layers = (
