@@ -77,7 +77,6 @@ def _apply(
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
-    unroll = _check_unroll(unroll)
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     pol = _normalise_policy(check_checkpoint(checkpoint))
@@ -154,6 +153,7 @@ def scan_layers(
         _check_carry(c, out)
         return out
 
+    unroll = _check_unroll(unroll)
     return _apply(step, None, (params, xs), carry, depth, checkpoint, unroll)
 
 
