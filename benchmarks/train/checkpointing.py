@@ -10,12 +10,13 @@ arrays' bytes per process, taken at save time. Restoring fills a pytree of
 hashes: a checkpoint that cannot be read, or reads back different bytes, is
 damaged and never used."""
 
+import asyncio
+import contextlib
 import hashlib
 import logging
-import os
 import shutil
-import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,10 @@ def save_checkpoint(
 
 def read_meta(mgr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     try:
-        meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        with settled_reads():
+            meta = mgr.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+            )
         meta = meta["meta"]
     except Exception as e:
         raise Damaged(_one_line(e)) from None
@@ -119,9 +123,10 @@ def restore_state(
     is_struct = lambda x: isinstance(x, jax.ShapeDtypeStruct)
     arrays, static = eqx.partition(like, is_struct)
     try:
-        restored = mgr.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(arrays))
-        )["state"]
+        with settled_reads():
+            restored = mgr.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(arrays))
+            )["state"]
         for a, b in zip(
             jax.tree.leaves(restored), jax.tree.leaves(arrays), strict=True
         ):
@@ -148,49 +153,55 @@ def restore_state(
     return eqx.combine(restored, static)
 
 
-def _in_orbax(code: Any) -> bool:
-    return f"{os.sep}orbax{os.sep}" in getattr(code, "co_filename", "")
+# Orbax restores every array in one `asyncio.gather` of per-array reads, on an
+# event loop it makes for the restore and closes when the gather returns. When
+# one read fails (a damaged file), the gather raises at once and the loop is
+# closed while the other reads are still in flight: they finish later on a closed
+# loop, and Python reports each of them ("Task exception was never retrieved",
+# "RuntimeError: Event loop is closed") after our one-line warning. So during a
+# restore every new event loop settles what it started before it closes.
+
+SETTLE_S = 60.0  # at most this long for the reads in flight, then cancelled
 
 
-def _from_orbax(e: BaseException | None) -> bool:
-    """Whether `e`, or an exception it was raised from, passed through Orbax."""
-    while e is not None:
-        tb = e.__traceback__
-        while tb is not None:
-            if _in_orbax(tb.tb_frame.f_code):
-                return True
-            tb = tb.tb_next
-        e = e.__cause__ or e.__context__
-    return False
+class _SettlingLoop(asyncio.SelectorEventLoop):
+    """An event loop that, when closed, first lets the tasks still running on it
+    finish (cancelling those not done within `SETTLE_S`), and so retrieves their
+    results and exceptions."""
+
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            self.run_until_complete(_settle(asyncio.all_tasks(self)))
+        super().close()
 
 
-def ignore_abandoned_reads() -> None:
-    """Called once a checkpoint was found damaged. When one read of it failed,
-    Orbax gave up the restore and closed its event loop while its other reads were
-    in flight; when they finish or are garbage-collected, Python reports them to
-    `sys.unraisablehook` (Orbax's coroutines closed mid-read, `RuntimeError:
-    Event loop is closed`) or to the `asyncio` logger ("Task/Future exception was
-    never retrieved"): stray tracebacks after the one-line report. Drop those;
-    other unraisable exceptions go to the previous hook. (The script itself
-    does not use asyncio; Orbax reports failed saves through its own futures.)"""
-    logging.getLogger("asyncio").disabled = True
-    previous = sys.unraisablehook
-    if getattr(previous, "train_lm", False):
-        return
+async def _settle(tasks: set[asyncio.Task]) -> None:
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=SETTLE_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0)  # the callbacks of tasks that finished just before
 
-    def hook(unraisable: Any) -> None:
-        e = unraisable.exc_value
-        closed_loop = isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
-        if (
-            _in_orbax(getattr(unraisable.object, "cr_code", None))
-            or _from_orbax(e)
-            or closed_loop
-        ):
-            return
-        previous(unraisable)
 
-    hook.train_lm = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
+@contextlib.contextmanager
+def settled_reads() -> Iterator[None]:
+    """Within: the event loops Orbax makes close only once their reads are done."""
+    with warnings.catch_warnings():  # the policy API is deprecated in Python 3.14
+        warnings.simplefilter("ignore", DeprecationWarning)
+
+        class Policy(asyncio.DefaultEventLoopPolicy):
+            def new_event_loop(self) -> asyncio.AbstractEventLoop:
+                return _SettlingLoop()
+
+        previous = asyncio.get_event_loop_policy()
+        asyncio.set_event_loop_policy(Policy())
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_event_loop_policy(previous)
 
 
 def _one_line(e: BaseException) -> str:
@@ -240,7 +251,6 @@ def find_resume_point(
             meta = read_meta(mgr, step)
             state = restore_state(mgr, step, like_for(meta), meta)
         except Damaged as e:
-            ignore_abandoned_reads()
             damaged.append(step)
             older = [s for s in steps if s < step]
             then = f"falling back to step {older[0]}" if older else "no older one"
