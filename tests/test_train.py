@@ -8,6 +8,7 @@ What must be seen from outside (return codes, one-line errors, signals) runs the
 script in a subprocess, before any compile where it can."""
 
 import gc
+import hashlib
 import json
 import os
 import random
@@ -509,3 +510,94 @@ def test_only_process_zero_logs_and_writes_metrics(tmp_path, monkeypatch, capsys
     assert result.stopped and len(result.losses) == 2
     assert capsys.readouterr().err == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2"]
+
+
+# ----------------------------------------------------------------- data, run directory
+
+
+def text(n: int, seed: int) -> bytes:
+    """`n` bytes of lowercase words and newlines."""
+    rng = random.Random(seed)
+    words = ["def", "return", "self", "value", "import", "class", "lambda", "for"]
+    out = b""
+    while len(out) < n:
+        out += " ".join(rng.choice(words) for _ in range(8)).encode() + b"\n"
+    return out[:n]
+
+
+def test_load_corpus_reads_a_file_or_a_directory(tmp_path):
+    """A file as it is; a directory as its files joined in sorted path order,
+    subdirectories included, hidden ones skipped."""
+    from benchmarks.train import data
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / ".git").mkdir()
+    files = {"a.txt": text(300, 1), "b/c.md": text(200, 2), "d": text(100, 3)}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / ".hidden").write_bytes(b"not read")
+    (tmp_path / ".git" / "config").write_bytes(b"not read")
+    joined = files["a.txt"] + files["b/c.md"] + files["d"]
+    corpus, digest = data.load_corpus(str(tmp_path))
+    assert corpus.dtype == np.uint8 and corpus.tobytes() == joined
+    assert digest == hashlib.sha256(joined).hexdigest()
+    corpus, _ = data.load_corpus(str(tmp_path / "a.txt"), 120)
+    assert corpus.tobytes() == files["a.txt"][:120]
+
+
+def test_data_trains_on_a_file_into_the_default_run_directory(
+    uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """`--data FILE` without `--save-dir`: the run's metrics, TensorBoard events
+    and plot go to a fresh benchmarks/runs/train_lm-<date>/ (here under
+    tmp_path), with no checkpoint; the console shows the logged loss."""
+    import benchmarks._common as common
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(text(20_000, 0))
+    monkeypatch.setattr(common, "RUNS", tmp_path / "runs")
+    capsys.readouterr()
+    result = train_lm.main([*TINY, "--data", str(corpus), "--stop-after", "4"])
+    assert result.stopped and len(result.losses) == 4
+    assert all(np.isfinite(result.losses))
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("train_lm-")
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names[0].startswith("events.out.tfevents.")
+    assert names[1:] == ["loss.png", "metrics.jsonl"]  # no checkpoint
+    (row,) = metrics(run_dir)
+    assert row["step"] == 4 and row["loss"] == result.losses[3]
+    assert scalars(run_dir)["loss/train"] == [(4, pytest.approx(row["loss"], rel=1e-6))]
+    err = capsys.readouterr().err
+    assert f"--data {corpus}: 19,000 + 1,000 held-out bytes" in err
+    assert f"metrics in {run_dir}" in err
+    assert f"step      4  loss {row['loss']:.4f} (avg {row['loss_avg']:.4f}" in err
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b""), "argument --data: {p} is empty."),
+        (lambda p: p.mkdir(), "argument --data: {p} holds no file with any bytes"),
+    ],
+    ids=["empty file", "empty directory"],
+)
+def test_data_that_cannot_be_read_is_a_usage_error(make, message, tmp_path, capsys):
+    path = tmp_path / "text"
+    make(path)
+    with pytest.raises(SystemExit) as e:
+        train_lm.main(["--data", str(path)])
+    assert e.value.code == 2
+    assert message.format(p=path) in capsys.readouterr().err
+
+
+def test_data_shorter_than_a_sequence_is_a_usage_error(tmp_path):
+    corpus = tmp_path / "short.txt"
+    corpus.write_bytes(text(600, 0))
+    with pytest.raises(
+        train_lm.UsageError,
+        match=r"The corpus \(--data .*short.txt: 600 bytes, 30 held out\) is too "
+        r"small for --seq 32: each part needs more than 32 bytes",
+    ):
+        train_lm.main([*TINY, "--data", str(corpus), "--save-dir", str(tmp_path)])
+    assert not (tmp_path / "metrics.jsonl").exists()

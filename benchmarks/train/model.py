@@ -94,10 +94,20 @@ def decay_mask(params):
     return jax.tree.map(mark, params, is_leaf=is_linear)
 
 
-@functools.lru_cache(maxsize=8)
+# The fields of a `RunConfig` that define its optimiser.
+OPTIMISER_FIELDS = ("steps", "lr", "schedule", "warmup", "min_lr_ratio")
+OPTIMISER_FIELDS += ("weight_decay", "clip")
+
+
 def make_optimizer(c: RunConfig) -> optax.GradientTransformation:
-    """Clipping, then AdamW on the learning-rate schedule. (Cached: an equal
-    config gives the same optimiser, so the compiled step is reused.)"""
+    """Clipping, then AdamW on the learning-rate schedule. (Cached on the fields
+    that define it: runs that differ only in others, their data or seed, get the
+    same optimiser, and so reuse the compiled step.)"""
+    return _optimizer(RunConfig(**{f: getattr(c, f) for f in OPTIMISER_FIELDS}))
+
+
+@functools.lru_cache(maxsize=8)
+def _optimizer(c: RunConfig) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(c.clip),
         optax.adamw(
