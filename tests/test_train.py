@@ -526,8 +526,8 @@ def text(n: int, seed: int) -> bytes:
 
 
 def test_load_corpus_reads_a_file_or_a_directory(tmp_path):
-    """A file as it is; a directory as its files joined in sorted path order,
-    subdirectories included, hidden ones skipped."""
+    """A file as it is; a directory as its text files joined in sorted path
+    order, subdirectories included, hidden and binary ones skipped."""
     from benchmarks.train import data
 
     (tmp_path / "b").mkdir()
@@ -537,6 +537,7 @@ def test_load_corpus_reads_a_file_or_a_directory(tmp_path):
         (tmp_path / name).write_bytes(content)
     (tmp_path / ".hidden").write_bytes(b"not read")
     (tmp_path / ".git" / "config").write_bytes(b"not read")
+    (tmp_path / "b" / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
     joined = files["a.txt"] + files["b/c.md"] + files["d"]
     corpus, digest = data.load_corpus(str(tmp_path))
     assert corpus.dtype == np.uint8 and corpus.tobytes() == joined
@@ -578,7 +579,7 @@ def test_data_trains_on_a_file_into_the_default_run_directory(
     "make, message",
     [
         (lambda p: p.write_bytes(b""), "argument --data: {p} is empty."),
-        (lambda p: p.mkdir(), "argument --data: {p} holds no file with any bytes"),
+        (lambda p: p.mkdir(), "argument --data: {p} holds no text file with any "),
     ],
     ids=["empty file", "empty directory"],
 )

@@ -5,9 +5,9 @@ warmup + cosine (or constant) learning-rate schedule. By default it reads the `.
 sources of the Python standard library that runs this script
 (`sysconfig.get_paths()["stdlib"]`, in sorted path order, `site-packages`
 excluded): real text that exists on every machine. `--data PATH` trains on a text
-file, or on every file of a directory (sorted path order, hidden files skipped),
-read as bytes. The last `--val-fraction` of the bytes is held out for the
-evaluation loss.
+file, or on every text file of a directory (sorted path order; hidden files and
+binary ones, with a NUL byte in their first 8 KiB, skipped), read as bytes. The
+last `--val-fraction` of the bytes is held out for the evaluation loss.
 
     python benchmarks/train_lm.py --steps 300 --save-dir runs/lm
     python benchmarks/train_lm.py --resume --save-dir runs/lm --remat recursive

@@ -147,7 +147,8 @@ def _model_args(run: argparse._ArgumentGroup) -> None:
         "--data",
         metavar="PATH",
         help="a text file, or a directory of them (read as bytes, in sorted path "
-        "order) (the Python standard library's .py sources)",
+        "order; hidden and binary files skipped) (the Python standard library's "
+        ".py sources)",
     )
     run.add_argument(
         "--data-bytes", type=positive, help="use only the first N corpus bytes"
@@ -285,7 +286,8 @@ def data_problem(path: Path) -> str | None:
     from .data import text_files
 
     if not any(p.stat().st_size for p in text_files(path)):
-        return f"{path} holds no file with any bytes (hidden files are skipped)."
+        return f"{path} holds no text file with any bytes (hidden and binary files "
+        "are skipped)."
     return None
 
 

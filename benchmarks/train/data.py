@@ -36,15 +36,21 @@ def stdlib_sources(root: Path) -> Iterator[Path]:
 
 
 def text_files(root: Path) -> Iterator[Path]:
-    """Every file under the directory `root`, in sorted path order, lazily;
-    hidden files and directories (`.git`, ...) are skipped."""
+    """The text files under the directory `root`, in sorted path order, lazily:
+    hidden files and directories (`.git`, ...) are skipped, and so are binary
+    files (a NUL byte in the first 8 KiB, as git tells them)."""
     for e in sorted(os.scandir(root), key=lambda e: e.name):
         if e.name.startswith("."):
             continue
         if e.is_dir():
             yield from text_files(Path(e.path))
-        elif e.is_file():
+        elif e.is_file() and not _binary(Path(e.path)):
             yield Path(e.path)
+
+
+def _binary(path: Path) -> bool:
+    with path.open("rb") as f:
+        return b"\0" in f.read(8192)
 
 
 def _files(data: str | None) -> Iterator[Path]:

@@ -25,7 +25,7 @@ from rich.progress import (
 
 import eqx_remat
 from benchmarks import _device
-from benchmarks._common import parse_checkpoint
+from benchmarks._common import checkpoint_label, parse_checkpoint
 
 from . import checkpointing as ckpt
 from .config import (
@@ -175,7 +175,8 @@ def describe(run: Run, state: TrainState) -> str:
     return (
         f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, {c.layers} "
         f"layers, {c.heads} heads, seq {c.seq}, batch {c.batch}, {c.dtype}; "
-        f"remat {run.checkpoint!r}; {_device.device_kind()} x{run.n_devices} "
+        f"remat {checkpoint_label(run.checkpoint)}; "
+        f"{_device.device_kind()} x{run.n_devices} "
         f"({'none' if p is None else 'fsdp' if p.fsdp else 'dp'}); "
         f"{run.corpus.source}: {len(run.corpus.train):,} + "
         f"{len(run.corpus.val):,} held-out bytes; steps {run.first} -> {run.last} "
