@@ -159,7 +159,7 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     known = {
         v: np.asarray(c)
         for v, c in zip(closed.jaxpr.constvars, closed.consts)
-        if _is_small_int(c)
+        if _is_int(c)
     }
     try:
         _count_jaxpr(jaxpr, acc, 1, known)
@@ -430,7 +430,6 @@ _EVALUABLE = frozenset(
     concatenate expand_dims
     """.split()
 )
-_KNOWN_MAX_SIZE = 1 << 16
 
 
 def _value(v: Any, known: dict) -> np.ndarray | None:
@@ -440,12 +439,12 @@ def _value(v: Any, known: dict) -> np.ndarray | None:
     return None if x is None else np.asarray(x)
 
 
-def _is_small_int(x: Any) -> bool:
+def _is_int(x: Any) -> bool:
     try:
         x = np.asarray(x)
     except Exception:  # e.g. PRNG keys
         return False
-    return x.dtype.kind in "biu" and x.size <= _KNOWN_MAX_SIZE
+    return x.dtype.kind in "biu"
 
 
 def _dynamic_slice(x, *idx, slice_sizes):
@@ -495,16 +494,15 @@ _NUMPY: dict[str, Callable[..., Any]] = {
 }
 
 
-def _evaluate(eqn, known: dict) -> None:
-    """Record the outputs of `eqn` in `known` if they can be computed now."""
+def _evaluate(eqn, known: dict, needed: frozenset) -> None:
+    """Record the outputs of `eqn` in `known` if they may decide a branch
+    (`needed`, see `_needed`) and can be computed now. Whatever their size:
+    values that decide no branch (an attention mask's `iota`) are never
+    computed, and a table that does (`binomial`'s) is exact at any depth."""
     name = eqn.primitive.name
-    if name not in _EVALUABLE:
+    if name not in _EVALUABLE or not any(o in needed for o in eqn.outvars):
         return
-    if not all(
-        getattr(o.aval, "dtype", np.float32).kind in "biu"
-        and _size(o) <= _KNOWN_MAX_SIZE
-        for o in eqn.outvars
-    ):
+    if not all(getattr(o.aval, "dtype", np.float32).kind in "biu" for o in eqn.outvars):
         return
     vals = [_value(v, known) for v in eqn.invars]
     if any(x is None for x in vals):
@@ -531,7 +529,7 @@ def _bind(jaxpr, args: list, known: dict, consts: Any = ()) -> dict:
     passed to it (`args`, aligned with its invars) and its own constants."""
     out = {}
     for v, c in zip(jaxpr.constvars, consts):
-        if _is_small_int(c):
+        if _is_int(c):
             out[v] = np.asarray(c)
     if len(args) == len(jaxpr.invars):
         for v, a in zip(jaxpr.invars, args):
@@ -582,6 +580,35 @@ def _control(jaxpr) -> frozenset[int]:
     return result
 
 
+def _needed(jaxpr) -> frozenset:
+    """The variables of `jaxpr` whose values may decide the branch of a
+    `lax.cond` in it, or in a jaxpr it calls (`_control`): the only values
+    worth computing while counting."""
+    key = ("needed", id(jaxpr))
+    hit = _CONTROL_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    need: set = set()
+
+    def add(vs):
+        need.update(v for v in vs if not hasattr(v, "val"))  # not literals
+
+    for eqn in reversed(jaxpr.eqns):
+        ins = eqn.invars
+        if eqn.primitive.name == "cond":
+            add(ins[:1])
+            ins = ins[1:]
+        if any(o in need for o in eqn.outvars):
+            add(ins)
+        for b in _sub_jaxprs(eqn):
+            b = _closed(b)[0]
+            if len(b.invars) == len(ins):
+                add(ins[k] for k in _control(b))
+    result = frozenset(need)
+    _CONTROL_CACHE[key] = (jaxpr, result)
+    return result
+
+
 def _sub_jaxprs(eqn) -> list:
     out = []
     for v in eqn.params.values():
@@ -614,6 +641,7 @@ def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> No
 
 def _count_eqns(jaxpr, acc: _Count, known: dict) -> None:
     mult = 1
+    needed = _needed(jaxpr)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
@@ -622,7 +650,7 @@ def _count_eqns(jaxpr, acc: _Count, known: dict) -> None:
             f, t = counted
             acc.flops += mult * f
             acc.transcendentals += mult * t
-            _evaluate(eqn, known)
+            _evaluate(eqn, known, needed)
         elif name in _CALLS:
             sub, consts = _closed(eqn.params[_CALLS[name]])
             _count_jaxpr(sub, acc, mult, _bind(sub, eqn.invars, known, consts))
@@ -647,7 +675,7 @@ def _count_cond(eqn, acc: _Count, mult: int, known: dict) -> None:
     operands = eqn.invars[1:]
     index = _value(eqn.invars[0], known)
     if index is not None and index.ndim == 0:
-        sub, consts = branches[int(np.clip(index, 0, len(branches) - 1))]
+        sub, consts = branches[min(max(int(index), 0), len(branches) - 1)]
         _count_jaxpr(sub, acc, mult, _bind(sub, operands, known, consts))
         return
     counts = []
