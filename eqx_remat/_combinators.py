@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import equinox as eqx
 import jax
@@ -72,12 +72,12 @@ def _apply(
     carry: Any,
     depth: int,
     checkpoint: Checkpoint,
-    unroll: int | bool = 1,
+    unroll: SupportsIndex = 1,
 ) -> Any:
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
-    _check_unroll(unroll)
+    unroll = _check_unroll(unroll)  # a Python value: `lax.scan` hashes it
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     pol = _normalise_policy(check_checkpoint(checkpoint))
@@ -87,9 +87,10 @@ def _apply(
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 
-def _check_unroll(unroll: Any) -> None:
-    if not isinstance(unroll, bool):
-        check_int("scan_layers", "unroll", unroll, 1)
+def _check_unroll(unroll: Any) -> int | bool:
+    if isinstance(unroll, bool):
+        return unroll
+    return check_int("scan_layers", "unroll", unroll, 1)
 
 
 def scan_layers(
@@ -98,7 +99,7 @@ def scan_layers(
     xs: Any = None,
     *,
     checkpoint: Checkpoint = None,
-    unroll: int | bool = 1,
+    unroll: SupportsIndex = 1,
 ) -> Any:
     """Apply stacked layers in order, checkpointed by `checkpoint`.
 
@@ -126,9 +127,9 @@ def scan_layers(
       plus what the policy saves), or a schedule ([`eqx_remat.every`][],
       [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
     - `unroll`: layers per iteration of the layer loops (`lax.scan`'s `unroll`):
-      an int >= 1, or `True` to unroll the whole stack. Larger values trade
-      compile time and program size for step time (fewer loop iterations; on
-      TPUs often faster). The gradient does not change.
+      an int >= 1 (of any integer type), or `True` to unroll the whole stack.
+      Larger values trade compile time and program size for step time (fewer
+      loop iterations; on TPUs often faster). The gradient does not change.
 
     **Returns:**
 

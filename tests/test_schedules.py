@@ -5,6 +5,7 @@ import equinox.internal as eqxi
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import count_primitive, raises_bad_input, temp_bytes, tree_allclose
 from hypothesis import given
@@ -276,6 +277,17 @@ def test_unroll_keeps_gradients(ck, unroll):
 
     ref = jax.grad(loss)(layers, 1)
     assert tree_allclose(jax.grad(loss)(layers, unroll), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ck", [None, "nothing", er.every(2), er.binomial(2)])
+@pytest.mark.parametrize("unroll", [np.int64(2), jnp.int32(2)])
+def test_unroll_takes_any_integer_type(ck, unroll):
+    # Validated with `operator.index`, then passed on as a Python int (`lax.scan`
+    # hashes it).
+    layers = make_layers(5, 3)
+    out = er.scan_layers(layers, jnp.ones((2, 3)), checkpoint=ck, unroll=unroll)
+    ref = er.scan_layers(layers, jnp.ones((2, 3)), checkpoint=ck, unroll=2)
+    assert tree_allclose(out, ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
