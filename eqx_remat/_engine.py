@@ -55,6 +55,12 @@ except ImportError:  # pragma: no cover - depends on the jax version
     _trace_ctx = _BatchTrace = None
 
 
+try:  # Private: zeros of an abstract value, with its weak type and sharding.
+    from jax._src.ad_util import zeros_like_aval as _zeros_like_aval
+except ImportError:  # pragma: no cover - depends on the jax version
+    _zeros_like_aval = None
+
+
 _warned_no_vmap_rule = False
 
 
@@ -90,6 +96,20 @@ def _set(tree: Any, value: Any, i: Any) -> Any:
 
 def _nones(tree: Any) -> Any:
     return jtu.tree_map(lambda _: None, tree)
+
+
+def _zeros_of_type(t: Any) -> jax.Array:
+    """Zeros of the abstract value `t` with all that its type carries (shape,
+    dtype, weak type, sharding, memory space): what a `lax.cond` branch that
+    skips a layer returns in place of values the other branch computes."""
+    if _zeros_like_aval is None:  # pragma: no cover - depends on the jax version
+        z = jnp.zeros(t.shape, t.dtype)
+    else:
+        z = _zeros_like_aval(t)
+    space = getattr(t, "memory_space", None)
+    if space is not None and space != jax.memory.Space.Device:
+        z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory
+    return z
 
 
 def _is_arange(start: Any, length: int, depth: int) -> bool:
@@ -252,10 +272,10 @@ class Layers:
             i = start + t
             if not pad:
                 return forward(i, x)
-            shapes = jax.eval_shape(forward, i, x)[1]
+            types = jax.make_jaxpr(lambda i, x: forward(i, x)[1])(i, x).out_avals
 
             def skip(i, x):
-                return x, [jnp.zeros(s.shape, s.dtype) for s in shapes]
+                return x, [_zeros_of_type(t) for t in types]
 
             return lax.cond(i < self.depth, forward, skip, i, x)
 
