@@ -28,7 +28,8 @@ Under `jax.vmap` (the innermost transformation) the custom_vjp would be batched
 with per-example parameter gradients, materialising `batch × params`. A
 `custom_vmap` rule instead runs the engine once with a batched `step`, so the
 gradient of each layer's parameters is summed over the batch inside that layer's
-backward step.
+backward step. That `step` is batched with the `axis_name` and `spmd_axis_name`
+of the user's `jax.vmap`.
 """
 
 import warnings
@@ -49,10 +50,10 @@ if TYPE_CHECKING:
 
 
 try:  # Private: which trace a primitive bound now would be processed by.
-    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.core import no_axis_name as _no_axis_name, trace_ctx as _trace_ctx
     from jax._src.interpreters.batching import BatchTrace as _BatchTrace
 except ImportError:  # pragma: no cover - depends on the jax version
-    _trace_ctx = _BatchTrace = None
+    _trace_ctx = _BatchTrace = _no_axis_name = None
 
 
 try:  # Private: zeros of an abstract value, with its weak type and sharding.
@@ -78,6 +79,22 @@ def _innermost_is_vmap() -> bool:
             )
         return False
     return isinstance(_trace_ctx.trace, _BatchTrace)
+
+
+def _vmap_names() -> dict[str, Any]:
+    """The `axis_name` and `spmd_axis_name` of the innermost `jax.vmap`, as
+    keyword arguments of `jax.vmap`, so that the `custom_vmap` rule batches
+    with them: collectives over the axis name still work, and values stay split
+    over the mesh axes of `spmd_axis_name` (a `shard_map`'s specs keep them)."""
+    axis = getattr(_trace_ctx.trace, "axis_data", None)
+    name = getattr(axis, "name", None)
+    spmd = getattr(axis, "spmd_name", None)
+    names = {}
+    if name is not None and name is not _no_axis_name:
+        names["axis_name"] = name
+    if spmd is not None:
+        names["spmd_axis_name"] = spmd
+    return names
 
 
 def _is_diff(x: Any) -> bool:
@@ -344,11 +361,12 @@ def remat_scan(
     `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     if _innermost_is_vmap():
-        return _vmapped(step, depth, schedule, unroll)(consts, stacked, carry)
+        vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
+        return vmapped(consts, stacked, carry)
     return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
 
-def _vmapped(step, depth, schedule, unroll):
+def _vmapped(step, depth, schedule, unroll, names: dict[str, Any]):
     def fn(consts, stacked, carry):
         return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
@@ -377,7 +395,7 @@ def _vmapped(step, depth, schedule, unroll):
             def one(c_b, s_b, x):
                 return step(eqx.combine(c_b, c_u), eqx.combine(s_b, s_u), x)
 
-            return jax.vmap(one)(c_b, s_b, x)
+            return jax.vmap(one, **names)(c_b, s_b, x)
 
         out = remat_scan(batched_step, consts, stacked, carry, depth, schedule, unroll)
         return out, jtu.tree_map(lambda _: True, out)

@@ -247,6 +247,52 @@ def check_padded():
         check_allclose(label, grads, ref_grads)
 
 
+def _shard_map_specs(jaxpr) -> list:
+    """The `in_specs` of every `shard_map` in `jaxpr`, sub-jaxprs included."""
+    specs = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "shard_map":
+            specs.append(eqn.params["in_specs"])
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, tuple | list) else (v,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    specs += _shard_map_specs(sub)
+    return specs
+
+
+def check_flash_specs():
+    """`jax.vmap(model, spmd_axis_name="data")` keeps flash attention per
+    device under every depth schedule: the `shard_map` around the kernel in the
+    traced gradient splits the batch over 'data' (the schedules' `custom_vmap`
+    rule batches with the axis name), as without a schedule."""
+    import jax.experimental.pallas.tpu as pltpu
+
+    assert jax.device_count() == DEVICES, jax.devices()
+    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Auto,))
+    model = zoo.Transformer.llama(16, 8, 8, 2, 1, attention="flash", key=jr.key(0))
+    tokens = zoo.shard_batch(jnp.zeros((DEVICES, 8), jnp.int32), mesh)
+
+    def loss(model, tokens):
+        return jnp.sum(jax.vmap(model, spmd_axis_name="data")(tokens))
+
+    schedules = [None, "dots", eqx_remat.recursive(), eqx_remat.every(1)]
+    schedules += [eqx_remat.every(2, "dots"), eqx_remat.nested(2)]
+    schedules += [eqx_remat.binomial(1), eqx_remat.binomial(2, "dots")]
+    for ck in schedules:
+        grad = eqx.filter_grad(loss)
+        with pltpu.force_tpu_interpret_mode(True), jax.set_mesh(mesh):
+            jaxpr = eqx.filter_make_jaxpr(grad)(
+                eqx_remat.set_checkpoint(model, ck), tokens
+            )[0]
+        # The forward kernel (q, k, v) and the backward one (and its residuals):
+        # the kernel's operands are split over 'data'.
+        kernels = [s for s in _shard_map_specs(jaxpr.jaxpr) if len(s) >= 3]
+        assert len(kernels) >= 2, (ck, kernels)
+        for specs in kernels:
+            assert all(spec == P("data") for spec in specs[:3]), (ck, specs)
+
+
 def check_training():
     """benchmarks/train_lm.py --mesh: FSDP training follows the single-device loss
     curve, and its checkpoint resumes data parallel."""
@@ -295,6 +341,7 @@ if __name__ == "__main__":
         "grads": check_gradients,
         "explicit": check_explicit,
         "padded": check_padded,
+        "flash_specs": check_flash_specs,
         "train": check_training,
     }
     for name in sys.argv[1:] or list(checks):

@@ -122,6 +122,32 @@ def test_vmap_conventions(ck):
     assert tree_allclose(jax.grad(nested)(ens, xs, ck), jax.grad(nested)(ens, xs, None))
 
 
+class _Centred(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        # A collective over the batch: needs vmap's axis name inside the layer.
+        y = jnp.tanh(x * self.w)
+        return y - jax.lax.pmean(y, "batch")
+
+
+@pytest.mark.parametrize(
+    "ck", [er.every(2), er.nested(2, "nothing"), er.recursive(), er.binomial(2)]
+)
+def test_vmap_axis_name_reaches_the_layers(ck):
+    # The schedules' vmap rule batches the layers again: with the axis name of
+    # the user's vmap, so that collectives over it work.
+    layers = _Centred(jnp.linspace(0.5, 1.5, 5))
+    xs = jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)
+
+    def loss(layers, ck):
+        run = lambda x: er.scan_layers(layers, x, checkpoint=ck)
+        return jnp.sum(jnp.sin(jax.vmap(run, axis_name="batch")(xs)))
+
+    got, want = jax.grad(loss)(layers, ck), jax.grad(loss)(layers, None)
+    assert tree_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("ck", [er.every(2), er.nested(2), er.recursive()], ids=str)
 def test_grad_of_grad(ck):
     layers = make_layers(6, 3)

@@ -52,6 +52,13 @@ def test_padded_segments_keep_memory_space_and_sharding():
     run_sharded_check("padded")
 
 
+def test_flash_attention_stays_per_device_under_every_schedule():
+    """`jax.vmap(model, spmd_axis_name="data")` over a flash-attention Llama: the
+    traced gradient's `shard_map` around the kernel has `in_specs` `P('data')`
+    under every depth schedule (8 devices, interpret mode), not `P(None)`."""
+    run_sharded_check("flash_specs")
+
+
 @pytest.mark.slow
 def test_sharded_training():
     """On 8 devices, `benchmarks/train_lm.py --mesh fsdp:8`, resumed as
