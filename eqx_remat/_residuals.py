@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from jax.extend.core import Literal as _Literal
 
+from ._flops import _CALLS
 from ._policies import _KEEP
 from ._util import format_bytes, traceable
 
@@ -179,6 +180,19 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             None,
             1,
         )
+    if prim in _CALLS:
+        # A call that runs its body once (the `jax.checkpoint` of a name
+        # policy, a `closed_call`): describe the value where the body makes it.
+        body = e.params[_CALLS[prim]]
+        body = getattr(body, "jaxpr", body)
+        inner = body.outvars[e.outvars.index(v)]
+        inner_producer = {w: q for q in body.eqns for w in q.outvars}
+        if not _is_lit(inner) and inner in inner_producer:
+            return _describe(body, inner, inner_producer)
+        if inner in body.invars:
+            outer = e.invars[body.invars.index(inner)]
+            if not _is_lit(outer) and outer in producer:
+                return _describe(jaxpr, outer, producer)
     return f"output of {prim} from {_where(e)}", None, 1
 
 
