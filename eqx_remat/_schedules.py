@@ -88,8 +88,12 @@ class Schedule(abc.ABC):
         of a layer's forward computation outside that layer's own backward step,
         the forward pass included (so at least `depth`). The backward step of a
         layer (its `jax.vjp` and pullback) is counted apart: every schedule does
-        exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
-        exactly these evaluations."""
+        exactly one per layer. A layer reversed from residuals saved by an
+        inner policy recomputes inside its backward step what the policy did
+        not save: that recompute counts as one more evaluation.
+        [`eqx_remat.count_flops`][] of a gradient counts exactly these
+        evaluations (for a policy that recomputes the whole layer; less for one
+        that saves part of it)."""
 
 
 def _ceil_root(n: int, k: int) -> int:
@@ -160,6 +164,10 @@ class _UniformSplit(Schedule):
         return level(0, 0, 0, cts, slots)[0]
 
     def evaluations(self, depth: int) -> int:
+        """The forward pass, the re-runs that store each child segment's input,
+        and, with an inner policy on segments of more than one layer, the
+        policy's recompute of each layer inside its backward step (`depth`
+        more)."""
         splits, leaf = self._split(depth)
         padded = math.prod(splits) * leaf
         total = depth
@@ -175,6 +183,11 @@ class _UniformSplit(Schedule):
                 level(lvl + 1, start + j * child)
 
         level(0, 0)
+        if self.policy is not None and leaf > 1:
+            # A segment is run forward saving what the policy keeps, then each
+            # of its layers is reversed from that: the policy's recompute of
+            # the layer's forward inside its backward step is one more.
+            total += depth
         return total
 
 

@@ -267,8 +267,11 @@ def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
     ref = er.binomial(depth)  # stores every input: `depth` evaluations
     assert ref.evaluations(depth) == depth
     base = tanhs(ref)
-    schedules = [er.every(3), er.nested(2), er.nested(3), er.recursive()]
-    schedules += [er.binomial(s) for s in (1, 2, 3)]
+    schedules = [er.recursive()]
+    for policy in [None, "nothing", "dots"]:
+        schedules += [er.every(k, policy) for k in (1, 3)]
+        schedules += [er.nested(n, policy) for n in (2, 3)]
+        schedules += [er.binomial(s, policy) for s in (1, 2, 3)]
     for ck in schedules:
         extra = (tanhs(ck) - base) // (2 * width)
         assert extra == ck.evaluations(depth) - depth, ck
