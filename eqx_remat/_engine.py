@@ -169,6 +169,7 @@ class Layers:
         self.depth = depth
         self._step = step
         policy = _normalise_policy(policy)
+        self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -232,7 +233,17 @@ class Layers:
 
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
-        g_c, g_s, g_x = vjp(ct)
+        if self._policy is None:
+            # The input's cotangent first, then the parameters' gradient: XLA
+            # may otherwise keep the layer's parameters (read for the input's
+            # cotangent) alive while their gradient is computed, one layer's
+            # parameters more (seen under jax.vmap with an (out, in) weight).
+            # Not under a policy, whose pullback would recompute twice.
+            *_, g_x = vjp(ct)
+            ct, g_x = lax.optimization_barrier((ct, g_x))
+            g_c, g_s, _ = vjp(ct)
+        else:
+            g_c, g_s, g_x = vjp(ct)
         gs = _set(gs, g_s, i)  # each layer is reversed exactly once
         gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
         return g_x, gs, gc
