@@ -245,10 +245,24 @@ def scan_layers(
     """
     if isinstance(layers, (list, tuple)):
         layers = stack_layers(layers, fn="scan_layers")
-        depth = _depth(layers, "layers")
-    else:
-        depth = _depth(layers, "layers")
-        _check_stacked(layers, carry, depth)
+        return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
+    _check_stacked(layers, carry, _depth(layers, "layers"))
+    return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
+
+
+def scan_stacked(
+    layers: Any,
+    carry: Any,
+    xs: Any = None,
+    *,
+    checkpoint: Checkpoint = None,
+    unroll: SupportsIndex | bool = 1,
+) -> Any:
+    """[`eqx_remat.scan_layers`][] for layers known to be stacked (by
+    `stack_layers`, [`eqx_remat.stack`][], an [`eqx_remat.Stacked`][]): without
+    the check for a single layer passed as a stack, which a stack of layers
+    holding one scalar each could otherwise fail."""
+    depth = _depth(layers, "layers")
     if xs is not None:
         xs_depth = _depth(xs, "xs")
         if xs_depth != depth:

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._checkpoint import Checkpoint, check_checkpoint, checkpoint_field
-from ._combinators import _check_unroll, _depth, scan_layers, stack_layers
+from ._combinators import _check_unroll, _depth, scan_stacked, stack_layers
 
 
 _M = TypeVar("_M")
@@ -117,7 +117,7 @@ class Stacked(eqx.Module, Generic[_M]):
 
         The output of the last layer.
         """
-        return scan_layers(
+        return scan_stacked(
             self.layers, carry, xs, checkpoint=self.checkpoint, unroll=self.unroll
         )
 

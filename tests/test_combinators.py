@@ -246,3 +246,22 @@ def test_stacked_validation(kwargs, match):
     layers = kwargs.pop("layers")
     with pytest.raises(ValueError, match=match):
         er.Stacked(layers, **kwargs)
+
+
+class Scale(eqx.Module):
+    s: jax.Array
+
+    def __call__(self, x):
+        return x * self.s
+
+
+def test_stacked_of_scalar_layers_is_not_taken_for_one_layer():
+    """A stack of 4 layers holding one scalar each, on a carry of shape (4,),
+    looks to `scan_layers` like one unstacked layer; a list, or a `Stacked`,
+    says what it is."""
+    layers = [Scale(jnp.asarray(1.0 + i)) for i in range(4)]
+    x = jnp.ones(4)
+    assert tree_allclose(er.Stacked(layers, checkpoint="dots")(x), 24.0 * x)
+    assert tree_allclose(er.scan_layers(layers, x), 24.0 * x)
+    with pytest.raises(ValueError, match="looks like a single layer"):
+        er.scan_layers(er.Stacked(layers).layers, x)
