@@ -215,9 +215,12 @@ def scan_layers(
       array shapes and dtypes: `[Block(k) for k in keys]`), which are stacked
       here, with `jnp.stack` on each array, and scanned like a stack — one
       layer is traced, whatever `D`. Stacking copies the parameters; inside a
-      `jax.jit`ted training step it does so on every step: hold the layers
-      stacked instead (`eqx_remat.Stacked([...])`, built once). Layers that
-      differ are a `ValueError` naming the first that does, and how.
+      `jax.jit`ted training step it does so on every step, and the gradient is
+      stacked too before it is split per layer: up to twice the layers'
+      parameters in temporary memory, which dominates for wide layers on a
+      small batch. Hold the layers stacked instead
+      (`eqx_remat.Stacked([...])`, built once). Layers that differ are a
+      `ValueError` naming the first that does, and how.
       Each layer is called as `layer(carry)` or `layer(carry, x)`.
       A single layer that was never stacked is caught where the shapes show it:
       when a slice of it returns a carry of the wrong shape (`eqx.nn.Linear`),
@@ -334,8 +337,9 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
     `eqx.Module`s of one structure (the same type, static fields, array shapes
     and dtypes: `[Block(k) for k in keys]`) are stacked, as
     [`eqx_remat.scan_layers`][] stacks a list, and scanned: one layer is traced,
-    whatever their number. (Stacking copies their parameters on every call: to
-    avoid it, hold the layers stacked, in an [`eqx_remat.Stacked`][].)
+    whatever their number. (Stacking copies their parameters on every call,
+    and stacks their gradient: up to twice the parameters in temporary memory.
+    To avoid it, hold the layers stacked, in an [`eqx_remat.Stacked`][].)
     Other callables may differ (they are selected with `lax.switch` inside one
     scan, which compiles and keeps every branch; identical callables share one
     branch). Callables may close over arrays, including ones being
