@@ -58,12 +58,9 @@ def _depth(stacked: Any, what: str, fn: str = "scan_layers") -> int:
             "axis. Got a scalar."
         )
     if len(depths) != 1:
-        hint = ""
-        if isinstance(stacked, (list, tuple)):
-            hint = " (A list or tuple of layers is stacked by scan_layers itself.)"
         raise ValueError(
             f"{fn} expected every array in {what} to have the same leading "
-            f"depth axis. Got depths {sorted(depths)}.{hint}"
+            f"depth axis. Got depths {sorted(depths)}."
         )
     return depths.pop()
 
