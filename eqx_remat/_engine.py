@@ -38,6 +38,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
@@ -57,7 +58,7 @@ _warned_no_vmap_rule = False
 
 def _innermost_is_vmap() -> bool:
     global _warned_no_vmap_rule
-    if _trace_ctx is None:  # pragma: no cover - depends on the jax version
+    if _trace_ctx is None or _BatchTrace is None:  # pragma: no cover - jax version
         if not _warned_no_vmap_rule:
             _warned_no_vmap_rule = True
             warnings.warn(

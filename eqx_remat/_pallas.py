@@ -78,7 +78,8 @@ def with_pallas_costs(
         def add_cost(eqn: JaxprEqn) -> JaxprEqn:
             if eqn.primitive.name != "pallas_call":
                 return eqn
-            cost = costs.get(_kernel_name(eqn))
+            name = _kernel_name(eqn)
+            cost = None if name is None else costs.get(name)
             if cost is None or eqn.params.get("cost_estimate") is not None:
                 return eqn
             return eqn.replace(params={**eqn.params, "cost_estimate": cost})

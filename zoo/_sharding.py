@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.tree_util as jtu
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
@@ -140,7 +141,7 @@ def _shardings(
     def leaf_sharding(x):
         if not is_array_like(x):
             return x
-        spec = [None] * len(x.shape)
+        spec: list[str | None] = [None] * len(x.shape)
         dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
         if dim is not None:
             spec[dim] = axis
