@@ -73,7 +73,7 @@ class MemoryReport(NamedTuple):
         must fit in one device; host memory not included)."""
         return self.temp_bytes + self.argument_bytes + self.output_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str]:
         """The report as a JSON-serialisable `dict` (plain `int`s and `str`)."""
         return {
             k: (v if isinstance(v, str) else int(v)) for k, v in self._asdict().items()

@@ -5,6 +5,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jax.extend.core import JaxprEqn
+from jaxtyping import PyTree
 
 from ._jaxpr import eval_jaxpr, iter_eqns, map_eqns, trace
 
@@ -60,7 +61,7 @@ def with_pallas_costs(
     costs = _check_costs(costs)
 
     @functools.wraps(fn)
-    def with_costs(*args: Any) -> Any:
+    def with_costs(*args: PyTree) -> PyTree:
         closed, flat, out_tree = trace(fn, *args)
         called = {
             _kernel_name(e)
