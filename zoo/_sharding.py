@@ -81,7 +81,7 @@ def _mesh_of(x: Array) -> Mesh | AbstractMesh | None:
     return mesh
 
 
-def _platform(mesh: Mesh | AbstractMesh | None) -> str:
+def _platform(mesh: Any) -> str:
     if mesh is not None:
         platform = getattr(getattr(mesh, "abstract_device", None), "platform", None)
         if platform is not None:
