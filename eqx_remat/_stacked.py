@@ -2,7 +2,7 @@
 your own (Haliax's `Stacked`, stanford-crfm/haliax `nn/scan.py`, is the model)."""
 
 from collections.abc import Sequence
-from typing import Any, Generic, SupportsIndex, TypeVar
+from typing import Any, Generic, SupportsIndex, TypeVar, cast
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -96,7 +96,8 @@ class Stacked(eqx.Module, Generic[_M]):
             layers = stack_layers(layers, fn="Stacked", what="layers")
         else:
             _depth(layers, "layers", fn="Stacked")
-        self.layers = layers
+        # A list of `_M`s stacks into one `_M`, which pyright cannot follow.
+        self.layers = cast(_M, layers)
         self.checkpoint = check_checkpoint(checkpoint, name="Stacked: checkpoint")
         try:
             self.unroll = _check_unroll(unroll)
