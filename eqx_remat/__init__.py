@@ -30,6 +30,7 @@ from ._policies import (
     save_all_but_names as save_all_but_names,
     save_names as save_names,
 )
+from ._ranges import ranges as ranges
 from ._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
@@ -76,6 +77,7 @@ __all__ = [
     "plan",
     "policy",
     "print_residuals",
+    "ranges",
     "recursive",
     "residuals",
     "save_all_but_names",

@@ -82,6 +82,14 @@ class Schedule(abc.ABC):
         The backward state after the first layer has been reversed.
         """
 
+    def check_depth(self, depth: int) -> None:
+        """Raise a `ValueError` when this schedule cannot checkpoint a stack of
+        `depth` layers. Called by the engine when it traces the stack (forward
+        pass included). Every depth >= 1 is fine unless a schedule says
+        otherwise ([`eqx_remat.ranges`][] needs its counts to add up to
+        `depth`)."""
+        del depth
+
     @abc.abstractmethod
     def evaluations(self, depth: int) -> int:
         """The number of layer evaluations for a stack of `depth` layers: calls
