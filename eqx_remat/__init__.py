@@ -28,6 +28,7 @@ from ._policies import (
     offload_names as offload_names,
     policy as policy,
     save_all_but_names as save_all_but_names,
+    save_and_offload_names as save_and_offload_names,
     save_names as save_names,
 )
 from ._ranges import ranges as ranges
@@ -81,6 +82,7 @@ __all__ = [
     "recursive",
     "residuals",
     "save_all_but_names",
+    "save_and_offload_names",
     "save_names",
     "scan_layers",
     "set_checkpoint",

@@ -140,7 +140,7 @@ class ranges(Schedule):
     def _scope(self, k: int, start: int, n: int, c: Checkpoint):
         """A name scope that says which range an operation belongs to (what
         `residuals` prints as the source of a range's residuals)."""
-        return jax.named_scope(f"ranges[{k}]: layers {start}..{start + n - 1}, {c!r}")
+        return jax.named_scope(f"ranges[{k}] (layers {start}..{start + n - 1}: {c!r})")
 
     def check_depth(self, depth: int) -> None:
         if self.depth != depth:
