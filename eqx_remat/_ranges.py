@@ -92,7 +92,7 @@ class ranges(Schedule):
 
     parts: tuple[tuple[int, Checkpoint], ...]
 
-    def __init__(self, *parts: tuple[int, Checkpoint]):
+    def __init__(self, *parts: Any):  # checked below, naming the bad pair
         if len(parts) == 0:
             raise ValueError(
                 "ranges expected at least one (count, checkpoint) pair. Got none."
