@@ -6,18 +6,22 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, SupportsIndex
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from ._binomial import binomial
-from ._combinators import set_checkpoint
+from ._checkpoint import (
+    Checkpoint,
+    check_checkpoint,
+    map_checkpoints,
+    set_checkpoint,
+)
 from ._flops import count_flops
 from ._memory import MemoryReport, memory_report
-from ._schedules import Checkpoint, every, nested, recursive
-from ._util import format_bytes, is_array_like
-from ._validate import check_checkpoint, check_int
+from ._schedules import every, nested, recursive
+from ._util import format_bytes, format_flops, is_array_like
+from ._validate import check_int
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
@@ -212,33 +216,15 @@ _NEEDED = (
 _XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _needed_bytes(message: str) -> int | None:
+def needed_bytes(message: str) -> int | None:
+    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
+    (the error `memory_report` raises when a program does not fit in one
+    device), or `None` where the message gives no figure."""
     for pattern in _NEEDED:
         match = pattern.search(message)
         if match is not None:
             return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
     return None
-
-
-def _has_checkpoint_field(tree: Any) -> bool:
-    found = False
-
-    def visit(x):
-        nonlocal found
-        if isinstance(x, eqx.Module):
-            for f in dataclasses.fields(x):
-                if f.name == "checkpoint":
-                    found = True
-                else:
-                    jtu.tree_map(visit, getattr(x, f.name), is_leaf=_is_module)
-        return x
-
-    jtu.tree_map(visit, tree, is_leaf=_is_module)
-    return found
-
-
-def _is_module(x) -> bool:
-    return isinstance(x, eqx.Module)
 
 
 def plan(
@@ -310,7 +296,7 @@ def plan(
         raise ValueError("plan expected at least one candidate. Got none.")
     for i, c in enumerate(candidates):
         check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
-    if not _has_checkpoint_field(args):
+    if not map_checkpoints(args, lambda c: c)[1]:
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
@@ -320,10 +306,10 @@ def plan(
     for c in candidates:
         report, flops = _measure(fn, set_checkpoint(args, c), target)
         if isinstance(report, str):  # XLA: does not fit in one device
-            needed = _needed_bytes(report)
+            needed = needed_bytes(report)
             table.append(PlanEntry(c, needed, flops, False, None, report))
             continue
-        memory = report.temp_bytes + report.argument_bytes + report.output_bytes
+        memory = report.total_bytes
         table.append(PlanEntry(c, memory, flops, memory <= budget, report))
     target_name = _target_name(table, target)
 
@@ -369,7 +355,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
                 "*" if e is chosen else "",
                 _name(e.checkpoint),
                 _format_memory(e),
-                _format_flops(e.flops),
+                format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
                 "yes" if e.fits else "no",
             )
@@ -386,10 +372,3 @@ def _format_memory(e: PlanEntry) -> str:
     if e.memory_bytes is None:
         return "too large (XLA)"
     return f">= {format_bytes(e.memory_bytes)} (XLA)"
-
-
-def _format_flops(n: int) -> str:
-    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return str(n)

@@ -25,9 +25,9 @@ from typing import Any
 
 import jax
 
-from ._engine import Layers
-from ._schedules import Checkpoint, Schedule
-from ._validate import check_checkpoint, check_int
+from ._checkpoint import Checkpoint, check_checkpoint
+from ._engine import Layers, Schedule
+from ._validate import check_int
 
 
 @dataclasses.dataclass(frozen=True, init=False, repr=False)

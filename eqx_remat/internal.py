@@ -1,0 +1,26 @@
+"""Semi-public helpers: `eqx_remat.internal` (Equinox's convention, as
+`equinox.internal`).
+
+What is here exists for the zoo and the benchmarks, and for models of your own
+that want to behave like the zoo's (validate their arguments with the same
+messages). It is documented and tested, but not part of the stable API of
+`eqx_remat`: a name here may change or move in a minor release.
+"""
+
+from ._checkpoint import check_checkpoint as check_checkpoint
+from ._memory import compiled_report as compiled_report
+from ._pallas import with_pallas_costs as with_pallas_costs
+from ._plan import needed_bytes as needed_bytes
+from ._util import format_flops as format_flops, is_array_like as is_array_like
+from ._validate import check_int as check_int
+
+
+__all__ = [
+    "check_checkpoint",
+    "check_int",
+    "compiled_report",
+    "format_flops",
+    "is_array_like",
+    "needed_bytes",
+    "with_pallas_costs",
+]
