@@ -19,6 +19,11 @@ operations on the stack that this module implements once, for every schedule:
   layer's residuals (what the inner policy keeps), then the backward steps of
   the segment, last to first. A layer's parameters are never among the saved
   residuals: they are read from the stack again.
+- `Layers.save_segment` / `Layers.apply_segment`: the two halves of
+  `reverse_segment` on their own, for a schedule that saves a segment's
+  residuals on the forward pass (`eqx_remat.ranges`'s per-layer ranges).
+- `Layers.view`: some consecutive layers as a stack of their own, with their own
+  inner policy, reading the same stack and writing the same gradient buffer.
 - `Layers.carries`, `Layers.load`, `Layers.store`: a buffer of stored carries.
 
 So parameter memory stays at that of a plain scan: one gradient buffer for the
@@ -128,8 +133,10 @@ class Layers:
     operations a schedule may use on it.
 
     A schedule never calls the layers itself: it asks a `Layers` to run them
-    forward (`step`, `run`), to reverse them (`reverse`, `reverse_segment`) and
-    to store carries (`carries`, `store`, `load`). Layer indices and `start`s
+    forward (`step`, `run`), to reverse them (`reverse`, `reverse_segment`, or
+    its halves `save_segment` and `apply_segment`) and to store carries
+    (`carries`, `store`, `load`); `view` gives some of the layers as a stack of
+    their own. Layer indices and `start`s
     may be traced integers (e.g. a `lax.scan`'s counter); lengths are Python
     ints.
 

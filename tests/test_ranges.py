@@ -190,6 +190,31 @@ def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
     assert model.checkpoint == ck
 
 
+def test_second_order_through_ranges():
+    # grad of grad, and forward-over-reverse (float64, tight), through
+    # per-layer ranges and a schedule range.
+    layers = make_layers(6, 3)
+    x = jnp.array([[0.1, 0.2, -0.3]])
+    ck = er.ranges((2, None), (2, "dots"), (2, er.every(2)))
+
+    def loss(layers, x, ck):
+        return jnp.sum(er.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+    def gg(x, ck):
+        return jnp.sum(jax.grad(loss)(layers, x, ck).w)
+
+    assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
+    with jax.enable_x64(True):
+        l64 = jax.tree.map(lambda a: a.astype(jnp.float64), layers)
+        x64 = x.astype(jnp.float64)
+
+        def hvp(ck):
+            g = jax.grad(lambda x: loss(l64, x, ck))
+            return jax.jvp(g, (x64,), (jnp.ones_like(x64),))[1]
+
+        assert tree_allclose(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
+
+
 def test_plan_takes_ranges_among_its_candidates():
     model = zoo.MLP(3, 2, 8, 4, key=jr.key(0))
     ck = er.ranges((2, None), (2, er.recursive()))
