@@ -223,12 +223,22 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
         ("recursive()", er.recursive()),
         ("binomial(log2)", er.binomial(6)),
         ("every(sqrt)", er.every(8)),
+        # The spelling that needs no shell quoting.
+        ("every:4", er.every(4)),
+        ("every:4:dots", er.every(4, "dots")),
+        ("nested:3", er.nested(3)),
+        ("recursive", er.recursive()),
+        ("binomial:log2", er.binomial(6)),
         ("ranges(4:dots, 60:None)", er.ranges((4, "dots"), (60, None))),
         (
             "ranges(16:every(4, dots), 16:recursive(), 32:binomial(log2))",
             er.ranges(
                 (16, er.every(4, "dots")), (16, er.recursive()), (32, er.binomial(5))
             ),
+        ),
+        (
+            "ranges(2:every:2:dots, 6:recursive)",
+            er.ranges((2, er.every(2, "dots")), (6, er.recursive())),
         ),
     ],
 )
