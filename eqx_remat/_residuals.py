@@ -187,6 +187,9 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             if not is_literal(inner) and inner in inner_producer:
                 source, tag, layers = _describe(body, inner, inner_producer)
                 return f"{source}, {scan}", tag, layers * length
+            if is_literal(inner):  # a scalar the layer's vjp keeps
+                value = np.asarray(inner.val).item()
+                return f"the constant {value!r} of each layer, {scan}", None, length
             if inner in body.invars:
                 i = body.invars.index(inner) - e.params["num_consts"]
                 what = "the carry" if i < e.params["num_carry"] else "a per-layer input"
