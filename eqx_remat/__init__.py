@@ -13,6 +13,7 @@ from ._engine import Layers as Layers
 from ._flops import FlopCount as FlopCount, count_flops as count_flops
 from ._memory import (
     MemoryReport as MemoryReport,
+    ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
     v5e_mesh as v5e_mesh,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "POLICIES",
     "PlanEntry",
     "PlanResult",
+    "ReplicatedArgumentsWarning",
     "Residual",
     "Schedule",
     "binomial",
