@@ -19,6 +19,7 @@ from ._memory import (
 )
 from ._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+    FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
     parse_bytes as parse_bytes,
@@ -56,6 +57,7 @@ __all__ = [
     "Checkpoint",
     "DEFAULT_CANDIDATES",
     "FlopCount",
+    "FrontierPoint",
     "Layers",
     "MemoryReport",
     "POLICIES",

@@ -2,7 +2,11 @@
 
 import collections
 import dataclasses
+import math
 import re
+import sys
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, SupportsIndex
 
@@ -14,9 +18,29 @@ import numpy as np
 from ._binomial import binomial
 from ._combinators import set_checkpoint
 from ._flops import count_flops
-from ._memory import MemoryReport, memory_report
-from ._schedules import Checkpoint, every, nested, recursive
-from ._util import format_bytes, is_array_like
+from ._hardware import hardware
+from ._memory import (
+    MemoryReport,
+    ReplicatedArgumentsWarning,
+    _v5e,
+    memory_report,
+    warn_replicated,
+)
+from ._policies import save_names
+from ._schedules import Checkpoint, Schedule, every, nested, recursive
+from ._solve import (
+    Option,
+    heavy_count,
+    lower_hull,
+    option_time,
+    per_layer_options,
+    prefix_options,
+    price,
+    share_per_chip,
+    stack_depths,
+    tags,
+)
+from ._util import format_bytes, is_array_like, split_args
 from ._validate import check_checkpoint, check_int
 
 
@@ -44,7 +68,8 @@ that save less than everything, and each schedule over a grid of parameters
 
 
 class PlanEntry(NamedTuple):
-    """One candidate of a [`eqx_remat.PlanResult`][] table.
+    """One compiled checkpoint: a row of a [`eqx_remat.PlanResult`][]'s `table`
+    (the candidates given to [`eqx_remat.plan`][]) or its `entry` (the pick).
 
     **Attributes:**
 
@@ -62,6 +87,10 @@ class PlanEntry(NamedTuple):
     - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
       XLA refused to compile.
     - `error`: XLA's message for a candidate it refused to compile, else `None`.
+    - `time_s`: the estimated step time on one chip: its FLOPs at the target's
+      peak (its share of them, per chip) plus the bytes it offloads
+      (`report.host_temp_bytes`) over the host link, out and back (see
+      [`eqx_remat.plan`][]).
     """
 
     checkpoint: Checkpoint
@@ -70,6 +99,33 @@ class PlanEntry(NamedTuple):
     fits: bool
     report: MemoryReport | None
     error: str | None = None
+    time_s: float = 0.0
+
+
+class FrontierPoint(NamedTuple):
+    """One point of the Pareto frontier of a [`eqx_remat.PlanResult`][]: no
+    other point found needs less memory and less time.
+
+    **Attributes:**
+
+    - `checkpoint`: the checkpoint (a uniform option, a schedule, or a
+      [`eqx_remat.ranges`][] mix of two options).
+    - `predicted_bytes`: device memory per chip that the planner's model
+      predicts (arguments + outputs + temporaries, as `memory_bytes`).
+    - `compiled_bytes`: what compiling it gave, or `None` where it was not
+      compiled.
+    - `flops`: the function's FLOPs under it (exact for uniform options and
+      schedules, [`eqx_remat.count_flops`][]; summed per layer for a mix).
+    - `host_bytes`: bytes per chip it offloads to host memory.
+    - `time_s`: the estimated step time on one chip (see [`eqx_remat.plan`][]).
+    """
+
+    checkpoint: Checkpoint
+    predicted_bytes: int
+    compiled_bytes: int | None
+    flops: int
+    host_bytes: int
+    time_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +134,21 @@ class PlanResult:
 
     **Attributes:**
 
-    - `checkpoint`: the chosen candidate: the fewest FLOPs among those that fit
-      (ties go to less memory, then to the earlier candidate).
-    - `entry`: its [`eqx_remat.PlanEntry`][].
-    - `table`: every candidate's entry, in the order given.
+    - `checkpoint`: the pick: the least estimated step time among what fits
+      the budget.
+    - `entry`: its [`eqx_remat.PlanEntry`][] (it is always compiled).
+    - `table`: with `candidates=`, every candidate's entry in the order given;
+      else `()`.
     - `budget_bytes`: the budget, in bytes.
     - `target`: what was compiled for (`"cpu"`, `"gpu"`, `"v5e:2x2"`, ...).
+    - `frontier`: the Pareto frontier of memory and estimated time that the
+      planner found, least memory first, as [`eqx_remat.FrontierPoint`][]s
+      (`()` with `candidates=`).
+    - `notes`: what the planner wants you to know: stacks it could not mix,
+      picks that did not fit when compiled and what it did instead.
+    - `compiles`: how many functions it compiled (compilations cached from an
+      earlier call are not counted).
+    - `seconds`: how long it took.
     """
 
     checkpoint: Checkpoint
@@ -91,6 +156,10 @@ class PlanResult:
     table: tuple[PlanEntry, ...]
     budget_bytes: int
     target: str
+    frontier: tuple[FrontierPoint, ...] = ()
+    notes: tuple[str, ...] = ()
+    compiles: int = 0
+    seconds: float = 0.0
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
@@ -98,11 +167,20 @@ class PlanResult:
         return set_checkpoint(tree, self.checkpoint)
 
     def __str__(self) -> str:
-        head = (
+        e = self.entry
+        lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={_name(self.checkpoint)}"
-        )
-        return head + "\n" + _table(self.table, self.entry)
+            f"[{self.target}]: checkpoint={_name(self.checkpoint)}",
+            f"  {format_bytes(e.memory_bytes)} compiled, "
+            f"{_format_flops(e.flops)}FLOPs, estimated {_format_time(e.time_s)} "
+            f"per step; {self.compiles} compiles in {self.seconds:.1f} s",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.frontier:
+            lines += ["frontier:", _frontier_table(self.frontier, self.checkpoint)]
+        if self.table:
+            lines.append(_table(self.table, self.entry))
+        return "\n".join(lines)
 
 
 _UNITS = {
@@ -181,12 +259,13 @@ def _key(fn, args, target) -> Any:
     return key
 
 
-def _measure(fn, args, target) -> tuple[MemoryReport | str, int]:
-    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message) and FLOPs."""
+def _measure(fn, args, target) -> tuple[MemoryReport | str, int, bool]:
+    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message), FLOPs, and
+    whether it was compiled now (`False`: from the cache)."""
     key = _key(fn, args, target)
     if key is not None and key in _CACHE and _CACHE[key][0] is fn:
         _CACHE.move_to_end(key)
-        return _CACHE[key][1:]
+        return (*_CACHE[key][1:], False)
     try:
         report = memory_report(fn, *args, target=target)
     except jax.errors.JaxRuntimeError as e:
@@ -199,7 +278,7 @@ def _measure(fn, args, target) -> tuple[MemoryReport | str, int]:
         _CACHE[key] = fn, report, flops  # holding `fn` keeps its id unique
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return report, flops
+    return report, flops, True
 
 
 # What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
@@ -247,14 +326,10 @@ def plan(
     budget_bytes: SupportsIndex | str,
     target: str | None = None,
     candidates: Sequence[Checkpoint] | None = None,
+    progress: bool = True,
 ) -> PlanResult:
-    """The cheapest checkpointing that fits a memory budget.
-
-    For each candidate, every `checkpoint` field in `args` is set to it (with
-    [`eqx_remat.set_checkpoint`][]), `fn(*args)` is compiled ahead of time
-    ([`eqx_remat.memory_report`][]: nothing is allocated or run) and its FLOPs are
-    counted ([`eqx_remat.count_flops`][]). The candidate with the fewest FLOPs
-    among those whose memory fits the budget wins.
+    """The checkpoint with the least estimated step time that fits a memory
+    budget: a byte budget in, the checkpoint to train with out.
 
     Pass the function whose memory matters — a gradient or training step, e.g.
     `eqx.filter_grad(loss)` — and the model among its arguments:
@@ -263,90 +338,507 @@ def plan(
     result = eqx_remat.plan(
         eqx.filter_grad(loss), model, batch, budget_bytes="16GiB", target="v5e"
     )
-    print(result)  # the table
+    print(result)  # the pick, and the frontier of memory against time
     model = result.apply(model)
     ```
 
+    **How it solves.** In a stack of `D` identical layers, the memory and the
+    cost of giving different layers different checkpoints are a base plus a
+    per-layer term per layer, so at a budget the best choice mixes at most two
+    per-layer options that are neighbours on the lower convex hull of
+    (per-layer bytes, per-layer cost). The planner:
+
+    1. traces `fn` once to find its stacks (every `checkpoint` field in `args`
+       set to a probe that records each stack's depth);
+    2. prices each per-layer option once, by tracing, without compiling: the
+       policies `None`, `"dots"`, `"dots_no_batch"`, `"nothing"` (and
+       `"offload_dots_no_batch"` on a target with a host link: TPU, GPU), and
+       per-name decisions over the `checkpoint_name` tags of the model
+       ([`eqx_remat.save_names`][] of each tag, then of the tags that save the
+       most recomputation per byte first; with a host link,
+       [`eqx_remat.offload_names`][] of the same). Bytes: what the option keeps
+       across the stack in `fn`'s program, per layer. Cost: its FLOPs beyond
+       `None`'s ([`eqx_remat.count_flops`][], exact) at the target's peak
+       FLOP/s, plus what it offloads, out and back over the host link.
+    3. keeps the lower convex hull; compiles its cheapest option (`None`) and
+       its lightest to learn the base memory (memory = base + the layers'
+       bytes); picks the mix for the budget, `n` layers of the heavier option
+       and `D - n` of the lighter, as [`eqx_remat.ranges`][]`((n, heavy), (D -
+       n, light))` (a uniform option when `n` is 0 or `D`), with `n` as large
+       as the predicted memory allows;
+    4. compiles the pick for the target to confirm that it fits. If it does
+       not, it takes as many fewer heavy layers as the compiled excess says
+       (or the next segment of the hull), and says so, in `notes` and on
+       stderr;
+    5. compares it with the whole-stack schedules of
+       [`eqx_remat.DEFAULT_CANDIDATES`][] that cost less (their FLOPs are
+       counted; they are compiled only when they could win).
+
+    The estimated step time is per chip and at peak: the function's FLOPs (the
+    chip's share: all of them, or `1/k` of them when an argument is split `k`
+    ways over the chips) over the chip's peak FLOP/s, plus `2 × offloaded
+    bytes / host-link bandwidth`. The figures per target are in one table,
+    with their sources (TPU v5e: 197 TFLOP/s bf16 per chip; CPU: a nominal
+    100 GFLOP/s). It ranks checkpoints; it is not a prediction of wall time.
+
+    With `candidates=`, the planner enumerates instead: each candidate is
+    compiled, and the one with the least estimated step time that fits wins
+    (the table of all of them is in the result).
+
+    Stacks of different depths in one function cannot share a mix: the
+    planner then compares uniform options only, and says so in `notes`.
     Compilations are cached: planning the same function and argument shapes
-    again (another budget, a subset of the candidates) compiles nothing new.
+    again (another budget) compiles only what is new.
 
     **Arguments:**
 
-    - `fn`: the function to plan for.
+    - `fn`: the function to plan for; it must differentiate the stacks.
     - `*args`: its arguments; at least one must contain an `eqx.Module` with a
       `checkpoint` field (every zoo model has one). Array leaves may be
-      `jax.ShapeDtypeStruct`s.
+      `jax.ShapeDtypeStruct`s. On a target with several chips, give the batch
+      a sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
+      [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
     - `budget_bytes`: device memory available (per chip on a TPU target): an int,
-      or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. A candidate fits
+      or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. A checkpoint fits
       when its arguments, outputs and temporaries add up to at most this.
     - `target`: `None` for the default backend, or `"v5e"` / `"v5e:AxB"` to
       compile for TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
-    - `candidates`: the checkpoints to compare (policy names, policies,
-      schedules, `None`); default [`eqx_remat.DEFAULT_CANDIDATES`][] (plus
-      `"offload_dots_no_batch"` for a TPU target).
+    - `candidates`: `None` to solve; or the checkpoints to compare (policy
+      names, policies, schedules, `None`), each compiled.
+    - `progress`: print what it does, how many and how long, to stderr.
 
     **Returns:**
 
-    A [`eqx_remat.PlanResult`][]: the chosen `checkpoint`, its entry, and the
-    whole table (`print` it).
+    A [`eqx_remat.PlanResult`][]: the pick, its compiled entry, the frontier
+    (or the candidates' table), notes, compile count and time. `print` it.
 
     **Raises:**
 
-    `ValueError` for a bad budget, an invalid or empty list of candidates, or
-    arguments without a `checkpoint` field; and, when no candidate fits, a
-    `ValueError` that names the smallest achievable memory, and its candidate.
-    A candidate that XLA refuses to compile because it does not fit in one
-    device (`RESOURCE_EXHAUSTED`, e.g. `None` for a large model on TPU v5e) is
-    not an error: it is recorded as not fitting, with XLA's figure of what it
-    needed, and planning goes on.
+    `ValueError` for a bad budget, an invalid or empty list of candidates,
+    arguments without a `checkpoint` field, or a function that differentiates
+    no stack (when solving); and, when nothing fits, a `ValueError` that names
+    the smallest achievable memory and its checkpoint. A checkpoint that XLA
+    refuses to compile because it does not fit in one device
+    (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
+    with XLA's figure of what it needed, and planning goes on.
     """
     budget = parse_bytes(budget_bytes)
-    if candidates is None:
-        candidates = DEFAULT_CANDIDATES
-        if target is not None:
-            candidates = candidates + ("offload_dots_no_batch",)
-    candidates = tuple(candidates)
-    if not candidates:
-        raise ValueError("plan expected at least one candidate. Got none.")
-    for i, c in enumerate(candidates):
-        check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
+    if candidates is not None:
+        candidates = tuple(candidates)
+        if not candidates:
+            raise ValueError("plan expected at least one candidate. Got none.")
+        for i, c in enumerate(candidates):
+            check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
     if not _has_checkpoint_field(args):
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
+    planner = _Planner(fn, args, budget, target, _Progress(progress))
+    with warnings.catch_warnings():
+        # Said once, by the planner; not again for every compile.
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        if candidates is not None:
+            return planner.enumerate(candidates)
+        return planner.solve()
 
-    table = []
-    for c in candidates:
-        report, flops = _measure(fn, set_checkpoint(args, c), target)
-        if isinstance(report, str):  # XLA: does not fit in one device
-            needed = _needed_bytes(report)
-            table.append(PlanEntry(c, needed, flops, False, None, report))
-            continue
-        memory = report.temp_bytes + report.argument_bytes + report.output_bytes
-        table.append(PlanEntry(c, memory, flops, memory <= budget, report))
-    target_name = _target_name(table, target)
 
-    fitting = [e for e in table if e.fits]
-    if not fitting:
-        measured = [e for e in table if e.report is not None]
-        if not measured:
-            raise ValueError(
-                f"No candidate fits in budget_bytes={format_bytes(budget)} "
-                f"[{target_name}]: XLA refused to compile every one of them "
-                "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
-                + _table(table, None)
+class _Progress:
+    """Plain lines on stderr (`plan: ...`), when enabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"plan: {message}", file=sys.stderr, flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class _Planner:
+    """One call of `plan`: the function, the budget, the target's figures, what
+    was compiled, and what to tell the user."""
+
+    def __init__(self, fn, args, budget: int, target, progress: _Progress):
+        self.fn, self.args, self.budget, self.say = fn, args, budget, progress
+        self.hw, known = hardware(target)
+        self.target = target
+        chips = 1
+        if target is not None and target not in ("cpu", "gpu", "tpu"):
+            name, mesh = _v5e(target)
+            chips = mesh.size
+            warn_replicated("plan", name, mesh, split_args(args)[0], stacklevel=4)
+        self.share = share_per_chip(args, chips)
+        self.host = self.hw.host_bytes_per_s is not None
+        self.compiled: dict[Any, tuple[PlanEntry, float | None]] = {}
+        self.notes: list[str] = []
+        self.compiles = 0
+        if not known:
+            self.note(
+                f"this device's figures are unknown; priced as {self.hw.kind} "
+                f"({self.hw.source})"
             )
-        best = min(measured, key=lambda e: e.memory_bytes)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.say(f"note: {message}")
+
+    def time_s(self, flops: float, host_bytes: float) -> float:
+        return option_time(self.hw, self.share * flops, host_bytes)
+
+    def measure(self, c: Checkpoint, predicted: float | None = None) -> PlanEntry:
+        """Compile `c` (or take it from the cache): its entry."""
+        if c in self.compiled:
+            return self.compiled[c][0]
+        start = time.perf_counter()
+        args = set_checkpoint(self.args, c)
+        report, flops, fresh = _measure(self.fn, args, self.target)
+        self.compiles += fresh
+        entry = self._entry(c, report, flops)
+        self.compiled[c] = (entry, predicted)
+        what = "does not fit in one chip" if entry.report is None else "compiled"
+        pred = "" if predicted is None else f" (predicted {format_bytes(predicted)})"
+        self.say(
+            f"{what}: {_name(c)}: {_format_memory(entry)}{pred}, "
+            f"{'fits' if entry.fits else 'does not fit'} "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+        return entry
+
+    def _entry(self, c: Checkpoint, report, flops: int) -> PlanEntry:
+        if isinstance(report, str):  # XLA: does not fit in one device
+            t = self.time_s(flops, 0)
+            return PlanEntry(c, _needed_bytes(report), flops, False, None, report, t)
+        memory = report.temp_bytes + report.argument_bytes + report.output_bytes
+        t = self.time_s(flops, report.host_temp_bytes)
+        return PlanEntry(c, memory, flops, memory <= self.budget, report, None, t)
+
+    def enumerate(self, candidates: Sequence[Checkpoint]) -> PlanResult:
+        self.say(f"compiling {len(candidates)} candidates for {self._target()}")
+        table = tuple(self.measure(c) for c in candidates)
+        fitting = [e for e in table if e.fits]
+        if not fitting:
+            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        order = {id(e): i for i, e in enumerate(table)}
+        chosen = min(
+            fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
+        )
+        return self._result(chosen, table, ())
+
+    # --- solving ------------------------------------------------------------
+
+    def solve(self) -> PlanResult:
+        self.say("tracing the function to find its stacks")
+        depths = stack_depths(self.fn, self.args)
+        if not depths:
+            raise ValueError(
+                "plan expected fn to differentiate the stacks of the modules in "
+                "its arguments (pass a gradient or training step, e.g. "
+                "eqx.filter_grad(loss)). Got a function whose backward pass runs "
+                "no checkpointed stack."
+            )
+        self.depths = frozenset(depths)
+        self.per = depths[0] if len(self.depths) == 1 else 1
+        mix = _mix_builder() if self.per > 1 else None
+        if len(self.depths) > 1:
+            self.note(
+                f"stacks of different depths ({', '.join(map(str, depths))}) "
+                "cannot share layer ranges: comparing uniform options only"
+            )
+        elif mix is None and self.per > 1:
+            self.note("layer ranges are not available: uniform options only")
+        link = self.hw.host_bytes_per_s
+        self.say(
+            f"{len(depths)} stack(s) of {'/'.join(map(str, depths))} layers; "
+            f"priced as {self.hw.kind}: {self.hw.peak_flops / 1e12:g} TFLOP/s"
+            + ("" if link is None else f", host link {link / 1e9:g} GB/s")
+            + " per chip"
+        )
+        options = self._price_options()
+        hull = lower_hull(options)
+        self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
+        pick = self._choose(hull, mix)
+        pick = self._try_schedules(pick, self._price_schedules())
+        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
+        if pick is None:
+            table = [e for e, _ in self.compiled.values()]
+            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        entry = self.compiled[pick.checkpoint][0]
+        return self._result(entry, (), _pareto(points + [pick]))
+
+    def _price(self, c: Checkpoint) -> tuple[Option, Any]:
+        start = time.perf_counter()
+        device, host, flops, jaxpr = price(self.fn, self.args, c, self.depths)
+        if c is None:
+            self.flops_none = flops
+        extra = (flops - self.flops_none) / self.per
+        host_layer = self.share * host / self.per
+        o = Option(
+            c,
+            self.share * device / self.per,
+            host_layer,
+            extra,
+            self.time_s(extra, host_layer),
+            flops,
+        )
+        self.say(
+            f"priced {_name(c)}: {format_bytes(o.bytes)}/layer"
+            + (f" + {format_bytes(host_layer)} on the host" if host else "")
+            + f", +{_format_flops(max(extra, 0))}FLOPs/layer "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+        return o, jaxpr
+
+    def _price_options(self) -> list[Option]:
+        none, jaxpr = self._price(None)
+        names = tags(jaxpr)
+        rest = per_layer_options(names, self.host)[1:]
+        self.say(
+            f"pricing {len(rest) + 1} per-layer options by tracing (no compiles); "
+            f"tags: {', '.join(names) or 'none'}"
+        )
+        priced = [none] + [self._price(c)[0] for c in rest]
+        by = {o.checkpoint: o for o in priced}
+        nothing = by["nothing"]
+        singles = [
+            (
+                t,
+                by[save_names(t)].bytes - nothing.bytes,
+                nothing.flops - by[save_names(t)].flops,
+            )
+            for t in names
+        ]
+        more = prefix_options(singles, self.host) if len(names) > 1 else []
+        if more:
+            self.say(f"pricing {len(more)} more: tags saved best-first")
+        priced += [self._price(c)[0] for c in more]
+        self.priced = {o.checkpoint: o for o in priced}
+        return priced
+
+    def _base(self, o: Option) -> float:
+        """Memory besides the stack's saved values, learnt from compiled uniform
+        options: exact for a compiled one, interpolated in bytes otherwise."""
+        known = []
+        for c, (entry, _) in self.compiled.items():
+            if entry.report is not None and c in self.priced:
+                v = self.priced[c]
+                known.append((v.bytes, entry.memory_bytes - self.per * v.bytes))
+        if not known:
+            return 0.0
+        known.sort()
+        below = [k for k in known if k[0] <= o.bytes]
+        above = [k for k in known if k[0] >= o.bytes]
+        if not below or not above:
+            return (below or above)[-1 if below else 0][1]
+        (b0, m0), (b1, m1) = below[-1], above[0]
+        return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
+
+    def _predict(self, o: Option) -> float:
+        return self._base(o) + self.per * o.bytes
+
+    def _choose(self, hull: list[Option], mix) -> FrontierPoint | None:
+        cheapest, lightest = hull[-1], hull[0]
+        if self.measure(cheapest.checkpoint, self._predict(cheapest)).fits:
+            return self._uniform_point(cheapest)
+        if len(hull) == 1:
+            return None
+        if not self.measure(lightest.checkpoint, self._predict(lightest)).fits:
+            return None
+        j = len(hull) - 2
+        while j > 0 and self._predict(hull[j]) > self.budget:
+            j -= 1
+        return self._descend(hull, j, mix)
+
+    def _descend(self, hull: list[Option], j: int, mix) -> FrontierPoint | None:
+        """From segment `(hull[j], hull[j + 1])` down: the mix with the most
+        layers of the heavier option whose compiled memory fits."""
+        while True:
+            light, heavy = hull[j], hull[j + 1]
+            base = max(self._base(light), self._base(heavy))
+            n = (
+                0
+                if mix is None
+                else heavy_count(self.budget, base, self.per, light, heavy)
+            )
+            n = min(n, self.per - 1)
+            while n > 0:
+                c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
+                point = self._mix_point(c, n, heavy, light, base)
+                entry = self.measure(c, point.predicted_bytes)
+                if entry.fits:
+                    return point._replace(compiled_bytes=entry.memory_bytes)
+                excess = (entry.memory_bytes or self.budget + 1) - self.budget
+                step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
+                self.note(
+                    f"{_name(c)} was predicted to fit "
+                    f"({format_bytes(point.predicted_bytes)}) but compiled to "
+                    f"{_format_memory(entry)}: {max(n - step, 0)} layers of "
+                    f"{_name(heavy.checkpoint)} instead"
+                )
+                n -= step
+            if self.measure(light.checkpoint, self._predict(light)).fits:
+                return self._uniform_point(light)
+            if j == 0:
+                return None
+            self.note(
+                f"{_name(light.checkpoint)} did not fit when compiled: the next "
+                "segment of the hull"
+            )
+            j -= 1
+
+    def _uniform_point(self, o: Option) -> FrontierPoint:
+        entry = self.compiled.get(o.checkpoint, (None, None))[0]
+        compiled = None if entry is None or entry.report is None else entry.memory_bytes
+        host = self.per * o.host_bytes
+        return FrontierPoint(
+            o.checkpoint,
+            int(self._predict(o)),
+            compiled,
+            o.total_flops,
+            int(host),
+            self.time_s(o.total_flops, host),
+        )
+
+    def _mix_point(self, c, n: int, heavy: Option, light: Option, base: float):
+        rest = self.per - n
+        flops = self.flops_none + n * heavy.flops + rest * light.flops
+        host = n * heavy.host_bytes + rest * light.host_bytes
+        predicted = base + n * heavy.bytes + rest * light.bytes
+        return FrontierPoint(
+            c,
+            int(predicted),
+            None,
+            int(round(flops)),
+            int(host),
+            self.time_s(flops, host),
+        )
+
+    def _price_schedules(self) -> list[FrontierPoint]:
+        """The whole-stack schedules of `DEFAULT_CANDIDATES` that make sense
+        for the stacks' depth, with their FLOPs counted (exactly)."""
+        depth = min(self.depths)
+        out = []
+        for c in DEFAULT_CANDIDATES:
+            if not isinstance(c, Schedule) or not _useful(c, depth):
+                continue
+            flops = int(count_flops(self.fn, *set_checkpoint(self.args, c)))
+            out.append(FrontierPoint(c, 0, None, flops, 0, self.time_s(flops, 0)))
+        return sorted(out, key=lambda p: p.time_s)
+
+    def _try_schedules(self, pick, schedules) -> FrontierPoint | None:
+        """The cheapest schedule that costs less than `pick` and fits, else
+        `pick`: compiled cheapest first, until one fits."""
+        cheaper = [s for s in schedules if pick is None or s.time_s < pick.time_s]
+        if cheaper:
+            self.say(f"{len(cheaper)} whole-stack schedules may cost less: compiling")
+        for s in cheaper:
+            entry = self.measure(s.checkpoint)
+            if entry.fits:
+                return s._replace(
+                    predicted_bytes=entry.memory_bytes,
+                    compiled_bytes=entry.memory_bytes,
+                )
+        return pick
+
+    def _compiled_points(self) -> list[FrontierPoint]:
+        """Compiled schedules and mixes (the uniform options are priced)."""
+        out = []
+        for c, (entry, predicted) in self.compiled.items():
+            if entry.report is None or c in self.priced:
+                continue
+            host = entry.report.host_temp_bytes
+            out.append(
+                FrontierPoint(
+                    c,
+                    int(entry.memory_bytes if predicted is None else predicted),
+                    entry.memory_bytes,
+                    entry.flops,
+                    host,
+                    self.time_s(entry.flops, host),
+                )
+            )
+        return out
+
+    def _target(self) -> str:
+        return self.target or self.hw.kind
+
+    def _result(self, chosen, table, frontier) -> PlanResult:
+        name = _target_name(list(table) + [chosen], self.target)
+        seconds = self.say.elapsed()
+        self.say(
+            f"done: checkpoint={_name(chosen.checkpoint)}, "
+            f"{_format_memory(chosen)}, {self.compiles} compiles, {seconds:.1f} s"
+        )
+        return PlanResult(
+            chosen.checkpoint,
+            chosen,
+            tuple(table),
+            self.budget,
+            name,
+            tuple(frontier),
+            tuple(self.notes),
+            self.compiles,
+            seconds,
+        )
+
+
+def _mix_builder() -> Callable[[tuple], Checkpoint] | None:
+    """How the planner writes a mix of per-layer options, `((n1, c1), (n2,
+    c2))`: [`eqx_remat.ranges`][], or `None` where layer ranges are not
+    available (uniform options only)."""
+    try:
+        from ._ranges import ranges  # pyright: ignore[reportMissingImports]
+    except ImportError:
+        return None
+    return lambda parts: ranges(*parts)
+
+
+def _useful(c: Schedule, depth: int) -> bool:
+    """Whether schedule `c` differs from a cheaper one at this depth."""
+    if isinstance(c, every):
+        return c.k < depth
+    if isinstance(c, binomial):
+        return c.slots < depth
+    if isinstance(c, nested):
+        return 2**c.levels <= depth
+    return depth > 2
+
+
+def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
+    """The points that no other point beats in both memory and time, least
+    memory first (compiled memory where there is one)."""
+
+    def memory(p):
+        return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+
+    out: list[FrontierPoint] = []
+    for p in sorted(points, key=lambda p: (memory(p), p.time_s)):
+        if not out or p.time_s < out[-1].time_s:
+            if out and memory(out[-1]) == memory(p):
+                out.pop()
+            out.append(p)
+    return out
+
+
+def _raise_nothing_fits(table: Sequence[PlanEntry], budget: int, target: str):
+    measured = [e for e in table if e.report is not None]
+    if not measured:
         raise ValueError(
             f"No candidate fits in budget_bytes={format_bytes(budget)} "
-            f"[{target_name}]. The smallest achievable memory is "
-            f"{format_bytes(best.memory_bytes)} ({best.memory_bytes} bytes), with "
-            f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
+            f"[{target}]: XLA refused to compile every one of them "
+            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
+            + _table(table, None)
         )
-    order = {id(e): i for i, e in enumerate(table)}
-    chosen = min(fitting, key=lambda e: (e.flops, e.memory_bytes, order[id(e)]))
-    return PlanResult(chosen.checkpoint, chosen, tuple(table), budget, target_name)
+    best = min(measured, key=lambda e: e.memory_bytes)
+    raise ValueError(
+        f"No candidate fits in budget_bytes={format_bytes(budget)} "
+        f"[{target}]. The smallest achievable memory is "
+        f"{format_bytes(best.memory_bytes)} ({best.memory_bytes} bytes), with "
+        f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
+    )
 
 
 def _target_name(table: Sequence[PlanEntry], target: str | None) -> str:
@@ -362,7 +854,7 @@ def _name(c: Checkpoint) -> str:
 
 def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
     base = min(e.flops for e in table) or 1
-    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "fits")]
+    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "est. time", "fits")]
     for e in table:
         rows.append(
             (
@@ -371,13 +863,42 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
                 _format_memory(e),
                 _format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
+                _format_time(e.time_s),
                 "yes" if e.fits else "no",
             )
         )
+    return _columns(rows)
+
+
+def _frontier_table(points: Sequence[FrontierPoint], chosen: Checkpoint) -> str:
+    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "est. time")]
+    for p in points:
+        rows.append(
+            (
+                "*" if p.checkpoint == chosen else "",
+                _name(p.checkpoint),
+                format_bytes(p.predicted_bytes),
+                "-" if p.compiled_bytes is None else format_bytes(p.compiled_bytes),
+                _format_flops(p.flops),
+                format_bytes(p.host_bytes) if p.host_bytes else "-",
+                _format_time(p.time_s),
+            )
+        )
+    return _columns(rows)
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
     )
+
+
+def _format_time(seconds: float) -> str:
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
 
 
 def _format_memory(e: PlanEntry) -> str:
@@ -392,4 +913,4 @@ def _format_flops(n: int) -> str:
     for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
-    return str(n)
+    return f"{n} "
