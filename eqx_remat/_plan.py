@@ -38,7 +38,6 @@ from ._solve import (
     price,
     share_per_chip,
     stack_depths,
-    tags,
 )
 from ._util import format_bytes, is_array_like, split_args
 from ._validate import check_checkpoint, check_int
@@ -239,6 +238,8 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
 # budget compiles nothing.
 _CACHE: collections.OrderedDict = collections.OrderedDict()
 _CACHE_SIZE = 512
+# And so are the planner's traces (stacks, prices).
+_PRICES: collections.OrderedDict = collections.OrderedDict()
 
 
 def _key(fn, args, target) -> Any:
@@ -532,7 +533,7 @@ class _Planner:
 
     def solve(self) -> PlanResult:
         self.say("tracing the function to find its stacks")
-        depths = stack_depths(self.fn, self.args)
+        depths = self._cached("depths", lambda: stack_depths(self.fn, self.args))
         if not depths:
             raise ValueError(
                 "plan expected fn to differentiate the stacks of the modules in "
@@ -569,9 +570,24 @@ class _Planner:
         entry = self.compiled[pick.checkpoint][0]
         return self._result(entry, (), _pareto(points + [pick]))
 
-    def _price(self, c: Checkpoint) -> tuple[Option, Any]:
+    def _cached(self, what: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, remembered across calls for the same function, argument
+        shapes and target (planning another budget traces nothing again)."""
+        key = (_key(self.fn, self.args, self.target), what)
+        if key[0] is None:
+            return compute()
+        if key in _PRICES and _PRICES[key][0] is self.fn:
+            return _PRICES[key][1]
+        _PRICES[key] = self.fn, compute()
+        if len(_PRICES) > _CACHE_SIZE:
+            _PRICES.popitem(last=False)
+        return _PRICES[key][1]
+
+    def _price(self, c: Checkpoint) -> tuple[Option, list[str]]:
         start = time.perf_counter()
-        device, host, flops, jaxpr = price(self.fn, self.args, c, self.depths)
+        device, host, flops, names = self._cached(
+            ("price", c), lambda: price(self.fn, self.args, c, self.depths)
+        )
         if c is None:
             self.flops_none = flops
         extra = (flops - self.flops_none) / self.per
@@ -590,11 +606,10 @@ class _Planner:
             + f", +{_format_flops(max(extra, 0))}FLOPs/layer "
             f"({time.perf_counter() - start:.1f} s)"
         )
-        return o, jaxpr
+        return o, names
 
     def _price_options(self) -> list[Option]:
-        none, jaxpr = self._price(None)
-        names = tags(jaxpr)
+        none, names = self._price(None)
         rest = per_layer_options(names, self.host)[1:]
         self.say(
             f"pricing {len(rest) + 1} per-layer options by tracing (no compiles); "
@@ -618,7 +633,7 @@ class _Planner:
         self.priced = {o.checkpoint: o for o in priced}
         return priced
 
-    def _base(self, o: Option) -> float:
+    def _base(self, o: Option) -> float | None:
         """Memory besides the stack's saved values, learnt from compiled uniform
         options: exact for a compiled one, interpolated in bytes otherwise."""
         known = []
@@ -627,7 +642,7 @@ class _Planner:
                 v = self.priced[c]
                 known.append((v.bytes, entry.memory_bytes - self.per * v.bytes))
         if not known:
-            return 0.0
+            return None
         known.sort()
         below = [k for k in known if k[0] <= o.bytes]
         above = [k for k in known if k[0] >= o.bytes]
@@ -636,8 +651,11 @@ class _Planner:
         (b0, m0), (b1, m1) = below[-1], above[0]
         return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
 
-    def _predict(self, o: Option) -> float:
-        return self._base(o) + self.per * o.bytes
+    def _predict(self, o: Option) -> float | None:
+        """Predicted memory of `o` on every layer, or `None` before anything
+        was compiled (the base is unknown)."""
+        base = self._base(o)
+        return None if base is None else base + self.per * o.bytes
 
     def _choose(self, hull: list[Option], mix) -> FrontierPoint | None:
         cheapest, lightest = hull[-1], hull[0]
@@ -648,46 +666,54 @@ class _Planner:
         if not self.measure(lightest.checkpoint, self._predict(lightest)).fits:
             return None
         j = len(hull) - 2
-        while j > 0 and self._predict(hull[j]) > self.budget:
+        while j > 0 and (self._predict(hull[j]) or 0) > self.budget:
             j -= 1
         return self._descend(hull, j, mix)
 
     def _descend(self, hull: list[Option], j: int, mix) -> FrontierPoint | None:
-        """From segment `(hull[j], hull[j + 1])` down: the mix with the most
-        layers of the heavier option whose compiled memory fits."""
+        """The mix of a segment `(hull[j], hull[j + 1])` with the most layers of
+        the heavier option whose compiled memory fits: both ends are compiled
+        (their base memory is then known), the segment moves up while its
+        heavier end fits and down while its lighter end does not."""
         while True:
             light, heavy = hull[j], hull[j + 1]
-            base = max(self._base(light), self._base(heavy))
-            n = (
-                0
-                if mix is None
-                else heavy_count(self.budget, base, self.per, light, heavy)
-            )
-            n = min(n, self.per - 1)
-            while n > 0:
-                c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
-                point = self._mix_point(c, n, heavy, light, base)
-                entry = self.measure(c, point.predicted_bytes)
-                if entry.fits:
-                    return point._replace(compiled_bytes=entry.memory_bytes)
-                excess = (entry.memory_bytes or self.budget + 1) - self.budget
-                step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
+            if not self.measure(light.checkpoint, self._predict(light)).fits:
+                if j == 0:
+                    return None
                 self.note(
-                    f"{_name(c)} was predicted to fit "
-                    f"({format_bytes(point.predicted_bytes)}) but compiled to "
-                    f"{_format_memory(entry)}: {max(n - step, 0)} layers of "
-                    f"{_name(heavy.checkpoint)} instead"
+                    f"{_name(light.checkpoint)} was predicted to fit but did not "
+                    "when compiled: the next lighter segment of the hull"
                 )
-                n -= step
-            if self.measure(light.checkpoint, self._predict(light)).fits:
+                j -= 1
+                continue
+            if mix is None:
                 return self._uniform_point(light)
-            if j == 0:
-                return None
+            if self.measure(heavy.checkpoint, self._predict(heavy)).fits:
+                j += 1  # the cheapest option does not fit: this ends
+                continue
+            return self._mix(light, heavy, mix)
+
+    def _mix(self, light: Option, heavy: Option, mix) -> FrontierPoint:
+        """`n` layers of `heavy` and the rest `light` (which fits), `n` as large
+        as the model predicts, then fewer while the compiled mix does not fit."""
+        base = max(b for b in (self._base(light), self._base(heavy)) if b is not None)
+        n = min(heavy_count(self.budget, base, self.per, light, heavy), self.per - 1)
+        while n > 0:
+            c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
+            point = self._mix_point(c, n, heavy, light, base)
+            entry = self.measure(c, point.predicted_bytes)
+            if entry.fits:
+                return point._replace(compiled_bytes=entry.memory_bytes)
+            excess = (entry.memory_bytes or self.budget + 1) - self.budget
+            step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
             self.note(
-                f"{_name(light.checkpoint)} did not fit when compiled: the next "
-                "segment of the hull"
+                f"{_name(c)} was predicted to fit "
+                f"({format_bytes(point.predicted_bytes)}) but compiled to "
+                f"{_format_memory(entry)}: {max(n - step, 0)} layers of "
+                f"{_name(heavy.checkpoint)} instead"
             )
-            j -= 1
+            n -= step
+        return self._uniform_point(light)
 
     def _uniform_point(self, o: Option) -> FrontierPoint:
         entry = self.compiled.get(o.checkpoint, (None, None))[0]
@@ -695,7 +721,7 @@ class _Planner:
         host = self.per * o.host_bytes
         return FrontierPoint(
             o.checkpoint,
-            int(self._predict(o)),
+            int(self._predict(o) or self.per * o.bytes),
             compiled,
             o.total_flops,
             int(host),
@@ -724,7 +750,10 @@ class _Planner:
         for c in DEFAULT_CANDIDATES:
             if not isinstance(c, Schedule) or not _useful(c, depth):
                 continue
-            flops = int(count_flops(self.fn, *set_checkpoint(self.args, c)))
+            flops = self._cached(
+                ("flops", c),
+                lambda c=c: int(count_flops(self.fn, *set_checkpoint(self.args, c))),
+            )
             out.append(FrontierPoint(c, 0, None, flops, 0, self.time_s(flops, 0)))
         return sorted(out, key=lambda p: p.time_s)
 

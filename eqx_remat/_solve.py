@@ -157,15 +157,16 @@ def price(
     args: tuple,
     checkpoint: Checkpoint,
     depths: frozenset[int],
-) -> tuple[int, int, int, Any]:
-    """`(bytes, host_bytes, flops, jaxpr)`: what `checkpoint` keeps across the
+) -> tuple[int, int, int, list[str]]:
+    """`(bytes, host_bytes, flops, tags)`: what `checkpoint` keeps across the
     stacks of `fn` (whole program, on the device and on the host), the whole
-    function's FLOPs, and its jaxpr. Traced, not compiled."""
+    function's FLOPs, and the `checkpoint_name` tags in its program. Traced,
+    not compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
     jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
     device, host = saved_across(jaxpr, depths)
-    return device, host, int(count_flops(fn, *checkpointed)), jaxpr
+    return device, host, int(count_flops(fn, *checkpointed)), tags(jaxpr)
 
 
 def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
