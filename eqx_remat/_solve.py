@@ -249,3 +249,20 @@ def share_per_chip(args: tuple, chips: int) -> float:
         k = math.prod(sharding.mesh.shape[a] for a in axes)
         ways = max(ways, k)
     return 1.0 / min(ways, max(chips, 1))
+
+
+def best_mix(
+    hull: Sequence[Option], base: float, depth: int, budget: float
+) -> tuple[Option, Option, int] | None:
+    """The cheapest mix within `budget` for a common `base`: `(light, heavy,
+    n)`, `n` layers of `heavy` and `depth - n` of `light` (neighbours on the
+    hull, or the same option when the cheapest fits); `None` when not even
+    the lightest option fits."""
+    fits = [o for o in hull if base + depth * o.bytes <= budget]
+    if not fits:
+        return None
+    j = hull.index(fits[-1])
+    if j == len(hull) - 1:
+        return hull[j], hull[j], 0
+    light, heavy = hull[j], hull[j + 1]
+    return light, heavy, heavy_count(budget, base, depth, light, heavy)
