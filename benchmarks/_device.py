@@ -27,7 +27,7 @@ import os
 import shutil
 from typing import Any
 
-from eqx_remat._hardware import HARDWARE
+from eqx_remat.internal import HARDWARE
 
 
 DEVICES = ("auto", "tpu", "gpu", "cpu")

@@ -2,14 +2,18 @@
 
 import importlib.metadata as _metadata
 
+from . import internal as internal
 from ._binomial import binomial as binomial
+from ._checkpoint import (
+    Checkpoint as Checkpoint,
+    set_checkpoint as set_checkpoint,
+)
 from ._combinators import (
     chain as chain,
     scan_layers as scan_layers,
-    set_checkpoint as set_checkpoint,
     stack as stack,
 )
-from ._engine import Layers as Layers
+from ._engine import Layers as Layers, Schedule as Schedule
 from ._flops import FlopCount as FlopCount, count_flops as count_flops
 from ._memory import (
     MemoryReport as MemoryReport,
@@ -37,18 +41,8 @@ from ._residuals import (
     print_residuals as print_residuals,
     residuals as residuals,
 )
-from ._schedules import (
-    Checkpoint as Checkpoint,
-    Schedule as Schedule,
-    every as every,
-    nested as nested,
-    recursive as recursive,
-)
+from ._schedules import every as every, nested as nested, recursive as recursive
 from ._util import format_bytes as format_bytes
-from ._validate import (
-    check_checkpoint as check_checkpoint,
-    check_int as check_int,
-)
 
 
 __version__ = _metadata.version("eqx-remat")
@@ -68,8 +62,6 @@ __all__ = [
     "Schedule",
     "binomial",
     "chain",
-    "check_checkpoint",
-    "check_int",
     "count_flops",
     "every",
     "memory_report",

@@ -1,6 +1,5 @@
-"""Combinators: stack layers, scan over them, chain callables, switch schedules."""
+"""Combinators: stack layers, scan over them, chain callables."""
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -10,10 +9,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._engine import remat_scan
-from ._policies import checkpointed, policy as _normalise_policy
-from ._schedules import Checkpoint, Schedule
-from ._validate import check_checkpoint, check_int
+from ._checkpoint import Checkpoint, normalise_checkpoint
+from ._engine import Schedule, remat_scan
+from ._policies import checkpointed
+from ._validate import check_int
 
 
 _T = TypeVar("_T")
@@ -78,12 +77,12 @@ def _apply(
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     _check_unroll(unroll)
+    checkpoint = normalise_checkpoint(checkpoint)
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
-    pol = _normalise_policy(check_checkpoint(checkpoint))
     body = lambda c, s: (step(consts, s, c), None)
-    if pol is not None:
-        body = checkpointed(body, pol)
+    if checkpoint is not None:
+        body = checkpointed(body, checkpoint)
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 
@@ -261,68 +260,3 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
         return _apply(step, tuple(consts), order, x, len(fns), checkpoint)
 
     return call
-
-
-def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
-    """A copy of `tree` with every `checkpoint` field replaced by `spec`.
-
-    Works on any pytree: zoo models, modules nested inside other modules, lists of
-    models. Use it to change the schedule of a trained model, or to compare
-    schedules on the same weights.
-
-    The `checkpoint` field is static: it is part of the tree's structure, and so
-    of the structure of anything built from the model — an optimiser state made
-    by `optimiser.init(eqx.filter(model, eqx.is_array))` holds copies of the
-    model's modules (Adam's `mu` and `nu`). To switch the checkpoint of a model
-    being trained, switch both in one call, so that the next update sees
-    matching structures:
-
-    ```python
-    model, opt_state = eqx_remat.set_checkpoint((model, opt_state), "dots")
-    ```
-
-    **Arguments:**
-
-    - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field.
-    - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule.
-
-    **Returns:**
-
-    The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
-
-    **Raises:**
-
-    `ValueError` for an invalid `spec`, or when `tree` holds no module with a
-    `checkpoint` field (a wrong or mistyped tree would otherwise silently get no
-    checkpointing).
-    """
-    check_checkpoint(spec, name="set_checkpoint: spec")
-
-    def is_module(x) -> bool:
-        return isinstance(x, eqx.Module)
-
-    found = 0
-
-    def replace(x):
-        nonlocal found
-        if not is_module(x):
-            return x
-        new = object.__new__(type(x))
-        for f in dataclasses.fields(x):
-            value = getattr(x, f.name)
-            if f.name == "checkpoint":
-                value = spec
-                found += 1
-            else:
-                value = jtu.tree_map(replace, value, is_leaf=is_module)
-            object.__setattr__(new, f.name, value)
-        return new
-
-    out = jtu.tree_map(replace, tree, is_leaf=is_module)
-    if found == 0:
-        raise ValueError(
-            "set_checkpoint expected a pytree containing an eqx.Module with a "
-            "`checkpoint` field (every zoo model has one). Got "
-            f"{type(tree).__name__} without one: nothing would be checkpointed."
-        )
-    return out

@@ -31,9 +31,10 @@ gradient of each layer's parameters is summed over the batch inside that layer's
 backward step.
 """
 
+import abc
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -41,11 +42,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._policies import checkpointed, policy as _normalise_policy
-
-
-if TYPE_CHECKING:
-    from ._schedules import Schedule
+from ._policies import _to_jax_policy, checkpointed
 
 
 try:  # Private: which trace a primitive bound now would be processed by.
@@ -131,7 +128,7 @@ class Layers:
     ):
         self.depth = depth
         self._step = step
-        policy = _normalise_policy(policy)
+        policy = _to_jax_policy(policy)
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -311,13 +308,92 @@ class Layers:
         return _index(buffer, k)
 
 
+class Schedule(abc.ABC):
+    """How a stack of `D` layers is checkpointed across depth: the base class of
+    [`eqx_remat.every`][], [`eqx_remat.nested`][], [`eqx_remat.recursive`][] and
+    [`eqx_remat.binomial`][], and of any schedule you write (see the tutorial
+    *Writing your own schedule*).
+
+    A schedule is a frozen, hashable value (a frozen dataclass): it can be the
+    static `checkpoint` field of an Equinox module, and rebuilding an equal
+    schedule does not recompile.
+
+    It says how the stack is differentiated, in three methods. `forward` runs
+    the stack and keeps what `backward` needs; `backward` re-runs layers from
+    what was kept and reverses every layer once, last to first; `evaluations`
+    counts the layer evaluations this takes. Both passes work through a
+    [`eqx_remat.Layers`][], which owns everything that is the same for every
+    schedule: reading a layer's parameters by indexing the stack (never copying
+    a segment of it), the backward step of a layer under the inner `policy`,
+    writing each layer's parameter gradient straight into one gradient buffer,
+    and `jax.vmap` without per-example parameter gradients.
+
+    Schedules are reverse-mode: `jax.grad`, `jax.grad` of `jax.grad` and
+    forward-over-reverse (`jax.jvp` of `jax.grad`, `jax.hessian`) work; forward
+    mode through the stack itself (`jax.jvp`, `jax.jacfwd` of the checkpointed
+    function) raises JAX's *"can't apply forward-mode autodiff (jvp) to a
+    custom_vjp function"*. Use a policy, or `None`, for forward mode.
+
+    **Attributes:**
+
+    - `policy`: what each layer saves inside its own backward step (a policy or
+      its name, see [`eqx_remat.policy`][]); `None` saves everything.
+    """
+
+    policy: Any
+
+    @abc.abstractmethod
+    def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
+        """The forward pass: run all `layers.depth` layers from `carry`.
+
+        **Arguments:**
+
+        - `layers`: the stack, a [`eqx_remat.Layers`][].
+        - `carry`: the input of the first layer.
+
+        **Returns:**
+
+        `(output, saved)`: the output of the last layer, and what `backward`
+        needs (any pytree of arrays, e.g. `carry` itself, or a buffer of stored
+        carries). Everything in `saved` stays in memory until the backward
+        pass.
+        """
+
+    @abc.abstractmethod
+    def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
+        """The backward pass: reverse every layer exactly once, last to first,
+        with `layers.reverse` (or `layers.reverse_segment`), re-running layers
+        from what `saved` holds with `layers.run`.
+
+        **Arguments:**
+
+        - `layers`: the stack, a [`eqx_remat.Layers`][].
+        - `saved`: what `forward` returned as `saved`.
+        - `cts`: the backward state (opaque: cotangent and gradient buffers),
+          to pass to `layers.reverse` and thread through loops.
+
+        **Returns:**
+
+        The backward state after the first layer has been reversed.
+        """
+
+    @abc.abstractmethod
+    def evaluations(self, depth: int) -> int:
+        """The number of layer evaluations for a stack of `depth` layers: calls
+        of a layer's forward computation outside that layer's own backward step,
+        the forward pass included (so at least `depth`). The backward step of a
+        layer (its `jax.vjp` and pullback) is counted apart: every schedule does
+        exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
+        exactly these evaluations."""
+
+
 def remat_scan(
     step: Callable[[Any, Any, Any], Any],
     consts: Any,
     stacked: Any,
     carry: Any,
     depth: int,
-    schedule: "Schedule",
+    schedule: Schedule,
     unroll: int | bool = 1,
 ) -> Any:
     """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
@@ -372,7 +448,7 @@ def _split_by(tree: Any, batched: Any) -> tuple[Any, Any]:
     return b, u
 
 
-def _custom_vjp(step, depth: int, schedule: "Schedule", unroll):
+def _custom_vjp(step, depth: int, schedule: Schedule, unroll):
     def layers(consts, stacked, policy=None):
         return Layers(step, consts, stacked, depth, policy, unroll)
 

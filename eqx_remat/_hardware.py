@@ -10,7 +10,10 @@ import jax
 
 
 class Hardware(NamedTuple):
-    """What one chip of a target can do, for pricing recomputation and offloading.
+    """What one chip of a target can do: the figures [`eqx_remat.plan`][] prices
+    recomputation and offloading with, and the benchmarks compute MFU with.
+
+    **Attributes:**
 
     - `kind`: the device kind (`jax.devices()[0].device_kind`), or `"cpu"`.
     - `peak_flops`: dense bf16 peak FLOP/s of one chip.

@@ -10,13 +10,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, SupportsIndex
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from ._binomial import binomial
-from ._combinators import set_checkpoint
+from ._checkpoint import (
+    Checkpoint,
+    check_checkpoint,
+    map_checkpoints,
+    set_checkpoint,
+)
+from ._engine import Schedule
 from ._flops import count_flops
 from ._hardware import hardware
 from ._memory import (
@@ -27,9 +32,10 @@ from ._memory import (
     warn_replicated,
 )
 from ._policies import save_names
-from ._schedules import Checkpoint, Schedule, every, nested, recursive
+from ._schedules import every, nested, recursive
 from ._solve import (
     Option,
+    Real,
     heavy_count,
     lower_hull,
     option_time,
@@ -40,7 +46,7 @@ from ._solve import (
     stack_depths,
 )
 from ._util import format_bytes, is_array_like, split_args
-from ._validate import check_checkpoint, check_int
+from ._validate import check_int
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
@@ -300,27 +306,6 @@ def _needed_bytes(message: str) -> int | None:
     return None
 
 
-def _has_checkpoint_field(tree: Any) -> bool:
-    found = False
-
-    def visit(x):
-        nonlocal found
-        if isinstance(x, eqx.Module):
-            for f in dataclasses.fields(x):
-                if f.name == "checkpoint":
-                    found = True
-                else:
-                    jtu.tree_map(visit, getattr(x, f.name), is_leaf=_is_module)
-        return x
-
-    jtu.tree_map(visit, tree, is_leaf=_is_module)
-    return found
-
-
-def _is_module(x) -> bool:
-    return isinstance(x, eqx.Module)
-
-
 def plan(
     fn: Callable[..., Any],
     *args: Any,
@@ -430,7 +415,7 @@ def plan(
             raise ValueError("plan expected at least one candidate. Got none.")
         for i, c in enumerate(candidates):
             check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
-    if not _has_checkpoint_field(args):
+    if not map_checkpoints(args, lambda c: c)[1]:
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
@@ -487,10 +472,10 @@ class _Planner:
         self.notes.append(message)
         self.say(f"note: {message}")
 
-    def time_s(self, flops: float, host_bytes: float) -> float:
+    def time_s(self, flops: Real, host_bytes: Real) -> float:
         return option_time(self.hw, self.share * flops, host_bytes)
 
-    def measure(self, c: Checkpoint, predicted: float | None = None) -> PlanEntry:
+    def measure(self, c: Checkpoint, predicted: Real | None = None) -> PlanEntry:
         """Compile `c` (or take it from the cache): its entry."""
         if c in self.compiled:
             return self.compiled[c][0]
@@ -728,7 +713,7 @@ class _Planner:
             self.time_s(o.total_flops, host),
         )
 
-    def _mix_point(self, c, n: int, heavy: Option, light: Option, base: float):
+    def _mix_point(self, c, n: int, heavy: Option, light: Option, base: Real):
         rest = self.per - n
         flops = self.flops_none + n * heavy.flops + rest * light.flops
         host = n * heavy.host_bytes + rest * light.host_bytes
@@ -814,15 +799,14 @@ class _Planner:
         )
 
 
+# How the planner writes a mix of per-layer options, `((n1, c1), (n2, c2))`, as
+# one checkpoint: `eqx_remat.ranges(*parts)` once layer ranges exist (issue 22,
+# item 1); until then `None`, and the planner compares uniform options only.
+_MIX: Callable[[tuple], Checkpoint] | None = None
+
+
 def _mix_builder() -> Callable[[tuple], Checkpoint] | None:
-    """How the planner writes a mix of per-layer options, `((n1, c1), (n2,
-    c2))`: [`eqx_remat.ranges`][], or `None` where layer ranges are not
-    available (uniform options only)."""
-    try:
-        from ._ranges import ranges  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        return None
-    return lambda parts: ranges(*parts)
+    return _MIX
 
 
 def _useful(c: Schedule, depth: int) -> bool:

@@ -285,6 +285,13 @@ def policy(spec: Any) -> Policy | None:
 
     `ValueError` for an unknown name, listing the valid ones.
     """
+    return _to_jax_policy(spec)
+
+
+def _to_jax_policy(spec: Any) -> Policy | None:
+    """What [`eqx_remat.policy`][] returns for `spec`, for the modules that take a
+    policy (the engine, the checkpoint value): the public function is not
+    imported under another name."""
     if spec is None:
         return None
     if isinstance(spec, str):

@@ -1,95 +1,17 @@
-"""Schedules: how a stack of D layers is checkpointed across depth."""
+"""The uniform-split schedules (`every`, `nested`, `recursive`): implementations of
+the engine's `Schedule`, how a stack of D layers is checkpointed across depth."""
 
 import abc
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 
-from ._engine import Layers
-from ._validate import check_int, check_policy
-
-
-class Schedule(abc.ABC):
-    """How a stack of `D` layers is checkpointed across depth: the base class of
-    [`eqx_remat.every`][], [`eqx_remat.nested`][], [`eqx_remat.recursive`][] and
-    [`eqx_remat.binomial`][], and of any schedule you write (see the tutorial
-    *Writing your own schedule*).
-
-    A schedule is a frozen, hashable value (a frozen dataclass): it can be the
-    static `checkpoint` field of an Equinox module, and rebuilding an equal
-    schedule does not recompile.
-
-    It says how the stack is differentiated, in three methods. `forward` runs
-    the stack and keeps what `backward` needs; `backward` re-runs layers from
-    what was kept and reverses every layer once, last to first; `evaluations`
-    counts the layer evaluations this takes. Both passes work through a
-    [`eqx_remat.Layers`][], which owns everything that is the same for every
-    schedule: reading a layer's parameters by indexing the stack (never copying
-    a segment of it), the backward step of a layer under the inner `policy`,
-    writing each layer's parameter gradient straight into one gradient buffer,
-    and `jax.vmap` without per-example parameter gradients.
-
-    Schedules are reverse-mode: `jax.grad`, `jax.grad` of `jax.grad` and
-    forward-over-reverse (`jax.jvp` of `jax.grad`, `jax.hessian`) work; forward
-    mode through the stack itself (`jax.jvp`, `jax.jacfwd` of the checkpointed
-    function) raises JAX's *"can't apply forward-mode autodiff (jvp) to a
-    custom_vjp function"*. Use a policy, or `None`, for forward mode.
-
-    **Attributes:**
-
-    - `policy`: what each layer saves inside its own backward step (a policy or
-      its name, see [`eqx_remat.policy`][]); `None` saves everything.
-    """
-
-    policy: Any
-
-    @abc.abstractmethod
-    def forward(self, layers: "Layers", carry: Any) -> tuple[Any, Any]:
-        """The forward pass: run all `layers.depth` layers from `carry`.
-
-        **Arguments:**
-
-        - `layers`: the stack, a [`eqx_remat.Layers`][].
-        - `carry`: the input of the first layer.
-
-        **Returns:**
-
-        `(output, saved)`: the output of the last layer, and what `backward`
-        needs (any pytree of arrays, e.g. `carry` itself, or a buffer of stored
-        carries). Everything in `saved` stays in memory until the backward
-        pass.
-        """
-
-    @abc.abstractmethod
-    def backward(self, layers: "Layers", saved: Any, cts: Any) -> Any:
-        """The backward pass: reverse every layer exactly once, last to first,
-        with `layers.reverse` (or `layers.reverse_segment`), re-running layers
-        from what `saved` holds with `layers.run`.
-
-        **Arguments:**
-
-        - `layers`: the stack, a [`eqx_remat.Layers`][].
-        - `saved`: what `forward` returned as `saved`.
-        - `cts`: the backward state (opaque: cotangent and gradient buffers),
-          to pass to `layers.reverse` and thread through loops.
-
-        **Returns:**
-
-        The backward state after the first layer has been reversed.
-        """
-
-    @abc.abstractmethod
-    def evaluations(self, depth: int) -> int:
-        """The number of layer evaluations for a stack of `depth` layers: calls
-        of a layer's forward computation outside that layer's own backward step,
-        the forward pass included (so at least `depth`). The backward step of a
-        layer (its `jax.vjp` and pullback) is counted apart: every schedule does
-        exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
-        exactly these evaluations."""
+from ._checkpoint import check_policy
+from ._engine import Layers, Schedule
+from ._validate import check_int
 
 
 def _ceil_root(n: int, k: int) -> int:
@@ -303,8 +225,3 @@ class recursive(_UniformSplit):
     def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         levels = max(0, math.ceil(math.log2(depth))) if depth > 1 else 0
         return (2,) * levels, 1
-
-
-Checkpoint: TypeAlias = None | str | Callable[..., Any] | Schedule
-"""The type of every `checkpoint` field: `None` (no checkpointing), a policy name,
-a JAX policy callable, or a [`eqx_remat.Schedule`][]."""

@@ -21,12 +21,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._combinators import set_checkpoint
-from ._engine import Layers
+from ._checkpoint import Checkpoint, set_checkpoint
+from ._engine import Layers, Schedule
 from ._flops import count_flops
 from ._hardware import Hardware
 from ._policies import _KEEP, offload_names, save_names
-from ._schedules import Checkpoint, Schedule
 from ._util import traceable
 
 
@@ -144,7 +143,10 @@ class Option(NamedTuple):
     total_flops: int
 
 
-def option_time(hw: Hardware, flops: float, host_bytes: float) -> float:
+Real = float | int
+
+
+def option_time(hw: Hardware, flops: Real, host_bytes: Real) -> float:
     """Estimated seconds on one chip for `flops` (that chip's share) at its
     peak, and `host_bytes` offloaded over its host link: out in the forward
     pass, back in the backward pass. Offloading is never free."""
@@ -220,7 +222,7 @@ def _cross(a: Option, b: Option, c: Option) -> float:
 
 
 def heavy_count(
-    budget: float, base: float, depth: int, light: Option, heavy: Option
+    budget: Real, base: Real, depth: int, light: Option, heavy: Option
 ) -> int:
     """The most layers of `heavy` (the rest `light`) whose predicted memory,
     `base + n · heavy.bytes + (depth - n) · light.bytes`, is within `budget`;
@@ -252,7 +254,7 @@ def share_per_chip(args: tuple, chips: int) -> float:
 
 
 def best_mix(
-    hull: Sequence[Option], base: float, depth: int, budget: float
+    hull: Sequence[Option], base: Real, depth: int, budget: Real
 ) -> tuple[Option, Option, int] | None:
     """The cheapest mix within `budget` for a common `base`: `(light, heavy,
     n)`, `n` layers of `heavy` and `depth - n` of `light` (neighbours on the

@@ -37,6 +37,8 @@ import zoo
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PACKAGES = (eqx_remat, zoo)
+# Documented like the packages: their names, and the semi-public helpers.
+NAMESPACES = (eqx_remat, eqx_remat.internal, zoo)
 # Pages whose code compiles for TPU v5e or trains: still well under a minute each.
 TIMEOUT_S = 600
 
@@ -63,7 +65,7 @@ def _directives() -> dict[str, Path]:
     return out
 
 
-PUBLIC = [f"{m.__name__}.{n}" for m in PACKAGES for n in _public_names(m)]
+PUBLIC = [f"{m.__name__}.{n}" for m in NAMESPACES for n in _public_names(m)]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

@@ -274,9 +274,10 @@ def test_v5e_none_and_every_policy_with_one_too_large_for_a_chip():
     x = jax.ShapeDtypeStruct((2**14, 2**14), jnp.float32)
     grad = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))
     candidates = (None, *sorted(er.POLICIES), er.recursive())
-    result = er.plan(
-        grad, model, x, budget_bytes="15GiB", target="v5e", candidates=candidates
-    )
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="replicated on each"):
+        result = er.plan(
+            grad, model, x, budget_bytes="15GiB", target="v5e", candidates=candidates
+        )
     assert [e.checkpoint for e in result.table] == list(candidates)
     none = result.table[0]
     assert none.report is None and not none.fits and none.memory_bytes > 15 * 2**30

@@ -84,11 +84,11 @@ class MLP(eqx.Module):
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        in_size = eqx_remat.check_int("MLP", "in_size", in_size, 1)
-        out_size = eqx_remat.check_int("MLP", "out_size", out_size, 1)
-        width_size = eqx_remat.check_int("MLP", "width_size", width_size, 1)
-        depth = eqx_remat.check_int("MLP", "depth", depth, 1)
-        eqx_remat.check_checkpoint(checkpoint, name="MLP: checkpoint")
+        in_size = eqx_remat.internal.check_int("MLP", "in_size", in_size, 1)
+        out_size = eqx_remat.internal.check_int("MLP", "out_size", out_size, 1)
+        width_size = eqx_remat.internal.check_int("MLP", "width_size", width_size, 1)
+        depth = eqx_remat.internal.check_int("MLP", "depth", depth, 1)
+        eqx_remat.internal.check_checkpoint(checkpoint, name="MLP: checkpoint")
         unroll = check_unroll("MLP", unroll)
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)

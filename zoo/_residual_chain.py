@@ -71,9 +71,11 @@ class ResidualChain(eqx.Module):
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
         """
-        width = eqx_remat.check_int("ResidualChain", "width", width, 1)
-        depth = eqx_remat.check_int("ResidualChain", "depth", depth, 1)
-        eqx_remat.check_checkpoint(checkpoint, name="ResidualChain: checkpoint")
+        width = eqx_remat.internal.check_int("ResidualChain", "width", width, 1)
+        depth = eqx_remat.internal.check_int("ResidualChain", "depth", depth, 1)
+        eqx_remat.internal.check_checkpoint(
+            checkpoint, name="ResidualChain: checkpoint"
+        )
         unroll = check_unroll("ResidualChain", unroll)
         step = 1.0 / depth
         self.layers = eqx_remat.stack(

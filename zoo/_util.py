@@ -5,13 +5,13 @@ from typing import Any
 import eqx_remat
 
 
-check_int = eqx_remat.check_int
+check_int = eqx_remat.internal.check_int
 
 
 def check_checkpoint(cls: str, checkpoint: Any) -> None:
     """Raise a `ValueError` naming `cls` unless `checkpoint` is `None`, a policy
     name, a JAX policy callable or a schedule."""
-    eqx_remat.check_checkpoint(checkpoint, name=f"{cls}: checkpoint")
+    eqx_remat.internal.check_checkpoint(checkpoint, name=f"{cls}: checkpoint")
 
 
 def check_unroll(cls: str, unroll: Any) -> int | bool:
@@ -19,4 +19,4 @@ def check_unroll(cls: str, unroll: Any) -> int | bool:
     `ValueError` naming `cls` otherwise."""
     if isinstance(unroll, bool):
         return unroll
-    return eqx_remat.check_int(cls, "unroll", unroll, 1)
+    return eqx_remat.internal.check_int(cls, "unroll", unroll, 1)

@@ -1,0 +1,180 @@
+"""The checkpoint value: the `Checkpoint` type of every `checkpoint` field, its
+normalisation and validation (once, here), and the one walk over the `checkpoint`
+fields of a pytree, behind `set_checkpoint` and `plan`.
+
+Errors are `ValueError`s that name the function and the argument, say what was
+expected and what was got, as Equinox's do.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
+
+import equinox as eqx
+import jax.tree_util as jtu
+
+from ._engine import Schedule
+from ._policies import Policy, _to_jax_policy
+
+
+_T = TypeVar("_T")
+
+
+Checkpoint: TypeAlias = None | str | Callable[..., Any] | Schedule
+"""The type of every `checkpoint` field: `None` (no checkpointing), a policy name,
+a JAX policy callable, or a [`eqx_remat.Schedule`][]."""
+
+
+def normalise_checkpoint(
+    spec: Any, *, name: str = "checkpoint"
+) -> Schedule | Policy | None:
+    """`spec` as it is applied: a schedule as it is, a policy or its name as a
+    JAX policy, `None` as `None`.
+
+    **Raises:**
+
+    `ValueError` starting with `name`, listing the valid policy names.
+    """
+    if isinstance(spec, Schedule):
+        return spec
+    try:
+        return _to_jax_policy(spec)
+    except ValueError as e:
+        raise ValueError(
+            f"{name} expected None, a policy name, a JAX policy or a schedule "
+            f"(eqx_remat.every, nested, recursive, binomial). {e}"
+        ) from None
+
+
+def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Any:
+    """Check that `spec` can be a `checkpoint`: `None`, a policy name, a JAX
+    policy callable or a [`eqx_remat.Schedule`][].
+
+    The check every `checkpoint` argument goes through: the combinators',
+    [`eqx_remat.set_checkpoint`][]'s, [`eqx_remat.plan`][]'s candidates and the
+    zoo's constructors. A model of your own can call it in its `__init__`:
+
+    ```python
+    import eqx_remat
+
+    eqx_remat.internal.check_checkpoint(eqx_remat.every(4))  # fine
+    try:
+        eqx_remat.internal.check_checkpoint("dot", name="MyModel: checkpoint")
+    except ValueError as e:
+        print(str(e)[:60])
+    ```
+
+    ```text
+    MyModel: checkpoint expected None, a policy name, a JAX poli
+    ```
+
+    **Arguments:**
+
+    - `spec`: the value to check.
+    - `name`: what to call it in the message (e.g. `"MLP: checkpoint"`).
+
+    **Returns:**
+
+    `spec`, unchanged.
+
+    **Raises:**
+
+    `ValueError` starting with `name`, listing the valid policy names.
+    """
+    normalise_checkpoint(spec, name=name)
+    return spec
+
+
+def check_policy(fn: str, value: Any) -> None:
+    """Check that `value` is a policy: `None`, a name from
+    [`eqx_remat.POLICIES`][] or a JAX policy callable (a schedule's inner
+    policy).
+
+    **Arguments:**
+
+    - `fn`: the name of the function being called, for the message.
+    - `value`: the value to check.
+
+    **Raises:**
+
+    `ValueError` naming `fn`, listing the valid policy names.
+    """
+    try:
+        _to_jax_policy(value)
+    except ValueError as e:
+        raise ValueError(f"{fn}: invalid policy. {e}") from None
+
+
+def _is_module(x: Any) -> bool:
+    return isinstance(x, eqx.Module)
+
+
+def map_checkpoints(
+    tree: _T, fn: Callable[[Checkpoint], Checkpoint]
+) -> tuple[_T, list[Checkpoint]]:
+    """The one walk over `checkpoint` fields: a copy of `tree` in which the
+    `checkpoint` field `c` of every `eqx.Module` (modules nested inside others
+    included) is replaced by `fn(c)`, and the list of the fields' old values, in
+    the order met. The rest of the tree, arrays included, is kept as it is."""
+    found: list[Checkpoint] = []
+
+    def replace(x):
+        if not _is_module(x):
+            return x
+        new = object.__new__(type(x))
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if f.name == "checkpoint":
+                found.append(value)
+                value = fn(value)
+            else:
+                value = jtu.tree_map(replace, value, is_leaf=_is_module)
+            object.__setattr__(new, f.name, value)
+        return new
+
+    out = jtu.tree_map(replace, tree, is_leaf=_is_module)
+    return out, found
+
+
+def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
+    """A copy of `tree` with every `checkpoint` field replaced by `spec`.
+
+    Works on any pytree: zoo models, modules nested inside other modules, lists of
+    models. Use it to change the schedule of a trained model, or to compare
+    schedules on the same weights.
+
+    The `checkpoint` field is static: it is part of the tree's structure, and so
+    of the structure of anything built from the model — an optimiser state made
+    by `optimiser.init(eqx.filter(model, eqx.is_array))` holds copies of the
+    model's modules (Adam's `mu` and `nu`). To switch the checkpoint of a model
+    being trained, switch both in one call, so that the next update sees
+    matching structures:
+
+    ```python
+    model, opt_state = eqx_remat.set_checkpoint((model, opt_state), "dots")
+    ```
+
+    **Arguments:**
+
+    - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field.
+    - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule.
+
+    **Returns:**
+
+    The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
+
+    **Raises:**
+
+    `ValueError` for an invalid `spec`, or when `tree` holds no module with a
+    `checkpoint` field (a wrong or mistyped tree would otherwise silently get no
+    checkpointing).
+    """
+    check_checkpoint(spec, name="set_checkpoint: spec")
+    out, found = map_checkpoints(tree, lambda _: spec)
+    if not found:
+        raise ValueError(
+            "set_checkpoint expected a pytree containing an eqx.Module with a "
+            "`checkpoint` field (every zoo model has one). Got "
+            f"{type(tree).__name__} without one: nothing would be checkpointed."
+        )
+    return out

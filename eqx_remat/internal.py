@@ -1,0 +1,15 @@
+"""Semi-public helpers: `eqx_remat.internal` (Equinox's convention, as
+`equinox.internal`).
+
+What is here exists for the zoo and the benchmarks, and for models of your own
+that want to behave like the zoo's (validate their arguments with the same
+messages). It is documented and tested, but not part of the stable API of
+`eqx_remat`: a name here may change or move in a minor release.
+"""
+
+from ._checkpoint import check_checkpoint as check_checkpoint
+from ._hardware import HARDWARE as HARDWARE, Hardware as Hardware
+from ._validate import check_int as check_int
+
+
+__all__ = ["HARDWARE", "Hardware", "check_checkpoint", "check_int"]

@@ -1,0 +1,265 @@
+"""The package layout, read from the source (`ast`, nothing imported but
+`eqx_remat` itself): the import graph between `eqx_remat`'s modules has no cycle
+(imports inside functions and under `if TYPE_CHECKING:` count: they dodge a cycle,
+they do not remove it); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
+and `benchmarks` use only the names `eqx_remat` exports, its public namespace and
+the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module.
+
+Each check is a function returning what it found, so that the checks themselves
+are tested on small made-up packages (they can fail).
+"""
+
+import ast
+import graphlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import eqx_remat
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "eqx_remat"
+INTERNAL = "internal"
+CLIENTS = ("zoo", "benchmarks")
+
+
+def _imports(path: Path):
+    """Every `import` and `from ... import` statement in the file, at any depth."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return tree, [
+        n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+    ]
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """`module -> the modules of the same package it imports`, for every `.py`
+    file of a flat package (`__init__` included: `from . import name`, when
+    `name` is not a module, is an import of `__init__`)."""
+    name = package_dir.name
+    modules = {p.stem for p in package_dir.glob("*.py")}
+
+    def module_of(dotted: str | None) -> str:
+        head = (dotted or "").split(".")[0]
+        return head if head in modules else "__init__"
+
+    graph = {}
+    for path in sorted(package_dir.glob("*.py")):
+        edges = set()
+        for node in _imports(path)[1]:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == name or alias.name.startswith(name + "."):
+                        edges.add(module_of(alias.name[len(name) + 1 :]))
+                continue
+            if node.level == 0:
+                if node.module != name and not node.module.startswith(name + "."):
+                    continue
+                base = node.module[len(name) + 1 :]
+            else:
+                base = node.module or ""
+            if base:
+                edges.add(module_of(base))
+            else:  # `from . import a, b`: modules, or names of `__init__`
+                edges.update(module_of(alias.name) for alias in node.names)
+        edges.discard(path.stem)
+        graph[path.stem] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of `graph` (`module -> what it imports`), as `[a, b, ..., a]`
+    where each module imports the next; `None` when there is none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return e.args[1][::-1]  # graphlib lists each module before its importer
+    return None
+
+
+def forbidden_imports(package_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
+    """`file:line module` for each import of a `forbidden` top-level package."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in _imports(path)[1]:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                if n.split(".")[0] in forbidden:
+                    out.append(f"{path.name}:{node.lineno} {n}")
+    return out
+
+
+def private_uses(client_dir: Path, public: set[str], internal: set[str]) -> list[str]:
+    """`file:line what` for each use, in the files under `client_dir`, of a name
+    of `eqx_remat` that is neither in `public` (its `__all__`) nor in `internal`
+    (`eqx_remat.internal.__all__`): imports of a private module, imports of a
+    name that is not exported, and attributes `er.x` / `er.internal.x` of a name
+    bound to `eqx_remat` or to `eqx_remat.internal`."""
+    allowed = {PACKAGE: public | {INTERNAL, "__version__"}, INTERNAL: internal}
+    out = []
+    for path in sorted(client_dir.rglob("*.py")):
+        tree, imports = _imports(path)
+        bound: dict[str, str] = {}  # local name -> PACKAGE or INTERNAL
+
+        def bad(node, what):
+            out.append(f"{path.name}:{node.lineno} {what}")
+
+        for node in imports:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] != PACKAGE:
+                        continue
+                    if parts[1:] not in ([], [INTERNAL]):
+                        bad(node, f"import {alias.name}")
+                    elif alias.asname is None:
+                        bound[PACKAGE] = PACKAGE
+                    else:
+                        bound[alias.asname] = INTERNAL if parts[1:] else PACKAGE
+            elif node.level == 0 and node.module.split(".")[0] == PACKAGE:
+                where = {PACKAGE: PACKAGE, f"{PACKAGE}.{INTERNAL}": INTERNAL}
+                if node.module not in where:
+                    bad(node, f"from {node.module} import ...")
+                    continue
+                for alias in node.names:
+                    if alias.name not in allowed[where[node.module]]:
+                        bad(node, f"from {node.module} import {alias.name}")
+                    elif alias.name == INTERNAL:
+                        bound[alias.asname or alias.name] = INTERNAL
+
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                space = bound[value.id]
+            elif (
+                isinstance(value, ast.Attribute)
+                and value.attr == INTERNAL
+                and isinstance(value.value, ast.Name)
+                and bound.get(value.value.id) == PACKAGE
+            ):
+                space = INTERNAL
+            else:
+                continue
+            if node.attr not in allowed[space]:
+                bad(node, f"{ast.unparse(node)}")
+    return out
+
+
+# --- the repository -----------------------------------------------------------
+
+
+def test_eqx_remat_import_graph_has_no_cycle():
+    graph = import_graph(ROOT / PACKAGE)
+    assert "_engine" in graph and graph["__init__"], graph  # the parse found them
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in eqx_remat: {' imports '.join(cycle)}"
+
+
+def test_eqx_remat_never_imports_zoo_or_benchmarks():
+    assert forbidden_imports(ROOT / PACKAGE, CLIENTS) == []
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_clients_use_only_exported_names(client):
+    public, internal = set(eqx_remat.__all__), set(eqx_remat.internal.__all__)
+    assert private_uses(ROOT / client, public, internal) == []
+
+
+# --- the checks can fail ------------------------------------------------------
+
+
+def _package(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
+    package = tmp_path / name
+    package.mkdir()
+    for file, text in files.items():
+        (package / file).write_text(textwrap.dedent(text))
+    return package
+
+
+def test_a_cycle_through_a_deferred_import_is_found(tmp_path):
+    package = _package(
+        tmp_path,
+        PACKAGE,
+        {
+            "__init__.py": "from ._a import f as f\n",
+            "_a.py": "from ._b import g\n",
+            "_b.py": """
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from ._c import C
+                def g():
+                    return 1
+            """,
+            "_c.py": """
+                def h():
+                    from ._a import f  # deferred, still a cycle
+                    return f
+            """,
+        },
+    )
+    graph = import_graph(package)
+    assert graph == {"__init__": {"_a"}, "_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}}
+    assert set(find_cycle(graph)) == {"_a", "_b", "_c"}
+    # `from . import name` of a non-module name imports `__init__`: a cycle too.
+    (package / "_c.py").write_text("from . import f\n")
+    assert find_cycle(import_graph(package)) is not None
+    (package / "_c.py").write_text("import os\n")
+    assert find_cycle(import_graph(package)) is None
+
+
+def test_an_import_of_zoo_is_found(tmp_path):
+    package = _package(
+        tmp_path,
+        PACKAGE,
+        {
+            "_a.py": "def f():\n    import zoo.x\n",
+            "_b.py": "from benchmarks import y\n",
+        },
+    )
+    assert forbidden_imports(package, CLIENTS) == [
+        "_a.py:2 zoo.x",
+        "_b.py:1 benchmarks",
+    ]
+
+
+def test_private_uses_are_found(tmp_path):
+    client = _package(
+        tmp_path,
+        "zoo",
+        {
+            "_ok.py": """
+                import eqx_remat
+                import eqx_remat as er
+                from eqx_remat import internal, scan_layers
+                from eqx_remat.internal import check_int
+                er.scan_layers, eqx_remat.internal.check_int, internal.check_int
+            """,
+            "_bad.py": """
+                import eqx_remat as er
+                import eqx_remat._plan
+                from eqx_remat._engine import Layers
+                from eqx_remat import _plan, check_int
+                from eqx_remat.internal import nope
+                er.check_int, er._plan, er.internal.nope
+            """,
+        },
+    )
+    found = private_uses(client, {"scan_layers"}, {"check_int"})
+    assert found == [
+        "_bad.py:3 import eqx_remat._plan",
+        "_bad.py:4 from eqx_remat._engine import ...",
+        "_bad.py:5 from eqx_remat import _plan",
+        "_bad.py:5 from eqx_remat import check_int",
+        "_bad.py:6 from eqx_remat.internal import nope",
+        "_bad.py:7 er.check_int",
+        "_bad.py:7 er._plan",
+        "_bad.py:7 er.internal.nope",
+    ]
