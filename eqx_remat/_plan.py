@@ -36,7 +36,7 @@ from ._schedules import every, nested, recursive
 from ._solve import (
     Option,
     Real,
-    heavy_count,
+    best_mix,
     lower_hull,
     option_time,
     per_layer_options,
@@ -546,7 +546,7 @@ class _Planner:
         options = self._price_options()
         hull = lower_hull(options)
         self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
-        pick = self._choose(hull, mix)
+        pick = self._choose(options, mix)
         pick = self._try_schedules(pick, self._price_schedules())
         points = [self._uniform_point(o) for o in hull] + self._compiled_points()
         if pick is None:
@@ -620,12 +620,17 @@ class _Planner:
 
     def _base(self, o: Option) -> float | None:
         """Memory besides the stack's saved values, learnt from compiled uniform
-        options: exact for a compiled one, interpolated in bytes otherwise."""
+        options: exact for a compiled one (from XLA's figure, a lower bound,
+        for one XLA refused; infinite where it gave none), interpolated in
+        bytes between compiled ones otherwise. `None` before any compile."""
         known = []
         for c, (entry, _) in self.compiled.items():
-            if entry.report is not None and c in self.priced:
+            if c in self.priced and (entry.report is not None or c == o.checkpoint):
                 v = self.priced[c]
-                known.append((v.bytes, entry.memory_bytes - self.per * v.bytes))
+                memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
+                if c == o.checkpoint:
+                    return memory - self.per * v.bytes
+                known.append((v.bytes, memory - self.per * v.bytes))
         if not known:
             return None
         known.sort()
@@ -642,63 +647,61 @@ class _Planner:
         base = self._base(o)
         return None if base is None else base + self.per * o.bytes
 
-    def _choose(self, hull: list[Option], mix) -> FrontierPoint | None:
-        cheapest, lightest = hull[-1], hull[0]
-        if self.measure(cheapest.checkpoint, self._predict(cheapest)).fits:
-            return self._uniform_point(cheapest)
-        if len(hull) == 1:
-            return None
-        if not self.measure(lightest.checkpoint, self._predict(lightest)).fits:
-            return None
-        j = len(hull) - 2
-        while j > 0 and (self._predict(hull[j]) or 0) > self.budget:
-            j -= 1
-        return self._descend(hull, j, mix)
-
-    def _descend(self, hull: list[Option], j: int, mix) -> FrontierPoint | None:
-        """The mix of a segment `(hull[j], hull[j + 1])` with the most layers of
-        the heavier option whose compiled memory fits: both ends are compiled
-        (their base memory is then known), the segment moves up while its
-        heavier end fits and down while its lighter end does not."""
-        while True:
-            light, heavy = hull[j], hull[j + 1]
-            if not self.measure(light.checkpoint, self._predict(light)).fits:
-                if j == 0:
-                    return None
-                self.note(
-                    f"{_name(light.checkpoint)} was predicted to fit but did not "
-                    "when compiled: the next lighter segment of the hull"
-                )
-                j -= 1
-                continue
-            if mix is None:
-                return self._uniform_point(light)
-            if self.measure(heavy.checkpoint, self._predict(heavy)).fits:
-                j += 1  # the cheapest option does not fit: this ends
-                continue
-            return self._mix(light, heavy, mix)
-
-    def _mix(self, light: Option, heavy: Option, mix) -> FrontierPoint:
-        """`n` layers of `heavy` and the rest `light` (which fits), `n` as large
-        as the model predicts, then fewer while the compiled mix does not fit."""
-        base = max(b for b in (self._base(light), self._base(heavy)) if b is not None)
-        n = min(heavy_count(self.budget, base, self.per, light, heavy), self.per - 1)
-        while n > 0:
-            c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
-            point = self._mix_point(c, n, heavy, light, base)
-            entry = self.measure(c, point.predicted_bytes)
-            if entry.fits:
-                return point._replace(compiled_bytes=entry.memory_bytes)
-            excess = (entry.memory_bytes or self.budget + 1) - self.budget
-            step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
-            self.note(
-                f"{_name(c)} was predicted to fit "
-                f"({format_bytes(point.predicted_bytes)}) but compiled to "
-                f"{_format_memory(entry)}: {max(n - step, 0)} layers of "
-                f"{_name(heavy.checkpoint)} instead"
+    def _choose(self, options: list[Option], mix) -> FrontierPoint | None:
+        """The cheapest mix predicted to fit, confirmed by compiling: solve,
+        compile what the answer depends on (its options, uniform, for their
+        base memory; then the mix itself), solve again with what that taught,
+        until the answer compiled fits."""
+        hull = lower_hull(options)
+        for o in (hull[-1], hull[0]):  # the cheapest and the lightest
+            self.measure(o.checkpoint, self._predict(o))
+        # Without layer ranges, no mixes: at most 0 layers of a heavier option.
+        limits: dict[tuple, int] = {}
+        most = self.per if mix is not None else 0
+        for _ in range(4 * len(options) + 8):
+            best = best_mix(
+                options,
+                lambda o: self._base(o) or 0.0,
+                self.per,
+                self.budget,
+                lambda light, heavy: limits.get((light, heavy), most),
             )
-            n -= step
-        return self._uniform_point(light)
+            if best is None:
+                return None
+            ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
+            new = [o for o in ends if o.checkpoint not in self.compiled]
+            for o in new:
+                self.measure(o.checkpoint, self._predict(o))
+            if new:
+                continue
+            if best.n == 0:
+                return self._uniform_point(best.light)
+            point, fewer = self._try_mix(best, mix)
+            if point is not None:
+                return point
+            limits[(best.light, best.heavy)] = fewer
+        raise AssertionError("plan: the search for a mix did not settle")
+
+    def _try_mix(self, best, mix) -> tuple[FrontierPoint | None, int]:
+        """Compile the mix `best`: `(its point, n)` if it fits, else `(None,
+        the most heavy layers worth trying next)`, stepping by as many layers
+        as the compiled excess says."""
+        light, heavy, n = best.light, best.heavy, best.n
+        c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
+        point = self._mix_point(c, n, heavy, light, best.predicted)
+        entry = self.measure(c, point.predicted_bytes)
+        if entry.fits:
+            return point._replace(compiled_bytes=entry.memory_bytes), n
+        excess = (entry.memory_bytes or self.budget + 1) - self.budget
+        step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
+        fewer = max(n - step, 0)
+        self.note(
+            f"{_name(c)} was predicted to fit "
+            f"({format_bytes(point.predicted_bytes)}) but compiled to "
+            f"{_format_memory(entry)}: at most {fewer} layers of "
+            f"{_name(heavy.checkpoint)} with {_name(light.checkpoint)}"
+        )
+        return None, fewer
 
     def _uniform_point(self, o: Option) -> FrontierPoint:
         entry = self.compiled.get(o.checkpoint, (None, None))[0]
@@ -713,11 +716,10 @@ class _Planner:
             self.time_s(o.total_flops, host),
         )
 
-    def _mix_point(self, c, n: int, heavy: Option, light: Option, base: Real):
+    def _mix_point(self, c, n: int, heavy: Option, light: Option, predicted: Real):
         rest = self.per - n
         flops = self.flops_none + n * heavy.flops + rest * light.flops
         host = n * heavy.host_bytes + rest * light.host_bytes
-        predicted = base + n * heavy.bytes + rest * light.bytes
         return FrontierPoint(
             c,
             int(predicted),

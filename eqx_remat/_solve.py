@@ -253,18 +253,58 @@ def share_per_chip(args: tuple, chips: int) -> float:
     return 1.0 / min(ways, max(chips, 1))
 
 
+def pareto(options: Sequence[Option]) -> list[Option]:
+    """The options no other option beats in both bytes and time, lightest
+    first (of equal ones, the first)."""
+    out: list[Option] = []
+    for o in sorted(options, key=lambda o: (o.bytes, o.time)):
+        if not out or o.time < out[-1].time:
+            out.append(o)
+    return out
+
+
+class Mix(NamedTuple):
+    """`n` layers of `heavy` and `depth - n` of `light` (`n == 0`: `light` on
+    every layer), its predicted memory and its cost."""
+
+    light: Option
+    heavy: Option
+    n: int
+    predicted: float
+    cost: float
+
+
 def best_mix(
-    hull: Sequence[Option], base: Real, depth: int, budget: Real
-) -> tuple[Option, Option, int] | None:
-    """The cheapest mix within `budget` for a common `base`: `(light, heavy,
-    n)`, `n` layers of `heavy` and `depth - n` of `light` (neighbours on the
-    hull, or the same option when the cheapest fits); `None` when not even
-    the lightest option fits."""
-    fits = [o for o in hull if base + depth * o.bytes <= budget]
-    if not fits:
-        return None
-    j = hull.index(fits[-1])
-    if j == len(hull) - 1:
-        return hull[j], hull[j], 0
-    light, heavy = hull[j], hull[j + 1]
-    return light, heavy, heavy_count(budget, base, depth, light, heavy)
+    options: Sequence[Option],
+    base: Callable[[Option], float],
+    depth: int,
+    budget: Real,
+    limit: Callable[[Option, Option], int] | None = None,
+) -> Mix | None:
+    """The cheapest mix of at most two options whose predicted memory, `max
+    (base(light), base(heavy)) + n · heavy.bytes + (depth - n) · light.bytes`,
+    is within `budget`; `None` when no option fits on every layer.
+
+    With real layer counts the optimum mixes two neighbours of the lower convex
+    hull; with whole layers, rounding `n` down can make another pair better
+    (by less than one layer's cost), so every pair of Pareto options is
+    tried: `K²` pairs for `K` options, no compile. `limit(light, heavy)`
+    bounds `n` (what compiling a mix taught)."""
+    front = pareto(options)
+    best: Mix | None = None
+    for i, light in enumerate(front):
+        if base(light) + depth * light.bytes > budget:
+            continue
+        mixes = [Mix(light, light, 0, base(light) + depth * light.bytes, 0.0)]
+        for heavy in front[i + 1 :]:  # heavier and cheaper
+            b = max(base(light), base(heavy))
+            n = heavy_count(budget, b, depth, light, heavy)
+            n = n if limit is None else min(n, limit(light, heavy))
+            if 0 < n < depth:
+                mem = b + n * heavy.bytes + (depth - n) * light.bytes
+                mixes.append(Mix(light, heavy, n, mem, 0.0))
+        for m in mixes:
+            m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)
+            if best is None or (m.cost, m.predicted) < (best.cost, best.predicted):
+                best = m
+    return best
