@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 import eqx_remat as er
+from eqx_remat.internal import format_flops
 
 from . import _device
 
@@ -417,13 +418,8 @@ def fmt_ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-def fmt_flops(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g}"
+def fmt_flops(n: int | float | None) -> str:
+    return "n/a" if n is None else format_flops(n)
 
 
 def fmt_pct(x: float | None) -> str:
@@ -494,6 +490,13 @@ def plt() -> Any:
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write (110 dpi) and close a figure: how every plot ends."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt().close(fig)
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -18,7 +18,6 @@ or its compiled size is over `--memory-limit`) is a row that says so.
 import dataclasses
 import functools
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import eqx_remat as er
 import zoo
+from eqx_remat.internal import compiled_report, needed_bytes
 
-from . import _device, _models as M
+from . import _device, _models as M, _peers
 from ._common import checkpoint_label, parse_checkpoint
 
 
@@ -72,13 +72,12 @@ def mesh_for(target: str | None) -> Any:
     return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
 
 
-def _place_batch(batch: Any, mesh: Any) -> Any:
-    """Split over the mesh along the batch axis, or replicate if it does not divide."""
-    spec = P("data") if batch.shape[0] % mesh.size == 0 else P()
-    sharding = NamedSharding(mesh, spec)
-    if isinstance(batch, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(batch.shape, batch.dtype, sharding=sharding)
-    return jax.device_put(batch, sharding)
+def place_batch(batch: Any, mesh: Any) -> Any:
+    """`zoo.shard_batch`, or, where the devices do not divide the batch (a tiny
+    batch on many chips), replicated with `zoo.shard`."""
+    if batch.shape[0] % mesh.size:
+        return zoo.shard(batch, mesh)
+    return zoo.shard_batch(batch, mesh)
 
 
 def variants(
@@ -98,7 +97,7 @@ def variants(
     def placed() -> tuple[Any, Any]:
         mesh = mesh_for(target)
         model = zoo.shard(preset.build(abstract=aot), mesh, fsdp=preset.fsdp)
-        return model, _place_batch(preset.inputs(abstract=aot), mesh)
+        return model, place_batch(preset.inputs(abstract=aot), mesh)
 
     def ours(c: er.Checkpoint) -> Callable:
         def build():
@@ -108,7 +107,7 @@ def variants(
 
         return build
 
-    def peer(p: M.Peer) -> Callable:
+    def peer(p: _peers.Peer) -> Callable:
         def build():
             model, batch = placed()
             fn, params = p.make(preset, model)
@@ -122,11 +121,28 @@ def variants(
         label = checkpoint_label(c)
         if label not in seen:  # every(sqrt) is every(4) at depth 16
             seen.add(label)
-            out.append(Variant(name, preset, "eqx_remat", label, _kind(c), ours(c)))
-    if peers:
-        for p in preset.peers(quick=quick):
-            v = Variant(name, preset, p.impl, p.checkpoint, "peer", peer(p), p.ours)
-            out.append(v)
+            out.append(
+                Variant(
+                    group=name,
+                    preset=preset,
+                    impl="eqx_remat",
+                    checkpoint=label,
+                    schedule=_kind(c),
+                    build=ours(c),
+                )
+            )
+    for p in _peers.of(preset, quick=quick) if peers else ():
+        out.append(
+            Variant(
+                group=name,
+                preset=preset,
+                impl=p.impl,
+                checkpoint=p.checkpoint,
+                schedule="peer",
+                build=peer(p),
+                ours=p.ours,
+            )
+        )
     return out
 
 
@@ -134,22 +150,16 @@ def variants(
 # One variant: compile, memory, FLOPs.
 
 
-def _flops(fn: Callable, args: tuple) -> int | None:
-    f = er.count_flops(fn, *args)
+def _flops(count: er.FlopCount) -> int | None:
     # Loops whose trip count is only known at run time are counted once: no number.
-    return None if f.dynamic_loops else int(f)
+    return None if count.dynamic_loops else int(count)
 
 
-def _memory(compiled: Any) -> dict[str, int]:
-    m = compiled.memory_analysis()
-    row = {
-        "temp_bytes": int(m.temp_size_in_bytes),
-        "argument_bytes": int(m.argument_size_in_bytes),
-        "output_bytes": int(m.output_size_in_bytes),
-        "host_temp_bytes": int(getattr(m, "host_temp_size_in_bytes", 0)),
-    }
-    row["total_bytes"] = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"]
-    return row
+def _report_fields(report: er.MemoryReport) -> dict[str, Any]:
+    """A row's memory and FLOPs, from the library's report (the row names its
+    own target)."""
+    fields = {k: v for k, v in report.to_dict().items() if k != "target"}
+    return fields | {"total_bytes": report.total_bytes, "flops": _flops(report.flops)}
 
 
 def _first_line(e: BaseException) -> str:
@@ -174,8 +184,9 @@ def compile_variant(
     except Exception as e:  # XLA refuses what does not fit in device memory
         return {**row, "fits": False, "error": _first_line(e)}, None, None
     row["compile_s"] = time.perf_counter() - t0
-    row |= _memory(compiled)
-    row["flops"] = _flops(fn, args)
+    flops = er.count_flops(fn, *args)
+    report = compiled_report(compiled, flops=flops, target=jax.default_backend())
+    row |= _report_fields(report)
     if limit is not None and row["total_bytes"] > limit:
         row["fits"] = False
         row["error"] = f"compiled size {row['total_bytes']} B > limit {limit} B"
@@ -268,15 +279,12 @@ def worker(v: Variant, *, repeats: int, limit: int | None, path: Path) -> None:
 # TPU v5e, ahead of time.
 
 
-_XLA_NEED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
-_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
 def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     """Per-chip memory of `v` compiled for `target` with
     `eqx_remat.memory_report`. Programs that do not fit in a chip do not compile:
-    XLA says how much temporary memory they would need, reported as `temp_bytes`
-    with `fits: False`."""
+    XLA says how much memory they would need (`eqx_remat.internal.needed_bytes`),
+    reported as `temp_bytes` with `fits: False`. `compile_s` includes counting
+    the FLOPs, which `memory_report` does too."""
     fn, args = v.build()
     row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "target": target}
     row |= {"device_kind": "TPU v5 lite", "device_count": er.v5e_mesh(target).size}
@@ -284,24 +292,15 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     try:
         report = er.memory_report(fn, *args, target=target)
     except jax.errors.JaxRuntimeError as e:
-        need = _XLA_NEED.search(str(e))
+        need = needed_bytes(str(e))
         if need is None:
             raise
-        need_bytes = int(float(need.group(1)) * _UNIT[need.group(2)])
-        row |= {"fits": False, "temp_bytes": need_bytes, "total_bytes": None}
-        row["error"] = _first_line(e)
+        row |= {"fits": False, "temp_bytes": need, "total_bytes": None}
+        row |= {"error": _first_line(e), "flops": _flops(er.count_flops(fn, *args))}
     else:
-        row |= _memory_dict(report)
-        row["fits"] = row["total_bytes"] <= V5E_HBM
+        row |= _report_fields(report)
+        row["fits"] = report.total_bytes <= V5E_HBM
     row["compile_s"] = time.perf_counter() - t0
-    row["flops"] = _flops(fn, args)
-    return row
-
-
-def _memory_dict(report: er.MemoryReport) -> dict[str, Any]:
-    keys = ("temp_bytes", "argument_bytes", "output_bytes", "host_temp_bytes")
-    row = {k: getattr(report, k) for k in keys}
-    row["total_bytes"] = sum(row[k] for k in keys[:3])
     return row
 
 

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     with console.progress(args.repeats * len(args.depths) * len(specs)) as step:
         for r in range(args.repeats):  # interleaved, so load hits every point alike
             for d in args.depths:
-                preset = M.ChainPreset(args.batch, args.width, d)
+                preset = M.ChainPreset(batch=args.batch, width=args.width, layers=d)
                 for spec in specs:
                     step(f"round {r + 1}: D={d} {spec or 'treeverse'}")
                     row = one(preset, spec, first=r == 0)
@@ -200,9 +200,7 @@ def plot(data: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.suptitle(f"{data['meta']['command']} — {data['meta']['describe']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    C.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -266,9 +266,7 @@ def plot(data: dict, path: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(data["meta"]["command"], fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    C.save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------
@@ -284,7 +282,7 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
     model = preset.build(abstract=True)
     batch = preset.inputs(abstract=True)
     if mesh is not None:
-        batch = X._place_batch(batch, mesh)
+        batch = X.place_batch(batch, mesh)
     cands = None
     if args.checkpoint:
         cands = [C.parse_checkpoint(s, preset.depth) for s in args.checkpoint]
@@ -370,9 +368,7 @@ def plot_plan(data: dict, path: Path) -> None:
             )
     ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    C.save_figure(fig, path)
 
 
 if __name__ == "__main__":

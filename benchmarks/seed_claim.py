@@ -37,32 +37,21 @@ from benchmarks._device import resolve_device
 from benchmarks.run import measure
 
 
-def _config(
-    batch=32,
-    topology="v5e:2x4",
-    d_model=2048,
-    layers=24,
-    seq=2048,
-    fsdp=True,
-    vocab=32000,
-) -> tuple[M.TransformerPreset, str]:
-    preset = M.TransformerPreset(
-        batch, vocab, seq, d_model, max(1, d_model // 128), layers, "bfloat16", fsdp
-    )
-    return preset, topology
-
-
+# Each config: a preset (the seed setting, `_models.seed`, or one change to it)
+# and the v5e topology it is compiled for.
 GRID = {
-    "base": _config(),  # the claim's config: v5e-8, batch 32, seq 2048, 24 layers
-    "2x2": _config(topology="v5e:2x2"),
-    "d2560": _config(d_model=2560),
-    "d3072-3B": _config(d_model=3072),
-    "batch16": _config(batch=16),
-    "seq1024": _config(seq=1024),
-    "12layers": _config(layers=12),
-    "replicated": _config(fsdp=False),
+    "base": (M.seed(), "v5e:2x4"),  # the claim's config: v5e-8, batch 32, seq 2048
+    "2x2": (M.seed(), "v5e:2x2"),
+    "d2560": (M.seed(d_model=2560), "v5e:2x4"),
+    "d3072-3B": (M.seed(d_model=3072), "v5e:2x4"),
+    "batch16": (M.seed(batch=16), "v5e:2x4"),
+    "seq1024": (M.seed(seq=1024), "v5e:2x4"),
+    "12layers": (M.seed(layers=12), "v5e:2x4"),
+    "replicated": (M.seed(shard_params=False), "v5e:2x4"),
 }
-QUICK = {"tiny": _config(8, "v5e:2x2", 256, 2, 256, vocab=512)}
+QUICK = {
+    "tiny": (M.seed(batch=8, d_model=256, layers=2, seq=256, vocab=512), "v5e:2x2")
+}
 POLICIES = ("None", "dots", "nothing")
 BASE_POLICIES = ("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch")
 REAL = (
@@ -257,9 +246,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylabel("temp memory per chip (GiB, log)")
     ax.set_title(f"{data['meta']['command']}; hatched = does not fit", fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    C.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._jaxpr import (
+    CALLS,
+    is_literal,
+    jaxpr_and_consts,
+    open_jaxpr,
+    producers,
+    sub_jaxprs,
+)
 from ._util import traceable
 
 
@@ -161,11 +169,7 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
         for v, c in zip(closed.jaxpr.constvars, closed.consts)
         if _is_small_int(c)
     }
-    try:
-        _count_jaxpr(jaxpr, acc, 1, known)
-    finally:
-        _CONTROL_CACHE.clear()
-        _MEMO.clear()
+    _count_jaxpr(jaxpr, acc, 1, _Memo(), known)
     return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
 
 
@@ -184,11 +188,6 @@ class _Count:
         for k, v in other.unknown.items():
             self.unknown[k] += mult * v
         self.dynamic_loops += other.dynamic_loops
-
-
-def _inner(j: Any) -> Any:
-    """The open jaxpr of a `Jaxpr` or `ClosedJaxpr`."""
-    return getattr(j, "jaxpr", j)
 
 
 def _size(var: Any) -> int:
@@ -394,24 +393,6 @@ _RULES: dict[str, Callable[[Any], tuple[int, int] | None]] = {
 }
 
 
-# --- higher-order primitives ---------------------------------------------------
-
-# Primitives that call one jaxpr once, and the parameter that holds it.
-_CALLS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "custom_vmap_call": "call",
-    "linear_call": "callee",
-}
-
-
 # --- control flow decided by constants ---------------------------------------
 #
 # A `lax.cond` counts its most expensive branch, unless its branch index is
@@ -434,7 +415,7 @@ _KNOWN_MAX_SIZE = 1 << 16
 
 
 def _value(v: Any, known: dict) -> np.ndarray | None:
-    if hasattr(v, "val"):  # a literal
+    if is_literal(v):
         return np.asarray(v.val)
     x = known.get(v)
     return None if x is None else np.asarray(x)
@@ -541,78 +522,73 @@ def _bind(jaxpr, args: list, known: dict, consts: Any = ()) -> dict:
     return out
 
 
-def _closed(j: Any) -> tuple[Any, Any]:
-    """`(jaxpr, consts)` of a `Jaxpr` or `ClosedJaxpr`."""
-    return getattr(j, "jaxpr", j), getattr(j, "consts", ())
+@dataclasses.dataclass
+class _Memo:
+    """What one `count_flops` call has worked out, owned by that call (so that
+    counting is re-entrant and thread-safe) and dropped with it: keyed by the
+    `id` of a jaxpr, each entry holds the jaxpr too (so that its `id` is not
+    reused while the memo lives)."""
+
+    # `_control` of a jaxpr: id -> (jaxpr, positions)
+    control: dict = dataclasses.field(default_factory=dict)
+    # counts of a jaxpr: (id, deciding values...) -> (jaxpr, _Count)
+    counts: dict = dataclasses.field(default_factory=dict)
 
 
-_CONTROL_CACHE: dict = {}
-
-
-def _control(jaxpr) -> frozenset[int]:
+def _control(jaxpr, memo: _Memo) -> frozenset[int]:
     """The positions of `jaxpr`'s inputs that may decide the branch of a
     `lax.cond` in it (conservatively)."""
     key = id(jaxpr)
-    hit = _CONTROL_CACHE.get(key)
+    hit = memo.control.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     deps: dict = {v: {k} for k, v in enumerate(jaxpr.invars)}
     control: set[int] = set()
     for eqn in jaxpr.eqns:
-        ins = [set() if hasattr(v, "val") else deps.get(v, set()) for v in eqn.invars]
+        ins = [set() if is_literal(v) else deps.get(v, set()) for v in eqn.invars]
         every = set().union(*ins)
         name = eqn.primitive.name
-        subs = [_closed(j)[0] for j in _sub_jaxprs(eqn)]
+        subs = [open_jaxpr(j) for j in sub_jaxprs(eqn)]
         if name == "cond":
             control |= ins[0]
             for b in subs:
-                control |= {d for k in _control(b) for d in ins[1 + k]}
-        elif name == "scan" or name in _CALLS:
+                control |= {d for k in _control(b, memo) for d in ins[1 + k]}
+        elif name == "scan" or name in CALLS:
             for b in subs:
                 if len(b.invars) == len(ins):
-                    control |= {d for k in _control(b) for d in ins[k]}
-                elif _control(b):
+                    control |= {d for k in _control(b, memo) for d in ins[k]}
+                elif _control(b, memo):
                     control |= every
-        elif any(_control(b) for b in subs):
+        elif any(_control(b, memo) for b in subs):
             control |= every
         for o in eqn.outvars:
             deps[o] = every
     result = frozenset(control)
-    _CONTROL_CACHE[key] = (jaxpr, result)
+    memo.control[key] = (jaxpr, result)
     return result
 
 
-def _sub_jaxprs(eqn) -> list:
-    out = []
-    for v in eqn.params.values():
-        for sub in v if isinstance(v, tuple | list) else (v,):
-            if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
-                out.append(sub)
-    return out
-
-
-_MEMO: dict = {}
-
-
-def _count_jaxpr(jaxpr, acc: _Count, mult: int, known: dict | None = None) -> None:
+def _count_jaxpr(
+    jaxpr, acc: _Count, mult: int, memo: _Memo, known: dict | None = None
+) -> None:
     """Count `jaxpr` (`known`: values of its inputs known while counting).
     Its count depends only on the known inputs that may decide a branch
     (`_control`), so it is computed once per distinct such values."""
     known = known or {}
-    control = _control(jaxpr)
+    control = _control(jaxpr, memo)
     key = (id(jaxpr),) + tuple(
         None if (x := known.get(jaxpr.invars[k])) is None else x.tobytes()
         for k in sorted(control)
     )
-    hit = _MEMO.get(key)
+    hit = memo.counts.get(key)
     if hit is None or hit[0] is not jaxpr:
         count = _Count()
-        _count_eqns(jaxpr, count, dict(known))
-        hit = _MEMO[key] = (jaxpr, count)
+        _count_eqns(jaxpr, count, memo, dict(known))
+        hit = memo.counts[key] = (jaxpr, count)
     acc.add(hit[1], mult)
 
 
-def _count_eqns(jaxpr, acc: _Count, known: dict) -> None:
+def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
     mult = 1
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -623,44 +599,44 @@ def _count_eqns(jaxpr, acc: _Count, known: dict) -> None:
             acc.flops += mult * f
             acc.transcendentals += mult * t
             _evaluate(eqn, known)
-        elif name in _CALLS:
-            sub, consts = _closed(eqn.params[_CALLS[name]])
-            _count_jaxpr(sub, acc, mult, _bind(sub, eqn.invars, known, consts))
+        elif name in CALLS:
+            sub, consts = jaxpr_and_consts(eqn.params[CALLS[name]])
+            _count_jaxpr(sub, acc, mult, memo, _bind(sub, eqn.invars, known, consts))
         elif name == "scan":
-            _count_scan(eqn, acc, mult, known)
+            _count_scan(eqn, acc, mult, memo, known)
         elif name == "while":
-            _count_while(eqn, acc, mult)
+            _count_while(eqn, acc, mult, memo)
         elif name == "cond":
-            _count_cond(eqn, acc, mult, known)
+            _count_cond(eqn, acc, mult, memo, known)
         elif name == "shard_map":
             # The body runs once per device of the axes it makes manual.
             mesh = eqn.params["mesh"]
             axes = eqn.params.get("newly_manual_axes") or mesh.axis_names
             shards = math.prod(dict(mesh.shape)[a] for a in axes)
-            _count_jaxpr(_inner(eqn.params["jaxpr"]), acc, mult * shards)
+            _count_jaxpr(open_jaxpr(eqn.params["jaxpr"]), acc, mult * shards, memo)
         else:
             acc.unknown[name] += mult
 
 
-def _count_cond(eqn, acc: _Count, mult: int, known: dict) -> None:
-    branches = [_closed(b) for b in eqn.params["branches"]]
+def _count_cond(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:
+    branches = [jaxpr_and_consts(b) for b in eqn.params["branches"]]
     operands = eqn.invars[1:]
     index = _value(eqn.invars[0], known)
     if index is not None and index.ndim == 0:
         sub, consts = branches[int(np.clip(index, 0, len(branches) - 1))]
-        _count_jaxpr(sub, acc, mult, _bind(sub, operands, known, consts))
+        _count_jaxpr(sub, acc, mult, memo, _bind(sub, operands, known, consts))
         return
     counts = []
     for sub, consts in branches:
         c = _Count()
-        _count_jaxpr(sub, c, 1, _bind(sub, operands, known, consts))
+        _count_jaxpr(sub, c, 1, memo, _bind(sub, operands, known, consts))
         counts.append(c)
     acc.add(max(counts, key=lambda c: (c.flops, c.transcendentals)), mult)
 
 
-def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
+def _count_scan(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:
     p = eqn.params
-    body, consts = _closed(p["jaxpr"])
+    body, consts = jaxpr_and_consts(p["jaxpr"])
     length, first_xs = p["length"], p["num_consts"] + p["num_carry"]
     # Carries change from one iteration to the next: never known.
     args = [
@@ -677,9 +653,9 @@ def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
         for k in range(first_xs, len(args))
         if (x := _value(eqn.invars[k], known)) is not None and x.shape[:1] == (length,)
     }
-    deciding = [k for k in xs if k in _control(body)]
+    deciding = [k for k in xs if k in _control(body, memo)]
     if not deciding:
-        _count_jaxpr(body, acc, mult * length, base)
+        _count_jaxpr(body, acc, mult * length, memo, base)
         return
     # Iterations that agree on the values deciding a branch count alike.
     groups: dict = {}
@@ -690,26 +666,27 @@ def _count_scan(eqn, acc: _Count, mult: int, known: dict) -> None:
         sub_known = dict(base)
         for k, x in xs.items():
             sub_known[body.invars[k]] = np.asarray(x[t])
-        _count_jaxpr(body, acc, mult * n, sub_known)
+        _count_jaxpr(body, acc, mult * n, memo, sub_known)
 
 
-def _count_while(eqn, acc: _Count, mult: int) -> None:
+def _count_while(eqn, acc: _Count, mult: int, memo: _Memo) -> None:
     p = eqn.params
-    body, cond = _inner(p["body_jaxpr"]), _inner(p["cond_jaxpr"])
+    body, cond = open_jaxpr(p["body_jaxpr"]), open_jaxpr(p["cond_jaxpr"])
     trips = _static_trip_count(eqn)
     if trips is None:
         acc.dynamic_loops += 1
-        _count_jaxpr(body, acc, mult)
-        _count_jaxpr(cond, acc, mult)
+        _count_jaxpr(body, acc, mult, memo)
+        _count_jaxpr(cond, acc, mult, memo)
     else:
-        _count_jaxpr(body, acc, mult * trips)
-        _count_jaxpr(cond, acc, mult * (trips + 1))
+        _count_jaxpr(body, acc, mult * trips, memo)
+        _count_jaxpr(cond, acc, mult * (trips + 1), memo)
 
 
 def _literal(x: Any) -> int | None:
-    val = getattr(x, "val", None)
-    if val is None or np.ndim(val) != 0:
+    """The value of an integer scalar literal, else `None`."""
+    if not is_literal(x) or np.ndim(x.val) != 0:
         return None
+    val = x.val
     if not np.issubdtype(np.asarray(val).dtype, np.integer):
         return None
     return int(val)
@@ -719,7 +696,7 @@ def _static_trip_count(eqn) -> int | None:
     """The trip count of `while i < n: i += 1` with constant `i` and `n` (what
     `lax.fori_loop` builds), else `None`."""
     p = eqn.params
-    cond, body = _inner(p["cond_jaxpr"]), _inner(p["body_jaxpr"])
+    cond, body = open_jaxpr(p["cond_jaxpr"]), open_jaxpr(p["body_jaxpr"])
     if p["cond_nconsts"] != 0 or len(cond.eqns) != 1:
         return None
     (lt,) = cond.eqns
@@ -730,7 +707,7 @@ def _static_trip_count(eqn) -> int | None:
     body_carry = list(body.invars[p["body_nconsts"] :])
 
     def position(v) -> int | None:
-        if hasattr(v, "val"):  # a literal
+        if is_literal(v):
             return None
         return next((k for k, c in enumerate(cond_carry) if c is v), None)
 
@@ -750,14 +727,13 @@ def _static_trip_count(eqn) -> int | None:
         return None
     # the counter must be incremented by one
     inc = body.outvars[i_pos]
-    for e in body.eqns:
-        if any(o is inc for o in e.outvars):
-            if (
-                e.primitive.name == "add"
-                and len(e.invars) == 2
-                and any(v is body_carry[i_pos] for v in e.invars)
-                and any(_literal(v) == 1 for v in e.invars)
-            ):
-                return max(0, upper - lower)
-            return None
+    e = None if is_literal(inc) else producers(body).get(inc)
+    if (
+        e is not None
+        and e.primitive.name == "add"
+        and len(e.invars) == 2
+        and any(v is body_carry[i_pos] for v in e.invars)
+        and any(_literal(v) == 1 for v in e.invars)
+    ):
+        return max(0, upper - lower)
     return None

@@ -1,11 +1,12 @@
 """Compiled memory of a function, on the local backend or TPU v5e ahead of time."""
 
+import contextlib
 import functools
 import importlib.util
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -56,7 +57,8 @@ class MemoryReport(NamedTuple):
       move off the device. `0` where the backend has no separate host memory
       space (the CPU).
     - `flops`: [`eqx_remat.count_flops`][] of the function (loop trip counts and
-      recomputation included).
+      recomputation included): a [`eqx_remat.FlopCount`][], an `int` that also
+      says what it could not count (`dynamic_loops`, `unknown`).
     - `target`: what it was compiled for: the default backend's platform
       (`"cpu"`, `"gpu"`, ...) or a TPU topology such as `"v5e:2x2"`.
     """
@@ -74,6 +76,12 @@ class MemoryReport(NamedTuple):
             f"out {_mib(self.output_bytes)}, host temp {_mib(self.host_temp_bytes)}, "
             f"{self.flops / 1e9:.3f} GFLOPs [{self.target}]"
         )
+
+    @property
+    def total_bytes(self) -> int:
+        """Device memory in all: `temp_bytes + argument_bytes + output_bytes` (what
+        must fit in one device; host memory not included)."""
+        return self.temp_bytes + self.argument_bytes + self.output_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-serialisable `dict` (plain `int`s and `str`)."""
@@ -179,14 +187,22 @@ def memory_report(
                 "how much it needs. Nothing else can be reported for it."
             )
         raise
+    return compiled_report(compiled, flops=count_flops(fn, *args), target=name)
+
+
+def compiled_report(compiled: Any, *, flops: int, target: str) -> MemoryReport:
+    """The [`eqx_remat.MemoryReport`][] of a program already compiled (a
+    `jax.stages.Compiled`), read from its `memory_analysis()`, with `flops` and
+    `target` as given: for callers that compile to run the program too (the
+    benchmarks), so that it is compiled once."""
     m = compiled.memory_analysis()
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),
         argument_bytes=int(m.argument_size_in_bytes),
         output_bytes=int(m.output_size_in_bytes),
         host_temp_bytes=int(getattr(m, "host_temp_size_in_bytes", 0)),
-        flops=int(count_flops(fn, *args)),
-        target=name,
+        flops=flops,
+        target=target,
     )
 
 
@@ -230,50 +246,67 @@ def _v5e(target: Any) -> tuple[str, Mesh]:
     return f"v5e:{a}x{b}", _mesh(a, b)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)
 def _mesh(a: int, b: int) -> Mesh:
     from jax.experimental import topologies
 
-    # What libtpu reads to describe a slice without querying a TPU VM's metadata
-    # server. Only set when the user has not.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"v5litepod-{a * b}")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
     # slices are made of 2x2 hosts.
     per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
-    # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) when it loads, so
-    # that two processes cannot drive one TPU. Compiling drives nothing, and two
-    # processes compiling at once (pytest-xdist workers, parallel benchmarks)
-    # must not fail: allow several loads, for this load only (children do not
-    # inherit the setting).
-    allow = "ALLOW_MULTIPLE_LIBTPU_LOAD"
-    previous = os.environ.get(allow)
-    os.environ[allow] = "1"
-    try:
-        topo = topologies.get_topology_desc(
-            platform="tpu",
-            topology_name=f"v5e:{a}x{b}",
-            chip_config_name="default",
-            chips_per_host_bounds=per_host,
-            num_slices=1,
-            wrap=[False, False, False],
-        )
-    except Exception as e:  # libtpu's errors are JaxRuntimeErrors
-        if "INVALID_ARGUMENT" not in str(e):
-            raise
-        raise ValueError(
-            f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
-            f"need to be one of {_VALID_TARGETS}, for a slice shape that TPU v5e "
-            "comes in."
-        ) from e
-    finally:
-        if previous is None:
-            del os.environ[allow]
-        else:
-            os.environ[allow] = previous
+    with _libtpu_environment(a * b):
+        try:
+            topo = topologies.get_topology_desc(
+                platform="tpu",
+                topology_name=f"v5e:{a}x{b}",
+                chip_config_name="default",
+                chips_per_host_bounds=per_host,
+                num_slices=1,
+                wrap=[False, False, False],
+            )
+        except Exception as e:  # libtpu's errors are JaxRuntimeErrors
+            if "INVALID_ARGUMENT" not in str(e):
+                raise
+            raise ValueError(
+                f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
+                f"need to be one of {_VALID_TARGETS}, for a slice shape that TPU "
+                "v5e comes in."
+            ) from e
     n = len(topo.devices)
     return topologies.make_mesh(topo, (n,), ("data",))
+
+
+@contextlib.contextmanager
+def _libtpu_environment(chips: int) -> Iterator[None]:
+    """The environment variables libtpu reads when it loads (in
+    `get_topology_desc`), set while it loads and restored afterwards: compiling
+    for the topology later needs none of them.
+
+    - `TPU_ACCELERATOR_TYPE`, `TPU_WORKER_HOSTNAMES`, `TPU_SKIP_MDS_QUERY`
+      describe a slice without querying a TPU VM's metadata server; a value the
+      user has set is kept.
+    - `ALLOW_MULTIPLE_LIBTPU_LOAD`: libtpu takes a machine-wide lock
+      (/tmp/libtpu_lockfile) when it loads, so that two processes cannot drive
+      one TPU. Compiling drives nothing, and two processes compiling at once
+      (pytest-xdist workers, parallel benchmarks) must not fail: allow several
+      loads, for this load only.
+    """
+    defaults = {
+        "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "TPU_SKIP_MDS_QUERY": "1",
+    }
+    values = {k: v for k, v in defaults.items() if k not in os.environ}
+    values["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def warn_replicated(

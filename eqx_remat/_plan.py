@@ -45,7 +45,7 @@ from ._solve import (
     share_per_chip,
     stack_depths,
 )
-from ._util import format_bytes, is_array_like, split_args
+from ._util import format_bytes, format_flops, is_array_like, split_args
 from ._validate import check_int
 
 
@@ -177,7 +177,7 @@ class PlanResult:
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
             f"[{self.target}]: checkpoint={_name(self.checkpoint)}",
             f"  {format_bytes(e.memory_bytes)} compiled, "
-            f"{_format_flops(e.flops)}FLOPs, estimated {_format_time(e.time_s)} "
+            f"{format_flops(e.flops)} FLOPs, estimated {_format_time(e.time_s)} "
             f"per step; {self.compiles} compiles in {self.seconds:.1f} s",
         ]
         lines += [f"  note: {n}" for n in self.notes]
@@ -298,7 +298,10 @@ _NEEDED = (
 _XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _needed_bytes(message: str) -> int | None:
+def needed_bytes(message: str) -> int | None:
+    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
+    (the error `memory_report` raises when a program does not fit in one
+    device), or `None` where the message gives no figure."""
     for pattern in _NEEDED:
         match = pattern.search(message)
         if match is not None:
@@ -497,8 +500,8 @@ class _Planner:
     def _entry(self, c: Checkpoint, report, flops: int) -> PlanEntry:
         if isinstance(report, str):  # XLA: does not fit in one device
             t = self.time_s(flops, 0)
-            return PlanEntry(c, _needed_bytes(report), flops, False, None, report, t)
-        memory = report.temp_bytes + report.argument_bytes + report.output_bytes
+            return PlanEntry(c, needed_bytes(report), flops, False, None, report, t)
+        memory = report.total_bytes
         t = self.time_s(flops, report.host_temp_bytes)
         return PlanEntry(c, memory, flops, memory <= self.budget, report, None, t)
 
@@ -588,7 +591,7 @@ class _Planner:
         self.say(
             f"priced {_name(c)}: {format_bytes(o.bytes)}/layer"
             + (f" + {format_bytes(host_layer)} on the host" if host else "")
-            + f", +{_format_flops(max(extra, 0))}FLOPs/layer "
+            + f", +{format_flops(max(extra, 0))} FLOPs/layer "
             f"({time.perf_counter() - start:.1f} s)"
         )
         return o, names
@@ -876,7 +879,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
                 "*" if e is chosen else "",
                 _name(e.checkpoint),
                 _format_memory(e),
-                _format_flops(e.flops),
+                format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
                 _format_time(e.time_s),
                 "yes" if e.fits else "no",
@@ -894,7 +897,7 @@ def _frontier_table(points: Sequence[FrontierPoint], chosen: Checkpoint) -> str:
                 _name(p.checkpoint),
                 format_bytes(p.predicted_bytes),
                 "-" if p.compiled_bytes is None else format_bytes(p.compiled_bytes),
-                _format_flops(p.flops),
+                format_flops(p.flops),
                 format_bytes(p.host_bytes) if p.host_bytes else "-",
                 _format_time(p.time_s),
             )
@@ -922,10 +925,3 @@ def _format_memory(e: PlanEntry) -> str:
     if e.memory_bytes is None:
         return "too large (XLA)"
     return f">= {format_bytes(e.memory_bytes)} (XLA)"
-
-
-def _format_flops(n: int) -> str:
-    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} "

@@ -5,8 +5,8 @@ primitive of the checkpointed function that says whether its output is saved
 (`True`), recomputed (`False`) or offloaded to another memory space.
 """
 
-import contextlib
 import dataclasses
+import functools
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
@@ -14,26 +14,8 @@ from typing import Any, TypeAlias
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jax.extend.core import Literal as _Literal
 
-
-try:  # Only for the source locations `residuals` prints; not needed otherwise.
-    from jax._src import source_info_util as _source_info_util
-except ImportError:  # pragma: no cover
-    _source_info_util = None
-
-
-def _user_context(eqn):
-    """Bind an equation re-evaluated from a jaxpr at its original source location."""
-    if _source_info_util is None:
-        return contextlib.nullcontext()
-    try:
-        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
-        return _source_info_util.user_context(
-            eqn.source_info.traceback, name_stack=name_stack
-        )
-    except AttributeError:  # pragma: no cover
-        return contextlib.nullcontext()
+from ._jaxpr import eval_jaxpr, is_literal, producers, trace, users
 
 
 Policy: TypeAlias = Callable[..., Any]
@@ -174,22 +156,20 @@ class offload_names:
         return _offload_policy(self.names, self.src, self.dst)
 
 
-_OFFLOAD_CACHE: dict = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _offload_policy(names: frozenset[str], src: str, dst: str) -> Policy:
-    key = (names, src, dst)
-    if key not in _OFFLOAD_CACHE:
-        _OFFLOAD_CACHE[key] = _Offloading(
-            _cp.save_and_offload_only_these_names(
-                names_which_can_be_saved=[],
-                names_which_can_be_offloaded=sorted(names),
-                offload_src=src,
-                offload_dst=dst,
-            ),
-            repr((sorted(names), src, dst)),
-        )
-    return _OFFLOAD_CACHE[key]
+    """The JAX policy of `offload_names(*names, src=src, dst=dst)`: one object per
+    value (while it is among the 256 most recently used), so that rebuilding the
+    same policy does not retrigger compilation."""
+    return _Offloading(
+        _cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=sorted(names),
+            offload_src=src,
+            offload_dst=dst,
+        ),
+        repr((sorted(names), src, dst)),
+    )
 
 
 _SECOND_ORDER_OFFLOAD = (
@@ -346,7 +326,6 @@ _UPSTREAM = _VIEWS | frozenset(
 # The tag given to values that must stay saved although an excluded value's
 # producer has the same signature (see `_ExcludeProducers`).
 _KEEP = "__eqx_remat_keep__"
-_INLINE = frozenset({"jit", "pjit", "closed_call", "core_call"})
 
 
 class _ExcludeProducers:
@@ -383,14 +362,11 @@ class _ExcludeProducers:
         self.pol = pol
 
     def __call__(self, *args):
-        flat, treedef = jax.tree.flatten(args)
-        closed, out_shape = jax.make_jaxpr(
-            lambda *f: self.fn(*jax.tree.unflatten(treedef, f)), return_shape=True
-        )(*flat)
+        closed, flat, out_tree = trace(self.fn, *args)
         # Inline calls to jitted functions, so the region can follow values
         # through them.
         flat_closed = jax.make_jaxpr(
-            lambda *f: _eval(closed.jaxpr, closed.consts, f, inline=True)
+            lambda *f: eval_jaxpr(closed.jaxpr, closed.consts, f, inline=True)
         )(*flat)
         jaxpr, consts = flat_closed.jaxpr, flat_closed.consts
         # What the policy sees is the JVP of the layer: its primal operations,
@@ -401,21 +377,20 @@ class _ExcludeProducers:
         def primal(*d):
             it = iter(d)
             f = [next(it) if m else x for m, x in zip(diff, flat)]
-            return _eval(jaxpr, consts, f)
+            return eval_jaxpr(jaxpr, consts, f)
+
+        def inlined_jvp(d, t):
+            c = jax.make_jaxpr(lambda d, t: jax.jvp(primal, d, t))(d, t)
+            return eval_jaxpr(c.jaxpr, c.consts, d + t, inline=True)
 
         d = [x for m, x in zip(diff, flat) if m]
-        jvp_closed = jax.make_jaxpr(
-            lambda d, t: _eval_closed(
-                jax.make_jaxpr(lambda d, t: jax.jvp(primal, d, t))(d, t), d + t
-            )
-        )(d, d)
-        jvp = jvp_closed.jaxpr
+        jvp = jax.make_jaxpr(inlined_jvp)(d, d).jaxpr
         tangent = set(jvp.invars[len(d) :])
         for e in jvp.eqns:
-            if any(not isinstance(v, _Literal) and v in tangent for v in e.invars):
+            if any(not is_literal(v) and v in tangent for v in e.invars):
                 tangent.update(e.outvars)
         jvp_region = _region(jvp, self.pol.names, tangent)
-        producers = frozenset(
+        producer_signatures = frozenset(
             _signature(e)
             for e in jvp.eqns
             if e.primitive.name != "name" and any(v in jvp_region for v in e.outvars)
@@ -426,58 +401,20 @@ class _ExcludeProducers:
             for e in jaxpr.eqns
             if e.primitive.name != "name"
             and not any(v in region for v in e.outvars)
-            and _matches(_signature(e), producers)
+            and _matches(_signature(e), producer_signatures)
         )
-        pol = _ResolvedSaveAllBut(self.pol.names, producers)
-        out_tree = jax.tree.structure(out_shape)
+        pol = _ResolvedSaveAllBut(self.pol.names, producer_signatures)
+
+        def tag_kept(eqn, outs):
+            if id(eqn) in keep:
+                return [checkpoint_name(o, _KEEP) for o in outs]
+            return outs
 
         def run(*f):
-            return jax.tree.unflatten(out_tree, _eval(jaxpr, consts, f, keep=keep))
+            outs = eval_jaxpr(jaxpr, consts, f, outputs=tag_kept)
+            return jax.tree.unflatten(out_tree, outs)
 
         return jax.checkpoint(run, policy=pol, prevent_cse=False)(*flat)
-
-
-def _eval(jaxpr, consts, args, *, inline=False, keep=frozenset()):
-    """Evaluate `jaxpr`, inlining calls to jitted functions (`inline`) and tagging
-    the outputs of the equations in `keep` (by `id`) with `_KEEP`."""
-    env: dict = {}
-
-    def read(v):
-        return v.val if isinstance(v, _Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if inline and eqn.primitive.name in _INLINE and sub is not None:
-            outs = _eval(
-                getattr(sub, "jaxpr", sub),
-                getattr(sub, "consts", ()),
-                invals,
-                inline=True,
-            )
-        else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            if isinstance(params, tuple):  # older jax: (subfuns, params)
-                subfuns, params = params
-                invals = [*subfuns, *invals]
-            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-            with _user_context(eqn), ctx or contextlib.nullcontext():
-                outs = eqn.primitive.bind(*invals, **params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-            if id(eqn) in keep:
-                outs = [checkpoint_name(o, _KEEP) for o in outs]
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
-
-
-def _eval_closed(closed, args):
-    return _eval(closed.jaxpr, closed.consts, args, inline=True)
 
 
 def _region(jaxpr, names, tangent: set) -> set:
@@ -485,13 +422,9 @@ def _region(jaxpr, names, tangent: set) -> set:
     jaxpr, `tangent` holds the variables that depend on the tangents: values
     computed from excluded ones only for them (derivative coefficients) are
     excluded too."""
-    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
-    users: dict = {}
-    for e in jaxpr.eqns:
-        for v in e.invars:
-            if not isinstance(v, _Literal):
-                users.setdefault(v, []).append(e)
-    outputs = {v for v in jaxpr.outvars if not isinstance(v, _Literal)}
+    producer = producers(jaxpr)
+    readers = users(jaxpr)
+    outputs = {v for v in jaxpr.outvars if not is_literal(v)}
     region: set = set()
     # The primal values the primal outputs depend on; in a JVP jaxpr, the other
     # primal values are derivative coefficients.
@@ -500,10 +433,10 @@ def _region(jaxpr, names, tangent: set) -> set:
         if any(v in needed for v in e.outvars) and not any(
             v in tangent for v in e.outvars
         ):
-            needed.update(v for v in e.invars if not isinstance(v, _Literal))
+            needed.update(v for v in e.invars if not is_literal(v))
 
     def excluded(v) -> bool:
-        return not isinstance(v, _Literal) and v in region
+        return not is_literal(v) and v in region
 
     for e in jaxpr.eqns:
         if e.primitive.name == "name" and e.params.get("name") in names:
@@ -534,13 +467,13 @@ def _region(jaxpr, names, tangent: set) -> set:
             if name in _UPSTREAM and any(v in region for v in e.outvars):
                 for u in e.invars:
                     if (
-                        not isinstance(u, _Literal)
+                        not is_literal(u)
                         and u in producer
                         and u not in region
                         and u not in outputs
                         and all(
                             all(w in region for w in user.outvars)
-                            for user in users.get(u, ())
+                            for user in readers.get(u, ())
                         )
                     ):
                         region.add(u)

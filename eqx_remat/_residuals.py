@@ -5,8 +5,8 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax.extend.core import Literal as _Literal
 
+from ._jaxpr import is_literal, open_jaxpr, producers
 from ._policies import _KEEP
 from ._util import format_bytes, traceable
 
@@ -100,18 +100,20 @@ def residuals(fn: Callable[..., Any], *args: Any) -> list[Residual]:
 
 
 def _describe_all(jaxpr, res_vars, arg_names) -> list[Residual]:
-    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    producer = producers(jaxpr)
     # Look through reduce_precision (JAX inserts it on residuals), as JAX does.
     resolved = []
     for v in res_vars:
-        while not isinstance(v, _Literal) and v in producer:
+        while not is_literal(v) and v in producer:
             e = producer[v]
             if e.primitive.name != "reduce_precision":
                 break
             v = e.invars[0]
         resolved.append(v)
-    out = [_residual(v.aval, "from a literal", None, 1) for v in resolved if _is_lit(v)]
-    variables = {v for v in resolved if not _is_lit(v)}
+    out = [
+        _residual(v.aval, "from a literal", None, 1) for v in resolved if is_literal(v)
+    ]
+    variables = {v for v in resolved if not is_literal(v)}
     for v in jaxpr.constvars:
         if v in variables:
             out.append(_residual(v.aval, "from a constant", None, 1))
@@ -124,10 +126,6 @@ def _describe_all(jaxpr, res_vars, arg_names) -> list[Residual]:
                 source, name, layers = _describe(jaxpr, v, producer)
                 out.append(_residual(v.aval, source, name, layers))
     return out
-
-
-def _is_lit(v) -> bool:
-    return isinstance(v, _Literal)
 
 
 def _residual(aval, source, name, layers) -> Residual:
@@ -148,25 +146,25 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
     if e is None:
         return "from an input", None, 1
     prim = e.primitive.name
-    if prim == "reduce_precision" and not _is_lit(e.invars[0]):
+    if prim == "reduce_precision" and not is_literal(e.invars[0]):
         inner = e.invars[0]
         if inner in producer:
             return _describe(jaxpr, inner, producer)
     if prim == "name":
         tag = e.params["name"]
         inner = e.invars[0]
-        if tag == _KEEP and not _is_lit(inner) and inner in producer:
+        if tag == _KEEP and not is_literal(inner) and inner in producer:
             return _describe(jaxpr, inner, producer)
         return f"named '{tag}' from {_where(e)}", tag, 1
     if prim == "scan":
         k = e.outvars.index(v)
-        body = e.params["jaxpr"].jaxpr
+        body = open_jaxpr(e.params["jaxpr"])
         if k >= e.params["num_carry"]:
             inner = body.outvars[k]
             length = e.params["length"]
-            inner_producer = {w: q for q in body.eqns for w in q.outvars}
+            inner_producer = producers(body)
             scan = f"inside a scan over {length} layers"
-            if not _is_lit(inner) and inner in inner_producer:
+            if not is_literal(inner) and inner in inner_producer:
                 source, tag, layers = _describe(body, inner, inner_producer)
                 return f"{source}, {scan}", tag, layers * length
             if inner in body.invars:

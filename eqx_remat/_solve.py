@@ -25,6 +25,7 @@ from ._checkpoint import Checkpoint, set_checkpoint
 from ._engine import Layers, Schedule
 from ._flops import count_flops
 from ._hardware import Hardware
+from ._jaxpr import is_literal, open_jaxpr, sub_jaxprs
 from ._policies import _KEEP, offload_names, save_names
 from ._util import traceable
 
@@ -65,17 +66,6 @@ def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
 # --- jaxpr walks ----------------------------------------------------------------
 
 
-def _sub_jaxprs(eqn) -> list:
-    out = []
-    for p in eqn.params.values():
-        for j in p if isinstance(p, tuple | list) else (p,):
-            if hasattr(j, "jaxpr") and hasattr(j.jaxpr, "eqns"):
-                out.append(j.jaxpr)
-            elif hasattr(j, "eqns"):
-                out.append(j)
-    return out
-
-
 def tags(jaxpr) -> list[str]:
     """The `checkpoint_name` tags in `jaxpr` and its sub-jaxprs, in order."""
     found: dict[str, None] = {}
@@ -84,8 +74,8 @@ def tags(jaxpr) -> list[str]:
         for e in j.eqns:
             if e.primitive.name == "name" and e.params.get("name") != _KEEP:
                 found.setdefault(e.params["name"], None)
-            for sub in _sub_jaxprs(e):
-                walk(sub)
+            for sub in sub_jaxprs(e):
+                walk(open_jaxpr(sub))
 
     walk(jaxpr)
     return list(found)
@@ -114,14 +104,19 @@ def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
     for e in jaxpr.eqns:
         if e.primitive.name == "scan" and e.params["length"] in depths:
             for v in e.invars:
-                if v in stacked and stacked[v] is not e and v not in seen:
+                if (
+                    not is_literal(v)
+                    and v in stacked
+                    and stacked[v] is not e
+                    and v not in seen
+                ):
                     seen.add(v)
                     if _is_host(v.aval):
                         host += _nbytes(v.aval)
                     else:
                         device += _nbytes(v.aval)
-        for sub in _sub_jaxprs(e):
-            d, h = saved_across(sub, depths)
+        for sub in sub_jaxprs(e):
+            d, h = saved_across(open_jaxpr(sub), depths)
             device, host = device + d, host + h
     return device, host
 

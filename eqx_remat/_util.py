@@ -1,5 +1,6 @@
 """Helpers shared by the inspection functions (`residuals`, `count_flops`,
-`memory_report`, `plan`): one way to take their arguments, one way to print bytes."""
+`memory_report`, `plan`): one way to take their arguments, one way to print bytes
+and FLOPs."""
 
 from collections.abc import Callable
 from typing import Any
@@ -66,3 +67,22 @@ def format_bytes(n: int, *, unit: str | None = None, digits: int = 2) -> str:
     if unit == "B":
         return f"{int(n)} B"
     return f"{n / sizes[unit]:.{digits}f} {unit}"
+
+
+def format_flops(n: int | float) -> str:
+    """`n` FLOPs as a short decimal-prefixed string (`k`, `M`, `G`, `T`, `P`): the
+    one formatter behind `plan`'s table and the benchmarks' tables.
+
+    **Arguments:**
+
+    - `n`: a number of operations, `>= 0`.
+
+    **Returns:**
+
+    A string with three significant digits above a thousand, such as
+    `"1.5 G"` or `"312 T"`; the number itself below, such as `"80"`.
+    """
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)

@@ -2,6 +2,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqx_remat._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
+
 
 def tree_allclose(x, y, *, rtol=1e-5, atol=1e-6) -> bool:
     """Whether two pytrees have the same structure and allclose array leaves."""
@@ -22,27 +24,21 @@ def temp_bytes(fn, *args) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
-def count_primitive(jaxpr, name: str) -> int:
-    """How many times primitive `name` runs, weighting scan bodies by their length.
-
-    `cond` counts its most expensive branch.
-    """
+def count_primitive(jaxpr, name: str, *, weighted: bool = True) -> int:
+    """How many times primitive `name` runs, weighting scan bodies by their length
+    (`cond` counts its most expensive branch); with `weighted=False`, how many
+    times it occurs in the program text (every branch, loop bodies once)."""
+    if not weighted:
+        return sum(e.primitive.name == name for e in iter_eqns(jaxpr))
     total = 0
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == name:
-            total += 1
-        mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-        subs = [
-            v.jaxpr if hasattr(v, "jaxpr") else v
-            for v in eqn.params.values()
-            if hasattr(v, "eqns") or hasattr(v, "jaxpr")
-        ]
+        total += eqn.primitive.name == name
+        subs = [count_primitive(open_jaxpr(s), name) for s in sub_jaxprs(eqn)]
         if eqn.primitive.name == "cond":
-            branches = eqn.params["branches"]
-            total += max(count_primitive(b.jaxpr, name) for b in branches)
-            continue
-        for sub in subs:
-            total += mult * count_primitive(sub, name)
+            total += max(subs)
+        else:
+            mult = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+            total += mult * sum(subs)
     return total
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common as C, _device, _measure as X, _models as M
+from benchmarks import _common as C, _device, _measure as X, _models as M, _peers
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,9 +273,9 @@ def _temp_vs_flax(preset, policy, target=None):
     if target is not None:
         mesh = er.v5e_mesh(target)
         model = zoo.shard(model, mesh)
-        tokens = X._place_batch(tokens, mesh)
+        tokens = X.place_batch(tokens, mesh)
     out = []
-    for make in (M.ours, M.flax_transformer):
+    for make in (M.ours, _peers.flax_transformer):
         # Flax's LayerNorm mixes bfloat16 and float32 implicitly.
         with jax.numpy_dtype_promotion("standard"):
             fn, params = make(preset, model, policy)
@@ -284,7 +284,7 @@ def _temp_vs_flax(preset, policy, target=None):
     return out
 
 
-@pytest.mark.parametrize("policy", M.TransformerPreset.PEER_POLICIES)
+@pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
 def test_transformer_temp_memory_at_most_flax(policy):
     """DESIGN.md: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""

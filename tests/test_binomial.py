@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import tree_allclose
+from helpers import count_primitive, tree_allclose
 from hypothesis import given
 
 import eqx_remat as er
@@ -239,19 +239,6 @@ def test_forward_mode_fails_clearly():
 # --- what it costs -------------------------------------------------------------
 
 
-def _count_eqns(jaxpr, name):
-    """Occurrences of primitive `name` in the program text (not weighted)."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        total += eqn.primitive.name == name
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, tuple | list) else [v]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    total += _count_eqns(sub, name)
-    return total
-
-
 def test_program_size_is_logarithmic_in_depth():
     def grad(depth):
         layers = jax.eval_shape(lambda: make_layers(depth, 2))
@@ -262,7 +249,9 @@ def test_program_size_is_logarithmic_in_depth():
 
     # One slot: the longest advance is D - 2 layers, the worst case for the
     # binary decomposition of advances.
-    small, large = (_count_eqns(grad(d), "tanh") for d in (64, 4096))
+    small, large = (
+        count_primitive(grad(d), "tanh", weighted=False) for d in (64, 4096)
+    )
     assert large - small == math.log2(4096) - math.log2(64)
     assert large <= math.log2(4096) + 4
 

@@ -1,5 +1,7 @@
 """count_flops and memory_report: the instruments every claim is measured with."""
 
+import concurrent.futures
+import functools
 import importlib.util
 import json
 import math
@@ -20,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import eqx_remat as er
+from eqx_remat.internal import compiled_report, format_flops
 
 
 S = jax.ShapeDtypeStruct
@@ -359,6 +362,99 @@ def test_flop_count_is_an_int_with_details():
     assert m == n and m.unknown == n.unknown
 
 
+def test_count_flops_is_re_entrant_and_thread_safe():
+    """Each call owns what it memoises: counting inside a function being counted,
+    and counting in several threads at once, give the counts of one call alone."""
+    layers = er.stack(
+        lambda k: _Tanh(eqx.nn.Linear(8, 8, key=k)),
+        jax.random.split(jax.random.key(0), 12),
+    )
+    x = jnp.ones((8,))
+
+    def grad(checkpoint):
+        loss = lambda ls, x: er.scan_layers(ls, x, checkpoint=checkpoint).sum()
+        return eqx.filter_grad(loss)
+
+    schedules = [er.binomial(3), er.recursive(), er.every(4), None]
+    alone = [er.count_flops(grad(c), layers, x) for c in schedules]
+    assert len(set(alone)) == len(alone)  # the schedules differ
+    inner = []
+
+    def outer(ls, x):
+        inner.append(er.count_flops(grad(er.binomial(3)), ls, x))
+        return grad(er.recursive())(ls, x)
+
+    assert er.count_flops(outer, layers, x) == alone[1]
+    assert inner == [alone[0]]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        counts = list(
+            pool.map(lambda c: er.count_flops(grad(c), layers, x), schedules * 2)
+        )
+    assert counts == alone * 2
+    assert [n.unknown for n in counts] == [{}] * len(counts)
+
+
+def _pallas_double(name=None, estimate=None):
+    """A Pallas kernel (interpreted, so it runs on the CPU) computing `2 x`."""
+    from jax.experimental import pallas as pl
+
+    def double_kernel(x_ref, o_ref, *, factor):
+        o_ref[...] = x_ref[...] * factor
+
+    return pl.pallas_call(
+        functools.partial(double_kernel, factor=2.0),
+        out_shape=S((8, 128), f32),
+        interpret=True,
+        name=name,
+        cost_estimate=estimate,
+    )
+
+
+def test_with_pallas_costs_gives_kernels_without_one_an_estimate():
+    from jax.experimental import pallas as pl
+
+    from eqx_remat.internal import with_pallas_costs
+
+    estimate = pl.CostEstimate(flops=1000, transcendentals=7, bytes_accessed=0)
+    kept = pl.CostEstimate(flops=5, transcendentals=0, bytes_accessed=0)
+
+    def fn(x, y):
+        # A kernel named by its function, three times in a scan inside a jit;
+        # one named by `name=`; one with its own estimate, which it keeps.
+        step = lambda c, _: (_pallas_double()(c), None)
+        a = jax.jit(lambda x: lax.scan(step, x, None, length=3)[0])(x)
+        return {"a": a, "b": _pallas_double("twice")(y) + _pallas_double(None, kept)(y)}
+
+    x, y = jnp.ones((8, 128)), jnp.full((8, 128), 3.0)
+    bare = er.count_flops(fn, x, y)
+    assert bare.unknown == {"pallas_call": 4}
+    costs = {"double_kernel": estimate, "twice": estimate}
+    wrapped = with_pallas_costs(fn, costs)
+    n = er.count_flops(wrapped, x, y)
+    assert n.unknown == {}
+    assert int(n) == int(bare) + 4 * 1000 and n.transcendentals == 4 * 7
+    assert jax.tree.map(float, jax.tree.map(jnp.max, wrapped(x, y))) == {
+        "a": 8.0,
+        "b": 12.0,
+    }
+
+
+def test_with_pallas_costs_rejects_names_it_cannot_find():
+    from jax.experimental import pallas as pl
+
+    from eqx_remat.internal import with_pallas_costs
+
+    estimate = pl.CostEstimate(flops=1, transcendentals=0, bytes_accessed=0)
+    x = jnp.ones((8, 128))
+    wrapped = with_pallas_costs(_pallas_double("twice"), {"thrice": estimate})
+    with pytest.raises(
+        ValueError, match=r"\['thrice'\].*calls the kernels \['twice'\]"
+    ):
+        wrapped(x)
+    with pytest.raises(TypeError, match="CostEstimate. Got {'twice': 1}"):
+        with_pallas_costs(_pallas_double("twice"), {"twice": 1})
+
+
 # --- memory_report on the default backend ----------------------------------------
 
 
@@ -382,6 +478,30 @@ def test_memory_report_equals_memory_analysis():
         assert r.host_temp_bytes == direct.host_temp_size_in_bytes
         assert r.flops == er.count_flops(fn, w, x) > 0
         assert r.target == jax.default_backend()
+        assert isinstance(r.flops, er.FlopCount) and r.flops.dynamic_loops == 0
+        in_device = ("temp", "argument", "output")
+        assert r.total_bytes == sum(
+            getattr(direct, f"{k}_size_in_bytes") for k in in_device
+        )
+        compiled = jax.jit(fn).lower(w, x).compile()
+        same = compiled_report(compiled, flops=r.flops, target=r.target)
+        assert same == r
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        (0, "0"),
+        (999, "999"),
+        (1500, "1.5 k"),
+        (2_000_000, "2 M"),
+        (3.2e12, "3.2 T"),
+        (2.5e15, "2.5 P"),
+        (4.5e18, "4.5e+03 P"),
+    ],
+)
+def test_format_flops(n, expected):
+    assert format_flops(n) == expected
 
 
 def test_memory_report_str_and_dict():
@@ -573,6 +693,48 @@ def test_v5e_mesh_and_sharded_arguments():
             S((64, 256), f32, sharding=NamedSharding(er.v5e_mesh("v5e:2x4"), P())),
             target="v5e",
         )
+
+
+@needs_libtpu
+def test_v5e_leaves_the_environment_as_it_was():
+    """libtpu reads `TPU_*` variables when it loads: memory_report sets those the
+    user has not set only while it loads, and restores the environment after —
+    compiling later, for another slice shape too, needs none of them. Run in a
+    fresh interpreter, where libtpu is not loaded yet."""
+    script = textwrap.dedent(
+        """
+        import os
+        import jax, jax.numpy as jnp
+        import eqx_remat as er
+
+        before = dict(os.environ)
+        x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+        fn = lambda x: jnp.tanh(x @ x.T)
+        reports = [er.memory_report(fn, x, target=t) for t in ("v5e", "v5e:2x4")]
+        changed = set(os.environ.items()) ^ set(before.items())
+        print("changed", sorted(changed))
+        print("targets", [r.target for r in reports], reports[0].flops)
+        """
+    )
+    ours = {
+        "TPU_ACCELERATOR_TYPE",
+        "TPU_WORKER_HOSTNAMES",
+        "TPU_SKIP_MDS_QUERY",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ours}
+    env["JAX_PLATFORMS"] = "cpu"
+    env["TPU_WORKER_HOSTNAMES"] = "localhost"  # the user's own: kept
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "changed []" in out.stdout
+    assert f"targets ['v5e:2x2', 'v5e:2x4'] {2 * 64 * 64 * 256}" in out.stdout
 
 
 @needs_libtpu

@@ -248,7 +248,7 @@ def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on(monkeypatch):
     ],
 )
 def test_xla_figure_of_what_was_needed(message, needed):
-    got = _plan._needed_bytes(message)
+    got = _plan.needed_bytes(message)
     assert got == (None if needed is None else int(needed))
 
 

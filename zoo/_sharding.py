@@ -2,11 +2,12 @@
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import PyTree
+
+from eqx_remat.internal import is_array_like
 
 
 def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
@@ -46,10 +47,6 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
     return jax.device_put(x, sharding)
 
 
-def _is_array(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
 def _shardings(
     tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: str = "data"
 ) -> PyTree:
@@ -80,7 +77,7 @@ def _shardings(
     n = _axis_size("zoo.shard", mesh, axis)
 
     def leaf_sharding(x):
-        if not _is_array(x):
+        if not is_array_like(x):
             return x
         spec = [None] * len(x.shape)
         dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
@@ -88,7 +85,7 @@ def _shardings(
             spec[dim] = axis
         return NamedSharding(mesh, PartitionSpec(*spec))
 
-    return jtu.tree_map(leaf_sharding, tree, is_leaf=_is_array)
+    return jtu.tree_map(leaf_sharding, tree, is_leaf=is_array_like)
 
 
 def shard(
@@ -144,7 +141,10 @@ def shard(
     """
     specs = _shardings(tree, mesh, fsdp=fsdp, axis=axis)
     return jtu.tree_map(
-        lambda x, s: _place(x, s) if _is_array(x) else x, tree, specs, is_leaf=_is_array
+        lambda x, s: _place(x, s) if is_array_like(x) else x,
+        tree,
+        specs,
+        is_leaf=is_array_like,
     )
 
 
@@ -178,7 +178,7 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
     n = _axis_size("zoo.shard_batch", mesh, axis)
 
     def place(path, x):
-        if not _is_array(x):
+        if not is_array_like(x):
             return x
         if len(x.shape) == 0 or x.shape[0] % n != 0:
             raise ValueError(
@@ -189,4 +189,4 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
         spec = PartitionSpec(axis, *[None] * (len(x.shape) - 1))
         return _place(x, NamedSharding(mesh, spec))
 
-    return jtu.tree_map_with_path(place, batch, is_leaf=_is_array)
+    return jtu.tree_map_with_path(place, batch, is_leaf=is_array_like)

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray, jaxtyped
 
 import eqx_remat
+import eqx_remat.internal
 
 from ._util import check_checkpoint, check_int, check_unroll
 
@@ -287,43 +288,26 @@ def _flash_with_costs(fa, q, k, v, sm_scale, blocks):
         return jax.vjp(attend, q, k, v)
 
     def bwd(vjp, g):
-        closed = jax.make_jaxpr(vjp)(g)
+        from jax.experimental import pallas as pl
+
         batch, heads, length, head_dim = q.shape
         squares = batch * heads * length * length
-        costs = {  # by the number of outputs: (dk, dv) or dq
-            2: (4 * 2 * squares * head_dim + 4 * squares, squares),
-            1: (3 * 2 * squares * head_dim + 4 * squares, squares),
+
+        def cost(products):  # (seq, seq) products, and the softmax's
+            return pl.CostEstimate(
+                flops=products * 2 * squares * head_dim + 4 * squares,
+                transcendentals=squares,
+                bytes_accessed=0,
+            )
+
+        costs = {
+            "_flash_attention_dkv_kernel": cost(4),  # dK, dV
+            "_flash_attention_dq_kernel": cost(3),  # dQ
         }
-        jaxpr = _with_costs(closed.jaxpr, costs)
-        return tuple(jax.core.eval_jaxpr(jaxpr, closed.consts, g))
+        return eqx_remat.internal.with_pallas_costs(vjp, costs)(g)
 
     flash.defvjp(fwd, bwd)
     return flash(q, k, v)
-
-
-def _with_costs(jaxpr: Any, costs: dict[int, tuple[int, int]]) -> Any:
-    """`jaxpr` with a `CostEstimate` on each `pallas_call` that has none, chosen
-    by its number of (non-`None`) outputs; nested jaxprs (`jit`) included."""
-    from jax.experimental import pallas as pl
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-
-    eqns = []
-    for eqn in jaxpr.eqns:
-        params = dict(eqn.params)
-        if eqn.primitive.name == "pallas_call" and params["cost_estimate"] is None:
-            cost = costs.get(len(eqn.outvars))
-            if cost is not None:
-                params["cost_estimate"] = pl.CostEstimate(
-                    flops=cost[0], transcendentals=cost[1], bytes_accessed=0
-                )
-        for name, value in eqn.params.items():
-            if isinstance(value, ClosedJaxpr):
-                inner = _with_costs(value.jaxpr, costs)
-                params[name] = ClosedJaxpr(inner, value.consts)
-            elif isinstance(value, Jaxpr) and eqn.primitive.name != "pallas_call":
-                params[name] = _with_costs(value, costs)
-        eqns.append(eqn.replace(params=params))
-    return jaxpr.replace(eqns=eqns)
 
 
 _ATTENTION_FNS = {

@@ -1,0 +1,225 @@
+"""One toolkit for reading, evaluating and rewriting jaxprs.
+
+Every analysis in eqx_remat (`count_flops`, `residuals`, the exact
+`save_all_but_names`) and the Pallas cost hook walk jaxprs with these helpers,
+so that there is one way to tell a literal, one way to find the jaxprs an
+equation holds (loop bodies, `cond` branches, calls, custom derivatives,
+`shard_map`, Pallas kernels) and one evaluator.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+
+
+try:  # Only for the source locations of re-evaluated equations; optional.
+    from jax._src import source_info_util as _source_info_util
+except ImportError:  # pragma: no cover - depends on the jax version
+    _source_info_util = None
+
+
+# Primitives that call one jaxpr once, and the parameter that holds it.
+CALLS: Mapping[str, str] = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_vmap_call": "call",
+    "linear_call": "callee",
+}
+
+# The calls that only call: evaluating the jaxpr they hold is the same as binding
+# them (no checkpointing, custom derivative or batching rule is lost).
+PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
+
+
+def is_literal(v: Any) -> bool:
+    """Whether an equation's input (or a jaxpr's output) is a literal constant
+    (whose value is `v.val`) rather than a variable."""
+    return isinstance(v, Literal)
+
+
+def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
+    """The open jaxpr of a `Jaxpr` or `ClosedJaxpr`."""
+    return j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def jaxpr_and_consts(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, Sequence[Any]]:
+    """`(jaxpr, consts)` of a `Jaxpr` (no constants) or `ClosedJaxpr`."""
+    return (j.jaxpr, j.consts) if isinstance(j, ClosedJaxpr) else (j, ())
+
+
+def _is_jaxpr(x: Any) -> bool:
+    return isinstance(x, Jaxpr | ClosedJaxpr)
+
+
+def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr | ClosedJaxpr]:
+    """Every jaxpr an equation holds in its parameters, as it holds it (`Jaxpr`
+    or `ClosedJaxpr`): the body of a `scan`, the body and condition of a
+    `while`, the branches of a `cond`, the callee of `jit`, `jax.checkpoint`,
+    `custom_jvp` / `custom_vjp` / `custom_vmap` calls, the body of `shard_map`,
+    the kernel of a `pallas_call`..."""
+    out = []
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, tuple | list) else (value,):
+            if _is_jaxpr(sub):
+                out.append(sub)
+    return out
+
+
+def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr | None:
+    """The jaxpr that a call (a primitive of `CALLS`) calls once; `None` for
+    other equations."""
+    param = CALLS.get(eqn.primitive.name)
+    return None if param is None else eqn.params.get(param)
+
+
+def producers(jaxpr: Jaxpr) -> dict[Any, JaxprEqn]:
+    """`{variable: the equation of jaxpr that computes it}`."""
+    return {v: e for e in jaxpr.eqns for v in e.outvars}
+
+
+def users(jaxpr: Jaxpr) -> dict[Any, list[JaxprEqn]]:
+    """`{variable: the equations of jaxpr that read it}`, in order."""
+    out: dict[Any, list[JaxprEqn]] = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            if not is_literal(v):
+                out.setdefault(v, []).append(e)
+    return out
+
+
+def map_eqns(jaxpr: Jaxpr, fn: Callable[[JaxprEqn], JaxprEqn]) -> Jaxpr:
+    """`jaxpr` with `fn` applied to each equation, in the jaxprs it holds too
+    (inner equations first: `fn` sees an equation whose sub-jaxprs are already
+    rewritten). Parts where `fn` changes nothing are returned as they are, so
+    `map_eqns(jaxpr, lambda e: e) is jaxpr`."""
+    eqns = [fn(_map_sub_jaxprs(e, fn)) for e in jaxpr.eqns]
+    if all(new is old for new, old in zip(eqns, jaxpr.eqns)):
+        return jaxpr
+    return jaxpr.replace(eqns=eqns)
+
+
+def _map_sub_jaxprs(eqn: JaxprEqn, fn: Callable[[JaxprEqn], JaxprEqn]) -> JaxprEqn:
+    def rewrite(x: Any) -> Any:
+        if isinstance(x, ClosedJaxpr):
+            inner = map_eqns(x.jaxpr, fn)
+            return x if inner is x.jaxpr else x.replace(jaxpr=inner)
+        if isinstance(x, Jaxpr):
+            return map_eqns(x, fn)
+        return x
+
+    params = {}
+    for name, value in eqn.params.items():
+        if isinstance(value, tuple | list) and any(map(_is_jaxpr, value)):
+            new = type(value)(map(rewrite, value))
+            changed = any(a is not b for a, b in zip(new, value))
+            params[name] = new if changed else value
+        else:
+            params[name] = rewrite(value)
+    if all(params[k] is v for k, v in eqn.params.items()):
+        return eqn
+    return eqn.replace(params=params)
+
+
+def eval_jaxpr(
+    jaxpr: Jaxpr,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    *,
+    inline: bool = False,
+    outputs: Callable[[JaxprEqn, list], list] | None = None,
+) -> list:
+    """Evaluate `jaxpr` on `args` (values or tracers), binding each equation
+    again at its original source location (so errors and profiles still point
+    at the user's code).
+
+    **Arguments:**
+
+    - `jaxpr`, `consts`: the jaxpr and the values of its constants.
+    - `args`: the values of its inputs.
+    - `inline`: evaluate the jaxprs of plain calls (`PLAIN_CALLS`: `jax.jit`)
+      in place instead of binding the call, so that what is traced sees through
+      them.
+    - `outputs`: `outputs(eqn, outs)` may replace the outputs of each bound
+      equation (e.g. to tag them).
+
+    **Returns:**
+
+    The values of the jaxpr's outputs, as a list.
+    """
+    env: dict = {}
+
+    def read(v):
+        return v.val if is_literal(v) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        sub = called_jaxpr(eqn)
+        if inline and eqn.primitive.name in PLAIN_CALLS and sub is not None:
+            sub_jaxpr, sub_consts = jaxpr_and_consts(sub)
+            outs = eval_jaxpr(
+                sub_jaxpr, sub_consts, invals, inline=True, outputs=outputs
+            )
+        else:
+            outs = bind(eqn, invals)
+            if outputs is not None:
+                outs = outputs(eqn, outs)
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list:
+    """Bind `eqn`'s primitive to `invals` with its parameters, at its source
+    location and in its context; its outputs as a list."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    invals = list(invals)
+    if isinstance(params, tuple):  # older jax: (subfuns, params)
+        subfuns, params = params
+        invals = [*subfuns, *invals]
+    ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+    with _user_context(eqn), ctx or contextlib.nullcontext():
+        outs = eqn.primitive.bind(*invals, **params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def _user_context(eqn: JaxprEqn):
+    """Bind an equation re-evaluated from a jaxpr at its original source location."""
+    if _source_info_util is None:
+        return contextlib.nullcontext()
+    try:
+        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+        return _source_info_util.user_context(
+            eqn.source_info.traceback, name_stack=name_stack
+        )
+    except AttributeError:  # pragma: no cover
+        return contextlib.nullcontext()
+
+
+def trace(fn: Callable[..., Any], *args: Any) -> tuple[ClosedJaxpr, list, Any]:
+    """`(closed_jaxpr, flat_args, out_tree)` of `fn(*args)`, `args` pytrees of
+    arrays: the jaxpr takes the flattened leaves of `args`, and its outputs
+    unflatten with `out_tree`."""
+    flat, in_tree = jax.tree.flatten(args)
+    closed, out_shape = jax.make_jaxpr(
+        lambda *f: fn(*jax.tree.unflatten(in_tree, f)), return_shape=True
+    )(*flat)
+    return closed, flat, jax.tree.structure(out_shape)
+
+
+def iter_eqns(jaxpr: Jaxpr) -> Iterator[JaxprEqn]:
+    """Every equation of `jaxpr` and of the jaxprs it holds, depth first."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in sub_jaxprs(eqn):
+            yield from iter_eqns(open_jaxpr(sub))
