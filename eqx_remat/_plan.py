@@ -489,7 +489,9 @@ class _Planner:
         entry = self._entry(c, report, flops)
         self.compiled[c] = (entry, predicted)
         what = "does not fit in one chip" if entry.report is None else "compiled"
-        pred = "" if predicted is None else f" (predicted {format_bytes(predicted)})"
+        pred = (
+            "" if predicted is None else f" (predicted {format_bytes(int(predicted))})"
+        )
         self.say(
             f"{what}: {_name(c)}: {_format_memory(entry)}{pred}, "
             f"{'fits' if entry.fits else 'does not fit'} "
@@ -589,8 +591,8 @@ class _Planner:
             flops,
         )
         self.say(
-            f"priced {_name(c)}: {format_bytes(o.bytes)}/layer"
-            + (f" + {format_bytes(host_layer)} on the host" if host else "")
+            f"priced {_name(c)}: {format_bytes(int(o.bytes))}/layer"
+            + (f" + {format_bytes(int(host_layer))} on the host" if host else "")
             + f", +{format_flops(max(extra, 0))} FLOPs/layer "
             f"({time.perf_counter() - start:.1f} s)"
         )
@@ -751,6 +753,12 @@ class _Planner:
         """The cheapest schedule that costs less than `pick` and fits, else
         `pick`: compiled cheapest first, until one fits."""
         cheaper = [s for s in schedules if pick is None or s.time_s < pick.time_s]
+        reports = [e.report for e, _ in self.compiled.values() if e.report]
+        if (
+            reports
+            and self.budget < reports[0].argument_bytes + reports[0].output_bytes
+        ):
+            return pick  # every checkpoint needs the arguments and outputs
         if cheaper:
             self.say(f"{len(cheaper)} whole-stack schedules may cost less: compiling")
         for s in cheaper:
