@@ -1,7 +1,7 @@
 """Combinators: stack layers, scan over them, chain callables."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import equinox as eqx
 import jax
@@ -76,7 +76,6 @@ def _apply(
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
-    _check_unroll(unroll)
     checkpoint = normalise_checkpoint(checkpoint)
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
@@ -86,9 +85,11 @@ def _apply(
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 
-def _check_unroll(unroll: Any) -> None:
-    if not isinstance(unroll, bool):
-        check_int("scan_layers", "unroll", unroll, 1)
+def _check_unroll(unroll: Any) -> int | bool:
+    """`unroll` as `lax.scan` takes it: a bool, or any integer type as an `int`."""
+    if isinstance(unroll, bool):
+        return unroll
+    return check_int("scan_layers", "unroll", unroll, 1)
 
 
 def scan_layers(
@@ -97,7 +98,7 @@ def scan_layers(
     xs: Any = None,
     *,
     checkpoint: Checkpoint = None,
-    unroll: int | bool = 1,
+    unroll: SupportsIndex | bool = 1,
 ) -> Any:
     """Apply stacked layers in order, checkpointed by `checkpoint`.
 
@@ -125,9 +126,9 @@ def scan_layers(
       plus what the policy saves), or a schedule ([`eqx_remat.every`][],
       [`eqx_remat.nested`][], [`eqx_remat.recursive`][], [`eqx_remat.binomial`][]).
     - `unroll`: layers per iteration of the layer loops (`lax.scan`'s `unroll`):
-      an int >= 1, or `True` to unroll the whole stack. Larger values trade
-      compile time and program size for step time (fewer loop iterations; on
-      TPUs often faster). The gradient does not change.
+      an int >= 1 (any integer type), or `True` to unroll the whole stack.
+      Larger values trade compile time and program size for step time (fewer
+      loop iterations; on TPUs often faster). The gradient does not change.
 
     **Returns:**
 
@@ -151,6 +152,7 @@ def scan_layers(
         _check_carry(c, out)
         return out
 
+    unroll = _check_unroll(unroll)
     return _apply(step, None, (params, xs), carry, depth, checkpoint, unroll)
 
 

@@ -2,6 +2,7 @@
 dropout; bf16 compute; compiled memory; bad input."""
 
 import functools
+import typing
 
 import equinox as eqx
 import hypothesis.strategies as st
@@ -16,6 +17,9 @@ from zoo_helpers import build, quick_jit
 
 import eqx_remat as er
 import zoo
+from zoo._attention import Attention
+from zoo._layers import Norm
+from zoo._transformer import Mlp, Position
 
 
 NAMES = zoo.Transformer.ACTIVATION_NAMES
@@ -389,10 +393,11 @@ def options(draw):
         "num_kv_heads": draw(
             st.sampled_from([d for d in (1, 2, 4) if num_heads % d == 0])
         ),
-        "attention": draw(st.sampled_from(["xla", "dot_product", "flash"])),
-        "norm": draw(st.sampled_from(["layer", "rms"])),
-        "position": draw(st.sampled_from(["learned", "rope"])),
-        "mlp": draw(st.sampled_from(["gelu", "swiglu"])),
+        # Every choice of each option, as the model declares them.
+        "attention": draw(st.sampled_from(typing.get_args(Attention))),
+        "norm": draw(st.sampled_from(typing.get_args(Norm))),
+        "position": draw(st.sampled_from(typing.get_args(Position))),
+        "mlp": draw(st.sampled_from(typing.get_args(Mlp))),
         "tie_embeddings": draw(st.booleans()),
         "use_bias": draw(st.booleans()),
     }
@@ -464,7 +469,7 @@ def test_attention_implementations_agree():
 def test_gqa_equals_repeated_heads():
     """Grouped-query attention is multi-head attention with each key/value head
     shared by its group of query heads."""
-    from zoo._transformer import _xla_attention
+    from zoo._attention import _xla_attention
 
     q = jr.normal(jr.key(0), (5, 4, 3))
     k, v = jr.normal(jr.key(1), (5, 2, 3)), jr.normal(jr.key(2), (5, 2, 3))

@@ -1,6 +1,7 @@
 """zoo.MLP and zoo.ResidualChain: gradients under every policy and schedule, bad
 input, set_checkpoint. (The Transformer is in test_transformer.py.)"""
 
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -8,6 +9,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import pytest
 from helpers import temp_bytes, tree_allclose
 from hypothesis import given
@@ -243,6 +245,136 @@ def test_bad_checkpoint(make):
         make(checkpoint="dotz")
     with pytest.raises((TypeError, ValueError), match="checkpoint"):
         make(checkpoint=3)
+
+
+# Every integer argument of every zoo constructor, with a valid value.
+INT_ARGS = {
+    "MLP": (
+        zoo.MLP,
+        {"in_size": 2, "out_size": 3, "width_size": 4, "depth": 2, "unroll": 2},
+    ),
+    "ResidualChain": (zoo.ResidualChain, {"width": 3, "depth": 2, "unroll": 2}),
+    "Transformer": (
+        zoo.Transformer,
+        {
+            "vocab_size": 16,
+            "max_len": 8,
+            "d_model": 8,
+            "num_heads": 2,
+            "num_layers": 2,
+            "d_ff": 12,
+            "num_kv_heads": 1,
+            "unroll": 2,
+        },
+    ),
+    # Its defaults (d_ff, num_kv_heads) are computed from d_model and num_heads.
+    "Transformer.llama": (
+        zoo.Transformer.llama,
+        {
+            "vocab_size": 16,
+            "max_len": 8,
+            "d_model": 8,
+            "num_heads": 4,
+            "num_layers": 2,
+            "unroll": 2,
+        },
+    ),
+    "Dense": (zoo.Dense, {"in_size": 2, "out_size": 3}),
+}
+INT_CASES = [(model, arg) for model, (_, kwargs) in INT_ARGS.items() for arg in kwargs]
+
+
+def _static_values(module):
+    """The values of the static fields of `module` and of the modules inside it."""
+    out = []
+    for f in dataclasses.fields(module):
+        value = getattr(module, f.name)
+        if f.metadata.get("static", False):
+            out.append((f.name, value))
+        for sub in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, eqx.Module)):
+            if isinstance(sub, eqx.Module):
+                out += _static_values(sub)
+    return out
+
+
+@pytest.mark.parametrize("to", [np.int64, jnp.int32], ids=["np.int64", "jnp.int32"])
+@pytest.mark.parametrize(
+    "model, arg", INT_CASES, ids=[f"{m}-{a}" for m, a in INT_CASES]
+)
+def test_integer_arguments_take_any_integer_type(model, arg, to):
+    # A NumPy or JAX integer (what config loaders produce) builds the model that
+    # the Python int builds, stored as an int: no "JAX array set as static"
+    # warning (pytest turns warnings into errors).
+    make, kwargs = INT_ARGS[model]
+    got = make(**{**kwargs, arg: to(kwargs[arg])}, key=jr.key(0))
+    want = make(**kwargs, key=jr.key(0))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for name, value in _static_values(got):
+        assert not isinstance(value, (np.generic, jax.Array)), (name, type(value))
+    if model != "Dense":  # (a Dense stores its sizes as its weight's shape)
+        assert type(getattr(got, arg)) is int
+        assert getattr(got, arg) == kwargs[arg]
+    arrays = [jax.tree.leaves(eqx.filter(m, eqx.is_array)) for m in (got, want)]
+    assert tree_allclose(*arrays, rtol=0, atol=0)
+
+
+# bool is an integer type but no size: rejected (except `unroll=True`, the whole
+# stack); a float is rejected by beartype under pytest's jaxtyping hook, by our
+# own check otherwise; both name the argument.
+BAD_INTS = [(m, a, True) for m, a in INT_CASES if a != "unroll"] + [
+    (m, a, 2.0) for m, a in INT_CASES
+]
+
+
+@pytest.mark.parametrize(
+    "model, arg, bad",
+    BAD_INTS,
+    ids=[f"{m}-{a}-{type(b).__name__}" for m, a, b in BAD_INTS],
+)
+def test_integer_arguments_reject_bool_and_float(model, arg, bad):
+    make, kwargs = INT_ARGS[model]
+    match = rf"{arg} must be an int >= 1\. Got {bad!r} of type|parameter '{arg}'"
+    error = ValueError if isinstance(bad, bool) else (TypeError, ValueError)
+    with pytest.raises(error, match=match):
+        make(**{**kwargs, arg: bad}, key=jr.key(0))
+
+
+@pytest.mark.parametrize("to", [np.int64, jnp.int32], ids=["np.int64", "jnp.int32"])
+def test_scan_layers_unroll_takes_any_integer_type(to):
+    model = mlp()
+    x = jnp.ones(model.width_size)
+    want = er.scan_layers(model.hidden, x, unroll=2)
+    got = er.scan_layers(model.hidden, x, unroll=to(2))
+    got_ck = er.scan_layers(model.hidden, x, checkpoint=er.recursive(), unroll=to(2))
+    assert tree_allclose(got, want, rtol=0, atol=0)
+    assert tree_allclose(got_ck, want, rtol=1e-6, atol=1e-6)
+
+
+def test_zoo_models_state_the_contract():
+    # Every zoo model is a zoo.AbstractModel, whose __check_init__ validates
+    # `checkpoint` and `unroll` with the model's name.
+    for cls in (zoo.MLP, zoo.ResidualChain, zoo.Transformer):
+        assert issubclass(cls, zoo.AbstractModel)
+        assert isinstance(cls.ACTIVATION_NAMES, tuple)
+    assert mlp().activation_names == zoo.MLP.ACTIVATION_NAMES
+
+    class Incomplete(zoo.AbstractModel):
+        checkpoint: er.Checkpoint = eqx.field(static=True)
+        unroll: int = eqx.field(static=True)
+
+    with pytest.raises(TypeError, match="ACTIVATION_NAMES"):
+        Incomplete(None, 1)
+
+    class Tiny(zoo.AbstractModel):
+        ACTIVATION_NAMES = ()
+        checkpoint: er.Checkpoint = eqx.field(static=True)
+        unroll: int | bool = eqx.field(static=True)
+
+    assert Tiny(er.recursive(), True).unroll is True
+    with pytest.raises(ValueError, match="Tiny: checkpoint.*Unknown policy 'dotz'"):
+        Tiny("dotz", 1)
+    with pytest.raises(ValueError, match=r"Tiny: unroll must be an int >= 1\. Got 0"):
+        Tiny(None, 0)
 
 
 def test_mlp_bad_input():

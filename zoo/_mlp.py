@@ -1,5 +1,5 @@
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -9,8 +9,9 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
+from eqx_remat.internal import check_int
 
-from ._util import check_unroll
+from ._base import AbstractModel, as_unroll
 
 
 class _Hidden(eqx.Module):
@@ -24,7 +25,7 @@ class _Hidden(eqx.Module):
         return self.activation(checkpoint_name(self.linear(x), "linear"))
 
 
-class MLP(eqx.Module):
+class MLP(AbstractModel):
     """A multi-layer perceptron whose hidden layers are stacked and scanned.
 
     `in_size -> width_size`, then `depth` hidden layers `width_size -> width_size`
@@ -55,18 +56,18 @@ class MLP(eqx.Module):
     width_size: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
-    unroll: int | bool = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True, converter=as_unroll)
 
     def __init__(
         self,
-        in_size: int,
-        out_size: int,
-        width_size: int,
-        depth: int,
+        in_size: SupportsIndex,
+        out_size: SupportsIndex,
+        width_size: SupportsIndex,
+        depth: SupportsIndex,
         *,
         activation: Callable = jax.nn.gelu,
         checkpoint: eqx_remat.Checkpoint = None,
-        unroll: int | bool = 1,
+        unroll: SupportsIndex | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -83,13 +84,14 @@ class MLP(eqx.Module):
           `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+
+        Integer arguments take any integer type (`int`, `numpy.int64`, a concrete
+        JAX integer) and are stored as Python `int`s.
         """
-        in_size = eqx_remat.internal.check_int("MLP", "in_size", in_size, 1)
-        out_size = eqx_remat.internal.check_int("MLP", "out_size", out_size, 1)
-        width_size = eqx_remat.internal.check_int("MLP", "width_size", width_size, 1)
-        depth = eqx_remat.internal.check_int("MLP", "depth", depth, 1)
-        eqx_remat.internal.check_checkpoint(checkpoint, name="MLP: checkpoint")
-        unroll = check_unroll("MLP", unroll)
+        in_size = check_int("MLP", "in_size", in_size, 1)
+        out_size = check_int("MLP", "out_size", out_size, 1)
+        width_size = check_int("MLP", "width_size", width_size, 1)
+        depth = check_int("MLP", "depth", depth, 1)
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(

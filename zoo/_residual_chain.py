@@ -1,4 +1,4 @@
-from typing import ClassVar
+from typing import ClassVar, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -9,8 +9,9 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 import eqx_remat
+from eqx_remat.internal import check_int
 
-from ._util import check_unroll
+from ._base import AbstractModel, as_unroll
 
 
 class _Residual(eqx.Module):
@@ -25,7 +26,7 @@ class _Residual(eqx.Module):
         return x + self.step * checkpoint_name(jnp.tanh(h), "tanh")
 
 
-class ResidualChain(eqx.Module):
+class ResidualChain(AbstractModel):
     """A deep chain of residual layers, `x ↦ x + f_i(x) / depth` with
     `f_i(x) = tanh(W_i x + b_i)`, stacked and scanned.
 
@@ -49,15 +50,15 @@ class ResidualChain(eqx.Module):
     width: int = eqx.field(static=True)
     depth: int = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
-    unroll: int | bool = eqx.field(static=True)
+    unroll: int | bool = eqx.field(static=True, converter=as_unroll)
 
     def __init__(
         self,
-        width: int,
-        depth: int,
+        width: SupportsIndex,
+        depth: SupportsIndex,
         *,
         checkpoint: eqx_remat.Checkpoint = None,
-        unroll: int | bool = 1,
+        unroll: SupportsIndex | bool = 1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -70,13 +71,12 @@ class ResidualChain(eqx.Module):
           `unroll`, see [`eqx_remat.scan_layers`][]): an int >= 1, or `True` for
           the whole stack. Changes compile and step time, never the result.
         - `key`: a `jax.random` key for the initialisation. (Keyword only.)
+
+        Integer arguments take any integer type (`int`, `numpy.int64`, a concrete
+        JAX integer) and are stored as Python `int`s.
         """
-        width = eqx_remat.internal.check_int("ResidualChain", "width", width, 1)
-        depth = eqx_remat.internal.check_int("ResidualChain", "depth", depth, 1)
-        eqx_remat.internal.check_checkpoint(
-            checkpoint, name="ResidualChain: checkpoint"
-        )
-        unroll = check_unroll("ResidualChain", unroll)
+        width = check_int("ResidualChain", "width", width, 1)
+        depth = check_int("ResidualChain", "depth", depth, 1)
         step = 1.0 / depth
         self.layers = eqx_remat.stack(
             lambda k: _Residual(eqx.nn.Linear(width, width, key=k), step),

@@ -1,11 +1,15 @@
-"""Data parallelism and FSDP over a `jax.sharding.Mesh`: where each array lives."""
+"""Data parallelism and FSDP over a `jax.sharding.Mesh`: where each array lives,
+and the mesh helpers of the models (which mesh an array is on, gathering
+weights sharded over Explicit axes)."""
 
+import math
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.tree_util as jtu
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
-from jaxtyping import PyTree
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, PyTree
 
 from eqx_remat.internal import is_array_like
 
@@ -20,8 +24,65 @@ def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
     return mesh.shape[axis]
 
 
-def _explicit(mesh: Mesh) -> bool:
+def _explicit(mesh: Mesh | AbstractMesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+def _explicit_mesh(x: Any) -> Any:
+    """The mesh of `x`'s type if it has Explicit axes (sharding in types), else
+    `None`."""
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    return mesh if mesh is not None and _explicit(mesh) else None
+
+
+def _gathered(tree: Any) -> Any:
+    """`tree` with every array sharded over Explicit mesh axes gathered to
+    replicated — what FSDP does with a layer's weights before using them, and what
+    XLA's sharding propagation does by itself on Auto axes (there, and off a mesh,
+    arrays are returned unchanged)."""
+
+    def gather(x):
+        if not eqx.is_array(x):
+            return x
+        mesh = _explicit_mesh(x)
+        spec = jax.typeof(x).sharding.spec if mesh is not None else ()
+        if mesh is None or all(p is None for p in spec):
+            return x
+        replicated = NamedSharding(mesh, PartitionSpec())
+        return jax.sharding.reshard(x, replicated)
+
+    return jax.tree.map(gather, tree)
+
+
+def _embed(table: Array, tokens: Array) -> Array:
+    """`table[tokens]`. Under a mesh with Explicit axes the gather must be told
+    where its output lives: like the tokens, each row whole."""
+    mesh = _explicit_mesh(tokens)
+    if mesh is None:
+        return table[tokens]
+    spec = jax.typeof(tokens).sharding.spec
+    out = NamedSharding(mesh, PartitionSpec(*spec, None))
+    return table.at[tokens].get(out_sharding=out)
+
+
+def _mesh_of(x: Array) -> Any:
+    """The (abstract) mesh `x` is sharded on: from its type, else the mesh set with
+    `jax.set_mesh`; `None` if neither has axes."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not mesh.axis_names:
+        mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or not mesh.axis_names or math.prod(mesh.axis_sizes) == 1:
+        return None
+    return mesh
+
+
+def _platform(mesh: Any) -> str:
+    if mesh is not None:
+        platform = getattr(getattr(mesh, "abstract_device", None), "platform", None)
+        if platform is not None:
+            return platform
+    return jax.default_backend()
 
 
 def _fsdp_dim(shape: tuple[int, ...], n: int) -> int | None:
