@@ -67,9 +67,12 @@ DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
     binomial(16),
     binomial(32),
 )
-"""What [`eqx_remat.plan`][] compares by default: no checkpointing, the policies
-that save less than everything, and each schedule over a grid of parameters
-(`"offload_dots_no_batch"` is added for TPU targets)."""
+"""No checkpointing, the policies that save less than everything, and each
+schedule over a grid of parameters. When [`eqx_remat.plan`][] solves, its
+schedules are the whole-stack options it compares with its pick (those that
+make sense at the stack's depth: `every(k)` and `binomial(s)` below it); pass
+`candidates=eqx_remat.DEFAULT_CANDIDATES` to compile and compare all of them
+instead."""
 
 
 class PlanEntry(NamedTuple):
@@ -114,7 +117,7 @@ class FrontierPoint(NamedTuple):
     **Attributes:**
 
     - `checkpoint`: the checkpoint (a uniform option, a schedule, or a
-      [`eqx_remat.ranges`][] mix of two options).
+      `eqx_remat.ranges` mix of two options).
     - `predicted_bytes`: device memory per chip that the planner's model
       predicts (arguments + outputs + temporaries, as `memory_bytes`).
     - `compiled_bytes`: what compiling it gave, or `None` where it was not
@@ -175,11 +178,14 @@ class PlanResult:
         e = self.entry
         lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={_name(self.checkpoint)}",
-            f"  {format_bytes(e.memory_bytes)} compiled, "
-            f"{format_flops(e.flops)} FLOPs, estimated {_format_time(e.time_s)} "
-            f"per step; {self.compiles} compiles in {self.seconds:.1f} s",
+            f"[{self.target}]: checkpoint={_name(self.checkpoint)}"
         ]
+        if self.frontier:
+            lines.append(
+                f"  {format_bytes(e.memory_bytes)} compiled, "
+                f"{format_flops(e.flops)} FLOPs, estimated "
+                f"{_format_time(e.time_s)} per step"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         if self.frontier:
             lines += ["frontier:", _frontier_table(self.frontier, self.checkpoint)]
@@ -349,17 +355,21 @@ def plan(
        across the stack in `fn`'s program, per layer. Cost: its FLOPs beyond
        `None`'s ([`eqx_remat.count_flops`][], exact) at the target's peak
        FLOP/s, plus what it offloads, out and back over the host link.
-    3. keeps the lower convex hull; compiles its cheapest option (`None`) and
-       its lightest to learn the base memory (memory = base + the layers'
-       bytes); picks the mix for the budget, `n` layers of the heavier option
-       and `D - n` of the lighter, as [`eqx_remat.ranges`][]`((n, heavy), (D -
-       n, light))` (a uniform option when `n` is 0 or `D`), with `n` as large
-       as the predicted memory allows;
-    4. compiles the pick for the target to confirm that it fits. If it does
-       not, it takes as many fewer heavy layers as the compiled excess says
-       (or the next segment of the hull), and says so, in `notes` and on
-       stderr;
-    5. compares it with the whole-stack schedules of
+    3. compiles the cheapest option (`None`) and the lightest, for the base
+       memory (compiled memory = base + `D` × the option's bytes per layer);
+    4. picks the cheapest mix the model predicts to fit: `n` layers of a
+       heavier, cheaper option and `D - n` of a lighter one, as
+       `eqx_remat.ranges((n, heavy), (D - n, light))` (a uniform option when
+       `n` is 0), `n` as large as the budget allows. With real layer counts
+       the best pair is two neighbours on the lower convex hull; with whole
+       layers rounding can favour another pair, so every pair of options on
+       the Pareto front is tried (no compile);
+    5. compiles what the pick depends on: its two options, uniform (their base
+       memory is then exact; the base of a mix is the larger of the two), then
+       the mix itself. A mix that does not fit when compiled is retried with
+       as many fewer heavy layers as the compiled excess says, and said so, in
+       `notes` and on stderr; the pick changes as the compiles teach;
+    6. compares the pick with the whole-stack schedules of
        [`eqx_remat.DEFAULT_CANDIDATES`][] that cost less (their FLOPs are
        counted; they are compiled only when they could win).
 
