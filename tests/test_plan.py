@@ -556,3 +556,56 @@ def test_stacks_of_different_depths_plan_uniform_options():
 def test_a_function_that_differentiates_no_stack_is_an_error():
     with pytest.raises(ValueError, match="differentiate the stacks"):
         er.plan(lambda m, x: m(x), MODEL, X, budget_bytes="1TiB", progress=False)
+
+
+# --- mixes of two options over the layers (needs layer ranges) -------------------
+
+needs_ranges = pytest.mark.skipif(
+    _plan._MIX is None,
+    reason="layer ranges (eqx_remat.ranges, issue 22 item 1) are not wired in",
+)
+
+
+@needs_ranges
+def test_mixes_fit_cost_less_between_uniform_options_and_are_predicted(tiny_table):
+    budgets = _tiny_budgets(tiny_table)
+    cheaper = 0
+    for budget in budgets:
+        result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        assert result.entry.fits, str(result)
+        fitting = [e for e in tiny_table if e.memory_bytes <= budget]
+        best_uniform = min(e.time_s for e in fitting)
+        assert result.entry.time_s <= best_uniform * (1 + 1e-9), str(result)
+        cheaper += result.entry.time_s < best_uniform * (1 - 1e-6)
+        for p in result.frontier:
+            if p.compiled_bytes is not None and p.checkpoint == result.checkpoint:
+                assert abs(p.predicted_bytes - p.compiled_bytes) <= 0.05 * (
+                    p.compiled_bytes
+                ), str(result)
+    # Between uniform points, a mix beats the tighter uniform option.
+    assert cheaper >= 1, budgets
+
+
+@needs_ranges
+@pytest.mark.slow
+def test_the_pick_beats_every_compiled_two_option_mix():
+    """Every mix of two of None, "dots" and "nothing" over the layers, compiled:
+    at each budget the planner's pick costs no more than the cheapest of them
+    that fits."""
+    options = (None, "dots", "nothing")
+    entries = []
+    for i, heavy in enumerate(options):
+        for light in options[i + 1 :]:
+            for n in range(1, TINY_DEPTH):
+                c = _plan._MIX(((n, heavy), (TINY_DEPTH - n, light)))
+                entries.append(_tiny_planner().measure(c))
+    result = er.plan(
+        TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=options, progress=False
+    )
+    entries += list(result.table)
+    memories = sorted(e.memory_bytes for e in entries)
+    for budget in memories[:: max(1, len(memories) // 6)]:
+        pick = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        fitting = [e for e in entries if e.memory_bytes <= budget]
+        assert pick.entry.fits
+        assert pick.entry.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9)
