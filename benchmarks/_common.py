@@ -57,15 +57,22 @@ SPEC_FORMS = (
     "binomial(slots[, policy])",
 )
 _CALL = re.compile(r"(every|nested|recursive|binomial)\((.*)\)")
+# The spelling that needs no shell quoting: `every:4`, `every:4:dots`, `recursive`.
+_COLONS = re.compile(r"(every|nested|recursive|binomial)((?::[^:()]*)*)")
 
 
 def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
     """`"None"`, a policy name (`"dots"`), or a schedule written as a call:
     `"every(4)"`, `"every(4, dots)"`, `"nested(3)"`, `"recursive()"`,
-    `"binomial(10)"`. An integer argument may be `sqrt` (round(√depth)) or `log2`
-    (⌈log₂ depth⌉), which need `depth`. A bad spec raises `ValueError` listing the
-    accepted forms."""
+    `"binomial(10)"`, or the same with colons, which need no shell quoting:
+    `"every:4"`, `"every:4:dots"`, `"recursive"`, `"binomial:10"`. An integer
+    argument may be `sqrt` (round(√depth)) or `log2` (⌈log₂ depth⌉), which need
+    `depth`. A bad spec raises `ValueError` listing the accepted forms."""
     spec = spec.strip()
+    colons = _COLONS.fullmatch(spec)
+    if colons is not None:
+        fn, rest = colons.groups()
+        spec = f"{fn}({', '.join(rest.split(':')[1:])})"
     if spec in ("None", "none"):
         return None
     if spec in er.POLICIES:
@@ -74,8 +81,8 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
     if match is None:
         raise ValueError(
             f"unknown checkpoint {spec!r}. It needs to be one of: "
-            f"{', '.join(SPEC_FORMS)}; an integer may be written sqrt or log2 "
-            "(of the depth)."
+            f"{', '.join(SPEC_FORMS)} (or with colons: every:4:dots); an "
+            "integer may be written sqrt or log2 (of the depth)."
         )
     fn, inner = match.groups()
     args = [_argument(p.strip().strip("'\""), spec, depth) for p in inner.split(",")]
@@ -142,6 +149,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"expected an integer >= 0. Got {text!r}.")
+    return int(text)
+
+
 def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     def check(text: str) -> Any:
         try:
@@ -155,6 +168,8 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
 
 positive_int = _checked(_positive, "positive integer")
 """An argparse `type` for flags that take integers >= 1."""
+non_negative_int = _checked(_non_negative, "non-negative integer")
+"""An argparse `type` for flags that take integers >= 0."""
 
 
 # --------------------------------------------------------------------------------------
@@ -296,9 +311,15 @@ def parse_args(
     if args.update_results:
         args.out = RESULTS
     elif args.out is None:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-        args.out = RUNS / f"{script}-{stamp}"
+        args.out = run_dir(script)
     return args
+
+
+def run_dir(script: str) -> Path:
+    """The default results directory of `script`: `benchmarks/runs/<script>-<date>/`
+    (new for each run, so nothing is overwritten)."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    return RUNS / f"{script}-{stamp}"
 
 
 # --------------------------------------------------------------------------------------

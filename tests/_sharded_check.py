@@ -189,28 +189,23 @@ def check_explicit():
 def check_training():
     """benchmarks/train_lm.py --mesh: FSDP training follows the single-device loss
     curve, and its checkpoint resumes data parallel."""
-    import importlib.util
-    import sys
     import tempfile
-    from pathlib import Path
 
-    script = Path(__file__).parents[1] / "benchmarks" / "train_lm.py"
-    spec = importlib.util.spec_from_file_location("train_lm", script)
-    train_lm = importlib.util.module_from_spec(spec)
-    sys.modules["train_lm"] = train_lm
-    spec.loader.exec_module(train_lm)
+    from benchmarks import train as train_lm
+
     tiny = [
         "--steps", "3", "--batch", "8", "--seq", "16", "--d-model", "16",
         "--heads", "2", "--layers", "2", "--warmup", "1", "--data-bytes", "100000",
-        "--eval-batches", "0", "--no-progress", "--checkpoint", "every(1, dots)",
+        "--eval-batches", "0", "--no-progress", "--remat", "every:1:dots",
     ]  # fmt: skip
-    single = train_lm.main([*tiny, "--mesh", "none"])
+    with tempfile.TemporaryDirectory() as out:
+        single = train_lm.main([*tiny, "--mesh", "none", "--save-dir", out])
     with tempfile.TemporaryDirectory() as ckpt_dir:
         fsdp = train_lm.main(
-            [*tiny, "--mesh", "fsdp:8", "--ckpt-dir", ckpt_dir, "--stop-after", "2"]
+            [*tiny, "--mesh", "fsdp:8", "--save-dir", ckpt_dir, "--stop-after", "2"]
         )
         dp = train_lm.main(
-            [*tiny, "--mesh", "dp:8", "--ckpt-dir", ckpt_dir, "--resume"]
+            [*tiny, "--mesh", "dp:8", "--save-dir", ckpt_dir, "--resume"]
         )
     np.testing.assert_allclose(
         fsdp.losses + dp.losses, single.losses, rtol=RTOL, atol=0

@@ -223,6 +223,12 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
         ("recursive()", er.recursive()),
         ("binomial(log2)", er.binomial(6)),
         ("every(sqrt)", er.every(8)),
+        # The spelling that needs no shell quoting.
+        ("every:4", er.every(4)),
+        ("every:4:dots", er.every(4, "dots")),
+        ("nested:3", er.nested(3)),
+        ("recursive", er.recursive()),
+        ("binomial:log2", er.binomial(6)),
     ],
 )
 def test_parse_checkpoint(spec, expected):

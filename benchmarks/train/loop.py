@@ -1,0 +1,376 @@
+"""The training loop: settle the run (`prepare`), take its steps with logging,
+evaluation and saving (`train`), and report where it stopped."""
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+import orbax.checkpoint as ocp
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+import eqx_remat
+from benchmarks import _device
+from benchmarks._common import checkpoint_label, parse_checkpoint
+
+from . import checkpointing as ckpt
+from .config import (
+    FORMAT,
+    RunConfig,
+    UsageError,
+    build_parser,
+    check_config,
+    check_extension,
+    learning_rate_schedule,
+    parse_args,
+    run_config,
+)
+from .data import Corpus, corpus_for, sample
+from .metrics import PLOT_FILE, MetricsWriter, log, log_line, plot_losses, setup_logging
+from .model import (
+    Placement,
+    TrainState,
+    abstract_state,
+    eval_loss,
+    init_state,
+    make_optimizer,
+    make_placement,
+    step_flops,
+    train_step,
+)
+from .signals import StopRequest
+
+
+class TrainResult(NamedTuple):
+    """What `main` returns (for tests and notebooks)."""
+
+    state: TrainState
+    losses: list[float]  # the training loss of each step of this invocation
+    first_step: int  # the step number of `losses[0]`
+    eval_loss: float | None  # the final held-out loss, if computed
+    stopped: bool  # by a signal or --stop-after, before --steps
+
+
+class Run(NamedTuple):
+    """What the loop needs, settled before its first step."""
+
+    args: argparse.Namespace
+    c: RunConfig
+    checkpoint: eqx_remat.Checkpoint
+    placement: Placement | None
+    corpus: Corpus
+    optimizer: optax.GradientTransformation
+    first: int  # the first step of this invocation
+    last: int  # the step after which it stops
+    meta: dict[str, Any]  # the JSON item of its checkpoints, without the step
+
+    @property
+    def n_devices(self) -> int:
+        return 1 if self.placement is None else self.placement.mesh.size
+
+
+def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResult:
+    """Train as the command line `argv` says (see `--help`)."""
+    from . import __doc__ as package_doc
+
+    parser = build_parser(doc or package_doc)
+    args = parse_args(argv, parser)
+    platform = _device.select_device(args, parser)
+    setup_logging()
+    mgr = ckpt.open_manager(args.save_dir, args.keep) if args.save_dir else None
+    stop = StopRequest()
+    stop.install()  # a signal before the first step stops the run after it
+    try:
+        run, state = prepare(args, platform, mgr)
+        return train(run, state, mgr, stop)
+    finally:
+        stop.uninstall()
+        if mgr is not None:
+            mgr.wait_until_finished()
+            mgr.close()
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+def prepare(
+    args: argparse.Namespace, platform: str, mgr: ocp.CheckpointManager | None
+) -> tuple[Run, TrainState]:
+    """The run and its first state: restored with `--resume`, else fresh."""
+    if mgr is not None and not args.resume and mgr.all_steps():
+        raise UsageError(
+            f"--save-dir {args.save_dir} already holds checkpoints (steps "
+            f"{', '.join(map(str, mgr.all_steps()))}): add --resume to continue "
+            "that run, or pick another directory."
+        )
+    saved = ckpt.newest_meta(mgr) if args.resume else None
+    c = run_config(args, saved and saved["config"], platform)
+    check_config(c)
+    checkpoint = parse_checkpoint(args.remat, depth=c.layers)
+    placement = make_placement(args.mesh, c.batch)
+    corpus = corpus_for(c)
+    if args.resume:
+        c, state = resume(args, mgr, placement, corpus, platform)
+    else:
+        state = init_state(c)
+        if placement is not None:
+            state = placement.params(state)
+    # `checkpoint` is not part of the run: it changes memory and FLOPs only. It is a
+    # static field, so it is also in the treedef of the Adam moments (pytrees shaped
+    # like the model): replace it in the whole state, not just in the model.
+    state = eqx_remat.set_checkpoint(state, checkpoint)
+    first = int(state.step)
+    last = c.steps if args.stop_after is None else min(c.steps, first + args.stop_after)
+    meta = {
+        "format": FORMAT,
+        "config": dataclasses.asdict(c),
+        "corpus_sha256": corpus.sha256,
+        "checkpoint": repr(checkpoint),
+    }
+    optimizer = make_optimizer(c)
+    run = Run(args, c, checkpoint, placement, corpus, optimizer, first, last, meta)
+    return run, state
+
+
+def resume(
+    args: argparse.Namespace,
+    mgr: ocp.CheckpointManager,
+    placement: Placement | None,
+    corpus: Corpus,
+    platform: str,
+) -> tuple[RunConfig, TrainState]:
+    """The newest intact checkpoint's state, and the run's `RunConfig` checked
+    against it."""
+    like_for = lambda meta: abstract_state(RunConfig(**meta["config"]), placement)
+    step, meta, state = ckpt.find_resume_point(mgr, args.save_dir, like_for)
+    c = run_config(args, meta["config"], platform)
+    check_config(c)
+    check_extension(RunConfig(**meta["config"]), c, step)
+    if meta["corpus_sha256"] != corpus.sha256:
+        raise UsageError(
+            f"--resume: the corpus ({corpus.source}) differs from the checkpoint's: "
+            f"sha256 {corpus.sha256[:12]} != {meta['corpus_sha256'][:12]} (another "
+            "Python's standard library, or changed --data?). Batches would not match."
+        )
+    return c, state
+
+
+def describe(run: Run, state: TrainState) -> str:
+    c, p = run.c, run.placement
+    params = sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
+    return (
+        f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, {c.layers} "
+        f"layers, {c.heads} heads, seq {c.seq}, batch {c.batch}, {c.dtype}; "
+        f"remat {checkpoint_label(run.checkpoint)}; "
+        f"{_device.device_kind()} x{run.n_devices} "
+        f"({'none' if p is None else 'fsdp' if p.fsdp else 'dp'}); "
+        f"{run.corpus.source}: {len(run.corpus.train):,} + "
+        f"{len(run.corpus.val):,} held-out bytes; steps {run.first} -> {run.last} "
+        f"of {c.steps}; metrics in {run.args.run_dir}"
+    )
+
+
+def model_flops(run: Run, state: TrainState) -> tuple[int | None, int | None]:
+    """`(model, hardware)` FLOPs of a step, for MFU and HFU; `None` where the
+    device's peak FLOP/s is unknown (the CPU), as MFU is then `null` anyway."""
+    if _device.peak_flops_per_chip() is None:
+        return None, None
+    tokens = jax.ShapeDtypeStruct((run.c.batch, run.c.seq + 1), jnp.int32)
+    return step_flops(state, tokens, run.optimizer)
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+class Clock:
+    """Times the steps since the last logged line: of them, `timed` ran after the
+    first step of the invocation (which compiles), in `seconds` (evaluation and
+    saving excluded)."""
+
+    def __init__(self, start: int) -> None:
+        self.start, self.timed, self.seconds = start, 0, 0.0
+        self.compiled = False
+        self.tick = time.perf_counter()
+
+    def stepped(self, loss: jax.Array) -> bool:
+        """Count a step; `True` after the first one (once compiled)."""
+        if self.compiled:
+            self.timed += 1
+            return False
+        jax.block_until_ready(loss)
+        self.compiled = True
+        self.tick = time.perf_counter()
+        return True
+
+    def pause(self) -> None:
+        self.seconds += time.perf_counter() - self.tick
+
+    def go(self) -> None:
+        self.tick = time.perf_counter()
+
+    def restart(self, start: int) -> None:
+        self.start, self.timed, self.seconds = start, 0, 0.0
+
+    @property
+    def step_s(self) -> float | None:
+        return self.seconds / self.timed if self.timed else None
+
+
+def train(
+    run: Run, state: TrainState, mgr: ocp.CheckpointManager | None, stop: StopRequest
+) -> TrainResult:
+    """Steps `run.first` to `run.last`, then the closing lines and the plot."""
+    main_process = _device.is_main_process()
+    writer = MetricsWriter(run.args.run_dir, run.first) if main_process else None
+    log.info(describe(run, state))
+    try:
+        state, losses, stopped_by, final_eval = _loop(run, state, mgr, stop, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+    done = run.first + len(losses)
+    if mgr is not None:
+        mgr.wait_until_finished()
+    _report(run, done, stopped_by, final_eval, saved=mgr is not None)
+    if writer is not None:
+        plot_losses(writer.path, run.args.run_dir / PLOT_FILE)
+    losses = [float(x) for x in losses]
+    return TrainResult(state, losses, run.first, final_eval, done < run.c.steps)
+
+
+def _loop(run, state, mgr, stop, writer):
+    """The steps; returns `(state, losses, stopped_by, final held-out loss)`."""
+    args, c = run.args, run.c
+    flops = model_flops(run, state)
+    started = time.perf_counter()
+    losses: list[jax.Array] = []
+    clock, final_eval, stopped_by = Clock(run.first), None, None
+    with _progress(args) as progress:
+        task = progress.add_task(
+            "compiling", total=c.steps, completed=run.first, loss="-"
+        )
+        for step in range(run.first, run.last):
+            loss, state = _step(run, state, step)
+            losses.append(loss)
+            done = step + 1
+            if clock.stepped(loss):
+                progress.update(task, description="train")
+            stopping = stop.requested(done)
+            logging_due = _every(done, args.log_every) or done == run.last
+            logging_due = logging_due or _every(done, args.eval_every)
+            save_due = mgr is not None and (
+                _every(done, args.save_every) or done == run.last or stopping
+            )
+            if logging_due or save_due:  # stop the clock: eval and saving
+                jax.block_until_ready((loss, state))  # do not count
+                clock.pause()
+            if logging_due:
+                row = _row(run, state, done, losses, clock, flops, started)
+                final_eval = row["eval_loss"] if done == c.steps else final_eval
+                if writer is not None:
+                    writer.write(row)
+                log.info(log_line(row))
+                progress.update(task, loss=f"{row['loss']:.4f}")
+                clock.restart(done)
+            if save_due:
+                ckpt.save_checkpoint(mgr, done, state, run.meta)
+            if logging_due or save_due:
+                clock.go()
+            progress.update(task, completed=done)
+            if stopping:
+                stopped_by = stop.name
+                break
+    return state, losses, stopped_by, final_eval
+
+
+def _every(step: int, n: int) -> bool:
+    return n > 0 and step % n == 0
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+    )
+    disable = args.no_progress or not _device.is_main_process()
+    return Progress(*columns, console=Console(), disable=disable)
+
+
+def _step(run: Run, state: TrainState, step: int) -> tuple[jax.Array, TrainState]:
+    tokens = sample(run.corpus.train, run.c.seq, run.c.batch, (run.c.seed, 0, step))
+    if run.placement is not None:
+        tokens = run.placement.batch(tokens)
+    return train_step((tokens, jnp.int32(step)), state, run.optimizer, run.placement)
+
+
+def held_out_loss(run: Run, model) -> float:
+    """The mean loss of `--eval-batches` batches of the held-out bytes."""
+    c, total = run.c, 0.0
+    for i in range(run.args.eval_batches):
+        tokens = sample(run.corpus.val, c.seq, c.batch, (c.seed, 1, i))
+        if run.placement is not None:
+            tokens = run.placement.batch(tokens)
+        total += float(eval_loss(model, tokens))
+    return total / run.args.eval_batches
+
+
+def _row(run, state, done, losses, clock, flops, started) -> dict[str, Any]:
+    """The metrics of the steps since the previous line (see `metrics.jsonl`)."""
+    args, c = run.args, run.c
+    eval_due = args.eval_batches and (done == c.steps or _every(done, args.eval_every))
+    window = [float(x) for x in losses[clock.start - run.first :]]
+    step_s = clock.step_s
+    with jax.numpy_dtype_promotion("standard"):
+        lr = float(learning_rate_schedule(c)(done - 1))
+    return {
+        "step": done,
+        "loss": window[-1],
+        "loss_avg": sum(window) / len(window),
+        "eval_loss": held_out_loss(run, state.model) if eval_due else None,
+        "lr": lr,
+        "tokens_per_s": c.batch * c.seq / step_s if step_s else None,
+        "step_s": step_s,
+        "peak_bytes": _device.peak_bytes_in_use(),
+        "mfu": _device.utilisation(flops[0], step_s, devices=run.n_devices),
+        "hfu": _device.utilisation(flops[1], step_s, devices=run.n_devices),
+        "wall_s": round(time.perf_counter() - started, 3),
+        "time": time.time(),
+    }
+
+
+def _report(run: Run, done: int, stopped_by: str | None, final_eval, saved: bool):
+    """The closing lines: where the run stopped, what was saved, the loss."""
+    c, save_dir = run.c, run.args.save_dir
+    where = (
+        f"saved step {done} to {save_dir}" if saved else "nothing saved (no --save-dir)"
+    )
+    if stopped_by is not None:
+        log.info(
+            f"{stopped_by}: stopped after step {done} of {c.steps}; {where}"
+            + (f"; continue with --resume --save-dir {save_dir}" if saved else "")
+        )
+    else:
+        log.info(f"step {done} of {c.steps}: {where}")
+    if final_eval is not None:
+        log.info(
+            f"held-out loss {final_eval:.4f} "
+            f"({final_eval / math.log(2):.3f} bits/byte) after {done} steps"
+        )
