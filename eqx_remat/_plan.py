@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, SupportsIndex
+from typing import Any, NamedTuple, NoReturn, SupportsIndex
 
 import jax
 import jax.tree_util as jtu
@@ -182,7 +182,7 @@ class PlanResult:
         ]
         if self.frontier:
             lines.append(
-                f"  {format_bytes(e.memory_bytes)} compiled, "
+                f"  {format_bytes(e.memory_bytes or 0)} compiled, "
                 f"{format_flops(e.flops)} FLOPs, estimated "
                 f"{_format_time(e.time_s)} per step"
             )
@@ -563,10 +563,10 @@ class _Planner:
         self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
         pick = self._choose(options, mix)
         pick = self._try_schedules(pick, self._price_schedules())
-        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
         if pick is None:
             table = [e for e, _ in self.compiled.values()]
             _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
         entry = self.compiled[pick.checkpoint][0]
         return self._result(entry, (), _pareto(points + [pick]))
 
@@ -787,11 +787,12 @@ class _Planner:
             if entry.report is None or c in self.priced:
                 continue
             host = entry.report.host_temp_bytes
+            memory = entry.report.total_bytes
             out.append(
                 FrontierPoint(
                     c,
-                    int(entry.memory_bytes if predicted is None else predicted),
-                    entry.memory_bytes,
+                    int(memory if predicted is None else predicted),
+                    memory,
                     entry.flops,
                     host,
                     self.time_s(entry.flops, host),
@@ -859,7 +860,9 @@ def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     return out
 
 
-def _raise_nothing_fits(table: Sequence[PlanEntry], budget: int, target: str):
+def _raise_nothing_fits(
+    table: Sequence[PlanEntry], budget: int, target: str
+) -> NoReturn:
     measured = [e for e in table if e.report is not None]
     if not measured:
         raise ValueError(
@@ -868,11 +871,12 @@ def _raise_nothing_fits(table: Sequence[PlanEntry], budget: int, target: str):
             "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
             + _table(table, None)
         )
-    best = min(measured, key=lambda e: e.memory_bytes)
+    best = min(measured, key=lambda e: e.memory_bytes or 0)
+    smallest = best.memory_bytes or 0  # compiled: never None
     raise ValueError(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
         f"[{target}]. The smallest achievable memory is "
-        f"{format_bytes(best.memory_bytes)} ({best.memory_bytes} bytes), with "
+        f"{format_bytes(smallest)} ({smallest} bytes), with "
         f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
     )
 
