@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         type=C.positive_int,
         nargs="+",
         default=list(DEPTHS),
-        help="depths D (default: %(default)s)",
+        metavar="N",
+        help="the depths to measure: chain layers D (default: %(default)s)",
     )
     p.add_argument(
         "--width", type=C.positive_int, default=32, help="(default: %(default)s)"
