@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -394,7 +395,7 @@ def meta(
     else:
         device = {"device": _device.device_kind(), "device_count": jax.device_count()}
     return {
-        "command": " ".join(["python", f"benchmarks/{args.script}.py", *args.argv]),
+        "command": shlex.join(["python", f"benchmarks/{args.script}.py", *args.argv]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "backend": args.platform,
         **device,
