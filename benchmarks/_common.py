@@ -466,8 +466,8 @@ def write(
     return path
 
 
-def fmt_bytes(n: int | None) -> str:
-    return "n/a" if n is None else er.format_bytes(n)
+def fmt_bytes(n: int | None, digits: int = 2) -> str:
+    return "n/a" if n is None else er.format_bytes(n, digits=digits)
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -516,7 +516,13 @@ def rich_table(
         collapse_padding=True,
     )
     for i in keep:
-        t.add_column(escape(columns[i]), justify="left" if i < left else "right")
+        # Labels are never cut: rich wraps the figures' cells instead.
+        label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
+        t.add_column(
+            escape(columns[i]),
+            justify="left" if i < left else "right",
+            min_width=min(label, 24) or None,
+        )
     for r in rows:
         t.add_row(*[escape(str(r[i])) for i in keep])
     return t

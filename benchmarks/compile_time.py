@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
             [s, *(f"{med[(s, n)]:.2f}" for n in args.depths), C.fmt_ratio(ratios[s])]
             for s in specs
         ],
+        left=1,
     )
     t = data["targets"][0]
     console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")

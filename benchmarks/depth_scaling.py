@@ -148,11 +148,12 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
         [
             [
                 s,
-                *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+                *(C.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1) for d in depths),
                 "n/a" if slopes[s] is None else f"{slopes[s]:.2f}",
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"FLOPs vs None {title}",
@@ -171,11 +172,13 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"Compile time, s (median) {title}",
         cols,
         [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in names],
+        left=1,
     )
 
 

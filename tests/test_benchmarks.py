@@ -365,20 +365,30 @@ def test_no_train_lm_flag_named_checkpoint():
         assert command.search(path.read_text()) is None, path
 
 
+def _printed(show, *args) -> list[str]:
+    """The lines `show(console, *args)` prints into a 100-column console."""
+    from rich.console import Console as Rich
+
+    console = C.Console()
+    console.rich = Rich(width=100, record=True)
+    show(console, *args)
+    return console.rich.export_text().splitlines()
+
+
+def _committed(stem: str) -> dict:
+    return json.loads((C.RESULTS / f"{stem}.json").read_text())
+
+
 def test_sweep_tables_fit_100_columns():
     """The committed CPU sweep, printed as `run.py` prints it: no line wider than
     100 columns, no column `n/a` in every row (peak, MFU, HFU on a CPU)."""
-    from rich.console import Console as Rich
-
     from benchmarks import run as sweep
 
-    data = json.loads((C.RESULTS / "sweep-cpu.json").read_text())
-    console = C.Console()
-    console.rich = Rich(width=100, record=True)
-    sweep.show(console, data, C.where(argparse.Namespace(target=None), data))
-    lines = console.rich.export_text().splitlines()
+    data = _committed("sweep-cpu")
+    lines = _printed(sweep.show, data, "cpu x1, run")
     assert lines and max(map(len, lines)) <= 100
     text = "\n".join(lines)
+    assert "…" not in text  # nothing cut short
     for header in ("temp", "/None", "FLOPs", "ms", "rate"):
         assert header in text
     for header in ("peak", "MFU", "HFU"):
@@ -389,6 +399,28 @@ def test_sweep_tables_fit_100_columns():
         assert [sweep.SWEEP[i] for i in keep][:2] == ["impl", "checkpoint"]
         for i in keep:
             assert any(row[i] != "n/a" for row in table), (n, sweep.SWEEP[i])
+
+
+def test_other_tables_fit_100_columns():
+    from benchmarks import depth_scaling, seed_claim
+
+    depth = _committed("depth_scaling")
+    printed = {
+        "depth_scaling": _printed(
+            depth_scaling.show, depth, list(depth["memory_slopes"]["slopes"])
+        ),
+        "seed_claim": _printed(seed_claim.show, _committed("seed_claim"), False),
+    }
+    for name, lines in printed.items():
+        assert len(lines) > 5 and max(map(len, lines)) <= 100, name
+        assert "…" not in "\n".join(lines), name
+
+
+def test_all_na_columns_are_not_shown():
+    columns = ("a", "b", "c", "d")
+    rows = [("x", "n/a", "1", ""), ("y", "n/a", "n/a", "")]
+    assert C.shown_columns(columns, rows) == [0, 2]
+    assert C.shown_columns(columns, []) == [0, 1, 2, 3]
 
 
 def test_results_are_not_overwritten_by_default():
