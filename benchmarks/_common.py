@@ -1,7 +1,8 @@
 """What every benchmark script shares: the command line, the checkpoint spec
 syntax, and the output (rich tables, progress, JSON + CSV + PNG).
 
-One convention for every script (`_common.parser`):
+One convention for every script (`_common.parser`; benchmarks/README.md's
+"One command line" says which script takes which):
 
     --out DIR            where results go (default: benchmarks/runs/<script>-<date>/)
     --update-results     write into benchmarks/results/ (the committed results)
@@ -10,6 +11,7 @@ One convention for every script (`_common.parser`):
     --device auto|tpu|gpu|cpu, --distributed   (benchmarks/_device.py)
     --target v5e[:AxB]   compile for TPU v5e ahead of time instead of running
     --repeats N, --quick
+    --memory-limit SIZE, --isolate auto|always|never   (scripts that run steps)
 
 Every value is checked before any work starts (`error: ...`, exit status 2).
 Only process 0 of a multi-host run prints tables and writes files.
