@@ -1,9 +1,14 @@
+import re
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import tree_allclose
 from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
+import zoo
 
 
 def test_policies_mapping():
@@ -128,7 +133,6 @@ def test_save_all_but_names_excludes_the_names():
     # `a` (4 × 256 f32) is no longer saved; recomputing it needs only the narrow
     # sin(x) (4 × 8).
     assert excluded == everything - 4 * 256 * 4 + 4 * 8 * 4
-    assert _chain_bytes(er.save_all_but_names("not_a_tag")) == everything
 
 
 def test_jax_save_anything_except_these_names_is_broken():
@@ -192,6 +196,101 @@ def test_offloading_under_second_order(pol):
     # Reverse-over-reverse raises a clear error while tracing.
     with pytest.raises(NotImplementedError, match="grad of grad.*not supported"):
         jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
+
+
+# --- name policies whose names tag nothing ---------------------------------------
+
+# The name policies, as functions of the names they decide for.
+NAME_POLICIES = {
+    "save_names": er.save_names,
+    "save_all_but_names": er.save_all_but_names,
+    "offload_names": er.offload_names,
+}
+# Where a policy checkpoints a stack's layers: directly, or as the inner policy of
+# a schedule.
+PLACEMENTS = {
+    "direct": lambda pol: pol,
+    "every": lambda pol: er.every(2, policy=pol),
+    "nested": lambda pol: er.nested(2, policy=pol),
+    "binomial": lambda pol: er.binomial(2, policy=pol),
+}
+
+
+def _trace_transformer_grad(checkpoint):
+    # 4 layers: every(2) and nested(2) split them evenly (no padded segment).
+    model = zoo.Transformer(
+        16, 8, 8, 2, 4, checkpoint=checkpoint, key=jax.random.key(0)
+    )
+    tokens = jnp.arange(8) % 16
+    loss = lambda m, t: jnp.mean(m(t))
+    eqx.filter_make_jaxpr(eqx.filter_grad(loss))(model, tokens)
+    return model
+
+
+@pytest.mark.parametrize("place", PLACEMENTS.values(), ids=PLACEMENTS.keys())
+@pytest.mark.parametrize("make", NAME_POLICIES.values(), ids=NAME_POLICIES.keys())
+def test_name_policy_with_a_name_that_tags_nothing_raises(make, place):
+    """A typo (`"qkv_projj"`) would save, offload or recompute other than asked,
+    silently: tracing raises, naming the names that tag nothing (only those) and
+    listing the model's tags, sorted."""
+    model = _trace_transformer_grad(place(make("qkv_proj")))
+    tags = sorted(model.activation_names)
+    match = (
+        rf"^{re.escape(repr(make('qkv_proj', 'qkv_projj')))} expected names that "
+        r"tag values .* Got 'qkv_projj', which tags nothing\. The tags there are "
+        + re.escape(f"{tags}.")
+    )
+    with pytest.raises(ValueError, match=match):
+        _trace_transformer_grad(place(make("qkv_proj", "qkv_projj")))
+    match = r"Got 'mlp_hiden', 'qkv_projj', which tag nothing\."
+    with pytest.raises(ValueError, match=match):
+        _trace_transformer_grad(place(make("qkv_projj", "mlp_hiden")))
+
+
+def _tagged_in(name):
+    """A layer whose only tag is `name`, inside an inner scan and a `cond`."""
+
+    def layer(x):
+        def body(c, _):
+            c = jax.lax.cond(c[0] > 0, jnp.sin, jnp.cos, c)
+            return checkpoint_name(c * 1.5, name), None
+
+        return jnp.tanh(jax.lax.scan(body, x, length=2)[0])
+
+    return layer
+
+
+# Tag "a" in the first and last layers only, "b" in the third only.
+_CHAIN_OF_TAGGED = [_tagged_in("a"), jnp.sin, _tagged_in("b"), _tagged_in("a")]
+_chain_of_tagged_grad = jax.jit(
+    jax.grad(lambda x, ck: jnp.sum(er.chain(_CHAIN_OF_TAGGED, checkpoint=ck)(x) ** 2)),
+    static_argnums=1,
+)
+
+
+@pytest.mark.parametrize("place", PLACEMENTS.values(), ids=PLACEMENTS.keys())
+@pytest.mark.parametrize("make", NAME_POLICIES.values(), ids=NAME_POLICIES.keys())
+def test_name_policy_with_names_tagged_in_some_layers_only(make, place):
+    """A name that tags values in some layers only (a chain of different
+    functions; the tags inside control flow) is fine: gradients are those without
+    checkpointing."""
+    grad = _chain_of_tagged_grad
+    x = jnp.array([0.3, -0.2, 0.5])
+    for names in [("a",), ("b",)]:
+        jax.make_jaxpr(grad, static_argnums=1)(x, place(make(*names)))
+    got = grad(x, place(make("a", "b")))
+    assert tree_allclose(got, grad(x, None), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"Got 'c', which tags.* are \['a', 'b'\]"):
+        jax.make_jaxpr(grad, static_argnums=1)(x, place(make("a", "c")))
+
+
+def test_name_policy_on_a_function_without_tags_raises():
+    loss = lambda x, ck: er.chain([jnp.sin] * 3, checkpoint=ck)(x)
+    with pytest.raises(ValueError, match="That function has no checkpoint_name tags"):
+        jax.grad(loss)(1.0, er.save_names("a"))
+    # Only eqx_remat's name policies are checked: JAX's own are left as they are.
+    jax_policy = jax.checkpoint_policies.save_only_these_names("a")
+    assert jnp.allclose(jax.grad(loss)(1.0, jax_policy), jax.grad(loss)(1.0, None))
 
 
 # --- the shared validators -----------------------------------------------------
