@@ -34,6 +34,11 @@ class save_names:
     """Save only the values tagged with one of `names` (by
     `jax.ad_checkpoint.checkpoint_name`); recompute everything else.
 
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
+
     Compares and hashes by value, so rebuilding the same policy does not trigger
     recompilation.
 
@@ -84,6 +89,11 @@ class save_all_but_names:
     policy excludes the tags but not their producers, and saves about as much
     as `"everything"`.
 
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
+
     Compares and hashes by value.
 
     **Arguments:**
@@ -119,6 +129,11 @@ class offload_names:
     `jax.hessian`) through an offloading policy raises a `NotImplementedError`
     at trace time: JAX cannot differentiate the reload of an offloaded value in
     the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
+
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
 
     Compares and hashes by value.
 
