@@ -46,7 +46,7 @@ def normalise_checkpoint(
         ) from None
 
 
-def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Any:
+def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Checkpoint:
     """Check that `spec` can be a `checkpoint`: `None`, a policy name, a JAX
     policy callable or a [`eqx_remat.Schedule`][].
 

@@ -34,7 +34,7 @@ def stack(make_layer: Callable[[Any], _T], keys: Any) -> _T:
     """
     shape = jnp.shape(keys)
     if len(shape) == 0 or (
-        not jax.dtypes.issubdtype(jnp.asarray(keys).dtype, jax.dtypes.prng_key)
+        not jnp.issubdtype(jnp.asarray(keys).dtype, jax.dtypes.prng_key)
         and len(shape) < 2
     ):
         raise ValueError(

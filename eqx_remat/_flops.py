@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import Jaxpr
 
 from ._jaxpr import (
     CALLS,
@@ -31,7 +32,7 @@ try:  # Private (no public equivalent): drop dead code, as XLA would.
     from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
 except ImportError:  # pragma: no cover - depends on the jax version
 
-    def _dce_jaxpr(*args, **kwargs):
+    def _dce_jaxpr(*args, **kwargs) -> tuple[Jaxpr, list[bool]]:
         raise ImportError(
             "eqx_remat.count_flops needs jax's private "
             "`jax._src.interpreters.partial_eval.dce_jaxpr`, which this jax "
@@ -483,7 +484,10 @@ def _evaluate(eqn, known: dict, needed: frozenset) -> None:
     name = eqn.primitive.name
     if name not in _EVALUABLE or not any(o in needed for o in eqn.outvars):
         return
-    if not all(getattr(o.aval, "dtype", np.float32).kind in "biu" for o in eqn.outvars):
+    if not all(
+        getattr(o.aval, "dtype", np.dtype(np.float32)).kind in "biu"
+        for o in eqn.outvars
+    ):
         return
     vals = [_value(v, known) for v in eqn.invars]
     if any(x is None for x in vals):
