@@ -172,10 +172,6 @@ class offload_names:
         return _offload_policy(self.names, self.src, self.dst)
 
 
-# The policies whose names are checked against the tags of what they checkpoint.
-_NAME_POLICIES = (save_names, save_all_but_names, offload_names)
-
-
 @functools.lru_cache(maxsize=256)
 def _offload_policy(names: frozenset[str], src: str, dst: str) -> Policy:
     """The JAX policy of `offload_names(*names, src=src, dst=dst)`: one object per
@@ -320,9 +316,19 @@ def checkpointed(fn: Callable, pol: Policy) -> Callable:
     if isinstance(pol, save_all_but_names):
         return _ExcludeProducers(fn, pol)
     checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=False)
-    if isinstance(pol, _NAME_POLICIES):
+    if _is_name_policy(pol):
         return _CheckedNames(fn, checkpointed_fn, pol)
     return checkpointed_fn
+
+
+def _is_name_policy(pol: Any) -> bool:
+    """Whether `pol` is one of eqx_remat's name policies (`save_names`,
+    `save_all_but_names`, `offload_names`, and any other policy value of this
+    module that decides by its `names`), whose names are checked against the
+    tags of what it checkpoints. JAX's own policies are not checked."""
+    return type(pol).__module__ == __name__ and isinstance(
+        getattr(pol, "names", None), frozenset
+    )
 
 
 def checkpoint_names(jaxpr) -> set[str]:

@@ -206,14 +206,26 @@ NAME_POLICIES = {
     "save_all_but_names": er.save_all_but_names,
     "offload_names": er.offload_names,
 }
-# Where a policy checkpoints a stack's layers: directly, or as the inner policy of
-# a schedule.
+# Where a policy checkpoints a stack of `depth` layers: directly, as the inner
+# policy of a schedule, or of a range.
 PLACEMENTS = {
-    "direct": lambda pol: pol,
-    "every": lambda pol: er.every(2, policy=pol),
-    "nested": lambda pol: er.nested(2, policy=pol),
-    "binomial": lambda pol: er.binomial(2, policy=pol),
+    "direct": lambda pol, depth: pol,
+    "every": lambda pol, depth: er.every(2, policy=pol),
+    "nested": lambda pol, depth: er.nested(2, policy=pol),
+    "binomial": lambda pol, depth: er.binomial(2, policy=pol),
 }
+if hasattr(er, "save_and_offload_names"):  # each of its name sets
+    NAME_POLICIES["save_and_offload_names-save"] = lambda *names: (
+        er.save_and_offload_names(save=names)
+    )
+    NAME_POLICIES["save_and_offload_names-offload"] = lambda *names: (
+        er.save_and_offload_names(offload=names)
+    )
+if hasattr(er, "ranges"):
+    PLACEMENTS["ranges"] = lambda pol, depth: er.ranges((1, "dots"), (depth - 1, pol))
+    PLACEMENTS["ranges-every"] = lambda pol, depth: er.ranges(
+        (depth - 1, er.every(2, policy=pol)), (1, None)
+    )
 
 
 def _trace_transformer_grad(checkpoint):
@@ -233,7 +245,7 @@ def test_name_policy_with_a_name_that_tags_nothing_raises(make, place):
     """A typo (`"qkv_projj"`) would save, offload or recompute other than asked,
     silently: tracing raises, naming the names that tag nothing (only those) and
     listing the model's tags, sorted."""
-    model = _trace_transformer_grad(place(make("qkv_proj")))
+    model = _trace_transformer_grad(place(make("qkv_proj"), 3))
     tags = sorted(model.activation_names)
     match = (
         rf"^{re.escape(repr(make('qkv_proj', 'qkv_projj')))} expected names that "
@@ -241,10 +253,26 @@ def test_name_policy_with_a_name_that_tags_nothing_raises(make, place):
         + re.escape(f"{tags}.")
     )
     with pytest.raises(ValueError, match=match):
-        _trace_transformer_grad(place(make("qkv_proj", "qkv_projj")))
+        _trace_transformer_grad(place(make("qkv_proj", "qkv_projj"), 3))
     match = r"Got 'mlp_hiden', 'qkv_projj', which tag nothing\."
     with pytest.raises(ValueError, match=match):
-        _trace_transformer_grad(place(make("qkv_projj", "mlp_hiden")))
+        _trace_transformer_grad(place(make("qkv_projj", "mlp_hiden"), 3))
+
+
+if hasattr(er, "save_and_offload_names"):
+
+    def test_save_and_offload_names_checks_both_name_sets():
+        """A name that tags nothing is an error in either set, the other set's
+        names all tagging values."""
+        for save, offload, bad in [
+            (("qkv_proj",), ("mlp_hiden",), "mlp_hiden"),
+            (("qkv_projj",), ("mlp_hidden",), "qkv_projj"),
+        ]:
+            pol = er.save_and_offload_names(save=save, offload=offload)
+            with pytest.raises(ValueError, match=rf"Got '{bad}', which tags nothing"):
+                _trace_transformer_grad(er.every(2, policy=pol))
+        pol = er.save_and_offload_names(save="qkv_proj", offload="mlp_hidden")
+        _trace_transformer_grad(er.every(2, policy=pol))
 
 
 def _tagged_in(name):
@@ -277,11 +305,11 @@ def test_name_policy_with_names_tagged_in_some_layers_only(make, place):
     grad = _chain_of_tagged_grad
     x = jnp.array([0.3, -0.2, 0.5])
     for names in [("a",), ("b",)]:
-        jax.make_jaxpr(grad, static_argnums=1)(x, place(make(*names)))
-    got = grad(x, place(make("a", "b")))
+        jax.make_jaxpr(grad, static_argnums=1)(x, place(make(*names), 4))
+    got = grad(x, place(make("a", "b"), 4))
     assert tree_allclose(got, grad(x, None), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match=r"Got 'c', which tags.* are \['a', 'b'\]"):
-        jax.make_jaxpr(grad, static_argnums=1)(x, place(make("a", "c")))
+        jax.make_jaxpr(grad, static_argnums=1)(x, place(make("a", "c"), 4))
 
 
 def test_name_policy_on_a_function_without_tags_raises():
