@@ -17,11 +17,13 @@ from ._engine import Layers as Layers, Schedule as Schedule
 from ._flops import FlopCount as FlopCount, count_flops as count_flops
 from ._memory import (
     MemoryReport as MemoryReport,
+    ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
     v5e_mesh as v5e_mesh,
 )
 from ._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+    FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
     parse_bytes as parse_bytes,
@@ -32,14 +34,17 @@ from ._policies import (
     offload_names as offload_names,
     policy as policy,
     save_all_but_names as save_all_but_names,
+    save_and_offload_names as save_and_offload_names,
     save_names as save_names,
 )
+from ._ranges import ranges as ranges
 from ._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
     residuals as residuals,
 )
 from ._schedules import every as every, nested as nested, recursive as recursive
+from ._stacked import Stacked as Stacked
 from ._util import format_bytes as format_bytes
 
 
@@ -49,13 +54,16 @@ __all__ = [
     "Checkpoint",
     "DEFAULT_CANDIDATES",
     "FlopCount",
+    "FrontierPoint",
     "Layers",
     "MemoryReport",
     "POLICIES",
     "PlanEntry",
     "PlanResult",
+    "ReplicatedArgumentsWarning",
     "Residual",
     "Schedule",
+    "Stacked",
     "binomial",
     "chain",
     "count_flops",
@@ -68,9 +76,11 @@ __all__ = [
     "plan",
     "policy",
     "print_residuals",
+    "ranges",
     "recursive",
     "residuals",
     "save_all_but_names",
+    "save_and_offload_names",
     "save_names",
     "scan_layers",
     "set_checkpoint",

@@ -675,7 +675,8 @@ def test_v5e_mesh_and_sharded_arguments():
     assert er.v5e_mesh("v5e:2x4").size == 8
     fn = lambda w, x: jnp.tanh(x @ w)
     w = S((256, 256), f32)
-    replicated = er.memory_report(fn, w, S((64, 256), f32), target="v5e")
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="replicated on each of"):
+        replicated = er.memory_report(fn, w, S((64, 256), f32), target="v5e")
     sharded = er.memory_report(
         fn, w, S((64, 256), f32, sharding=NamedSharding(mesh, P("data"))), target="v5e"
     )
@@ -818,7 +819,8 @@ def test_v5e_flash_attention_with_unsharded_arguments():
     tokens = S((2, 128), jnp.int32)
     grad = eqx.filter_grad(lambda m, t: jnp.mean(jax.vmap(m)(t)))
     one = er.memory_report(grad, model, tokens, target="v5e:1x1")
-    four = er.memory_report(grad, model, tokens, target="v5e:2x2")
+    with pytest.warns(er.ReplicatedArgumentsWarning):
+        four = er.memory_report(grad, model, tokens, target="v5e:2x2")
     assert (one.target, four.target) == ("v5e:1x1", "v5e:2x2")
     # Replicated: each of the 4 chips holds all of the arguments, as one chip does.
     assert four.argument_bytes == one.argument_bytes
@@ -837,7 +839,10 @@ def test_v5e_program_too_large_for_a_chip_raises_xlas_error():
     def fn(x):
         return jnp.sin(x) @ jnp.cos(x)
 
-    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e:
+    with (
+        pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e,
+        pytest.warns(er.ReplicatedArgumentsWarning),
+    ):
         er.memory_report(fn, x, target="v5e")
     assert any("does not fit" in note for note in e.value.__notes__)
 
