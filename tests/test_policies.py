@@ -504,7 +504,8 @@ def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
 
     def report(pol):
         fn = jax.grad(lambda w, x: _two_tags_loss(w, x, pol))
-        return er.memory_report(fn, *args, target="v5e", compiler_options=no_vmem)
+        with pytest.warns(er.ReplicatedArgumentsWarning):  # replicated on purpose
+            return er.memory_report(fn, *args, target="v5e", compiler_options=no_vmem)
 
     both = report(er.save_names("a", "b"))
     mixed = report(er.save_and_offload_names(save=("a",), offload=("b",)))
