@@ -198,6 +198,16 @@ def memory_report(
     return compiled_report(compiled, flops=flops, target=name)
 
 
+def traced_for(target: Any) -> contextlib.AbstractContextManager:
+    """A context in which functions are traced (not compiled) for `target`, as
+    `memory_report(..., target=target)` traces them: on a v5e target's abstract
+    mesh, so that code asking what it is traced for (zoo's flash attention)
+    sees the TPU. Nothing for `None` or a platform name."""
+    if target is None or target in _PLATFORMS:
+        return contextlib.nullcontext()
+    return _on_mesh(_v5e(target)[1], abstract=True)
+
+
 def _on_mesh(
     mesh: Mesh | None, *, abstract: bool = False
 ) -> contextlib.AbstractContextManager:
