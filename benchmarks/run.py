@@ -9,8 +9,8 @@ same model written by hand with `lax.scan` + `jax.checkpoint`, in Flax linen, an
 2-level nested scan: same weights, so the losses agree. Reported: compiled memory,
 FLOPs (`eqx_remat.count_flops`), compile time, the median step time as a ratio to
 `None` measured in the same run and, on an accelerator, measured peak memory
-(each variant in its own process), throughput, MFU and HFU. DESIGN.md's targets
-are evaluated on the result (benchmarks/_targets.py).
+(each variant in its own process), throughput, MFU and HFU. The project's
+targets are evaluated on the result (benchmarks/_targets.py).
 
     python benchmarks/run.py                  # the sweep, on this machine's device
     python benchmarks/run.py --quick          # tiny, end to end (tests)
