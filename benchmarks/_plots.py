@@ -60,7 +60,7 @@ def scale_for(ax: Any, axis: str, values: Sequence[float]) -> None:
 
 def panel_title(ax: Any, name: str, describe: str, width: int = 62) -> None:
     """A panel's title: its name, then what it is, wrapped to the panel."""
-    ax.set_title(f"{name}\n{textwrap.fill(describe, width)}", fontsize=8.5, loc="left")
+    ax.set_title(f"{name}\n{textwrap.fill(describe, width)}", fontsize=9, loc="left")
 
 
 # From this many samples on, a timing's bar is its quartiles, else its range.
@@ -105,7 +105,7 @@ def label_points(
     ax: Any,
     points: Sequence[tuple[float, float, str]],
     others: Sequence[tuple[float, float]] = (),
-    fontsize: float = 8,
+    fontsize: float = 9,
 ) -> None:
     """Label scatter points so that no label overlaps another, a point (also one
     of `others`, unlabelled) or the frame, where some place allows: points that

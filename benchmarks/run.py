@@ -286,7 +286,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
     P.scale_for(ax, "y", [p[1] for p in labelled + others])
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
-        ax.legend(fontsize=7.5)
+        ax.legend(fontsize=8.5)
     return [labelled, others]
 
 

@@ -253,10 +253,11 @@ PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *DOCS.rglob("*.m
 # benchmarks/results, the KEY=VALUE pairs pick one row of its "rows" (or of the
 # list named by `list=`, e.g. `list=peers`) and FIELD is a number in that row; with
 # no pairs, FIELD is a dotted path from the top of the file. `A / B` quotes the
-# ratio of two such values. A marker `<!-- results: FILE KEY=VALUE ... -->` earlier
-# on the page gives the later ones a FILE and pairs (theirs win). The number must
-# agree with the value to the digits it is written with, in its unit: KiB/MiB/GiB
-# for bytes, % for a fraction, x or × (or none) for the value itself.
+# ratio of two such values (B may leave out FILE: A's). A marker
+# `<!-- results: FILE KEY=VALUE ... -->` earlier on the page gives the later ones
+# that name no FILE its FILE and pairs (theirs win). The number must agree with
+# the value to the digits it is written with, in its unit: KiB/MiB/GiB for bytes,
+# % for a fraction, x or × (or none) for the value itself.
 _RESULT = re.compile(r"<!--\s*result:\s*(.*?)\s*-->")
 _DEFAULTS = re.compile(r"<!--\s*results:\s*(.*?)\s*-->")
 _QUOTED = re.compile(r"([−+-]?\d+(?:\.\d+)?)\s?(KiB|MiB|GiB|×|x|%)?$")
@@ -286,6 +287,8 @@ def _result_value(spec: str, defaults: str) -> float:
     """The value that `spec` (one side of a marker) names."""
     name, pairs, rest = _split(spec)
     default_name, select, _ = _split(defaults)
+    if name is not None:  # a marker that names its file takes no defaults
+        select = {}
     name = name or default_name
     assert name and len(rest) == 1, f"{spec!r}: expected [FILE] [KEY=VALUE ...] FIELD"
     (field,) = rest
@@ -323,7 +326,10 @@ def test_quoted_result_matches_its_json(page, marker, defaults):
     where = f"{page.relative_to(ROOT)}: {marker.group(0)}"
     assert quoted, f"{where} follows no number"
     number, unit = quoted.groups()
-    sides = [_result_value(s, defaults) for s in marker.group(1).split(" / ")]
+    sides = marker.group(1).split(" / ")
+    # B of `A / B` takes A's FILE, if A names one, as its defaults.
+    named = _split(sides[0])[0]
+    sides = [_result_value(s, named or defaults) for s in sides]
     value = sides[0] / sides[1] if len(sides) == 2 else sides[0]
     value *= _UNIT.get(unit, 1.0)
     written = float(number.replace("−", "-"))
