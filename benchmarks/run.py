@@ -235,7 +235,8 @@ def _what(data: dict, cost: str) -> str:
     jax_version = meta["versions"]["jax"]
     if meta.get("target"):
         where = (
-            f"compiled for TPU {meta['target']} on a CPU, not run; jax {jax_version}"
+            f"compiled for TPU {meta['target']} on a CPU, not run; jax "
+            f"{jax_version}, {meta['date']}"
         )
         memory = "per-chip compiled temp memory"
     else:
