@@ -165,13 +165,13 @@ def _blocks(page: Path) -> list[_Block]:
 
 
 def _cases() -> list:
-    """One case per page with code (its blocks before `<!-- docs: slow -->`), and
-    one more, marked slow, for a page with blocks after that marker (all of
-    them)."""
+    """One case per page with code (the README's snippet too): its blocks before
+    `<!-- docs: slow -->`, and one more, marked slow, for a page with blocks after
+    that marker (all of them)."""
     cases = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         blocks = _blocks(page)
-        rel = page.relative_to(DOCS).as_posix()
+        rel = page.relative_to(DOCS if page.is_relative_to(DOCS) else ROOT).as_posix()
         if any(not b.slow for b in blocks):
             cases.append(pytest.param(page, False, id=rel))
         if any(b.slow for b in blocks):
