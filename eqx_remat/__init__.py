@@ -32,14 +32,17 @@ from ._policies import (
     offload_names as offload_names,
     policy as policy,
     save_all_but_names as save_all_but_names,
+    save_and_offload_names as save_and_offload_names,
     save_names as save_names,
 )
+from ._ranges import ranges as ranges
 from ._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
     residuals as residuals,
 )
 from ._schedules import every as every, nested as nested, recursive as recursive
+from ._stacked import Stacked as Stacked
 from ._util import format_bytes as format_bytes
 
 
@@ -56,6 +59,7 @@ __all__ = [
     "PlanResult",
     "Residual",
     "Schedule",
+    "Stacked",
     "binomial",
     "chain",
     "count_flops",
@@ -68,9 +72,11 @@ __all__ = [
     "plan",
     "policy",
     "print_residuals",
+    "ranges",
     "recursive",
     "residuals",
     "save_all_but_names",
+    "save_and_offload_names",
     "save_names",
     "scan_layers",
     "set_checkpoint",

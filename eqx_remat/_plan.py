@@ -367,8 +367,8 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
 
 
 def _format_memory(e: PlanEntry) -> str:
-    if e.report is not None:
-        return format_bytes(e.memory_bytes)
     if e.memory_bytes is None:
         return "too large (XLA)"
+    if e.report is not None:
+        return format_bytes(e.memory_bytes)
     return f">= {format_bytes(e.memory_bytes)} (XLA)"
