@@ -27,28 +27,18 @@ import os
 import shutil
 from typing import Any
 
+from eqx_remat.internal import HARDWARE
+
 
 DEVICES = ("auto", "tpu", "gpu", "cpu")
 _PLATFORM = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
-# Dense bf16 peak FLOP/s per chip, by `jax.devices()[0].device_kind`.
-# Sources: cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e ("Peak compute per
-# chip (bf16)"); NVIDIA's H100 and A100 datasheets (dense, without sparsity).
+# Dense bf16 peak FLOP/s per chip, by `jax.devices()[0].device_kind`: the
+# library's one table of per-chip figures (with its sources), which the planner
+# prices recomputation with. The CPU's entry there is a nominal figure, not a
+# peak: it is left out, so that CPU MFU stays null.
 PEAK_FLOPS: dict[str, float] = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,  # v5e
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,  # v5p reports "TPU v5"
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,  # v6e (Trillium)
-    "TPU v6e": 918e12,
-    "NVIDIA H100 80GB HBM3": 989e12,  # H100 SXM
-    "NVIDIA H100": 989e12,
-    "NVIDIA H200": 989e12,  # same compute as H100 SXM
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100 80GB PCIe": 312e12,
-    "NVIDIA A100-PCIE-40GB": 312e12,
+    kind: h.peak_flops for kind, h in HARDWARE.items() if kind != "cpu"
 }
 
 

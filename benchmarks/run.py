@@ -341,18 +341,30 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
         candidates=cands,
     )
     chosen = C.checkpoint_label(res.checkpoint)
+    # With --checkpoint, the candidates' table; else the planner's frontier
+    # (memory compiled where it was compiled, else predicted).
+    entries = [
+        (e.checkpoint, e.memory_bytes, e.flops, e.fits, e.time_s) for e in res.table
+    ] or [
+        (p.checkpoint, memory, p.flops, memory <= res.budget_bytes, p.time_s)
+        for p in res.frontier
+        for memory in [
+            p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+        ]
+    ]
     return [
         {
             "group": name,
-            "checkpoint": C.checkpoint_label(e.checkpoint),
-            "memory_bytes": e.memory_bytes,
-            "flops": e.flops,
-            "fits": e.fits,
-            "chosen": C.checkpoint_label(e.checkpoint) == chosen,
+            "checkpoint": C.checkpoint_label(c),
+            "memory_bytes": memory,
+            "flops": flops,
+            "fits": fits,
+            "time_s": time_s,
+            "chosen": C.checkpoint_label(c) == chosen,
             "budget_bytes": res.budget_bytes,
             "target": res.target,
         }
-        for e in res.table
+        for c, memory, flops, fits, time_s in entries
     ]
 
 

@@ -17,11 +17,13 @@ from ._engine import Layers as Layers, Schedule as Schedule
 from ._flops import FlopCount as FlopCount, count_flops as count_flops
 from ._memory import (
     MemoryReport as MemoryReport,
+    ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
     v5e_mesh as v5e_mesh,
 )
 from ._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+    FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
     parse_bytes as parse_bytes,
@@ -52,11 +54,13 @@ __all__ = [
     "Checkpoint",
     "DEFAULT_CANDIDATES",
     "FlopCount",
+    "FrontierPoint",
     "Layers",
     "MemoryReport",
     "POLICIES",
     "PlanEntry",
     "PlanResult",
+    "ReplicatedArgumentsWarning",
     "Residual",
     "Schedule",
     "Stacked",

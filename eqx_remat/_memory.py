@@ -5,6 +5,7 @@ import functools
 import importlib.util
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -29,6 +30,15 @@ _TPU_EXTRA_HINT = (
     "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
     "it with `pip install 'eqx-remat[tpu]'`."
 )
+
+
+class ReplicatedArgumentsWarning(UserWarning):
+    """Warned by [`eqx_remat.memory_report`][] and [`eqx_remat.plan`][] when a
+    function is compiled for a target with several chips and none of its
+    arguments has a sharding: every argument, the batch included, is then
+    replicated on every chip, and the per-chip figures are those of the whole
+    batch on each chip. To replicate on purpose, silence it:
+    `warnings.simplefilter("ignore", eqx_remat.ReplicatedArgumentsWarning)`."""
 
 
 class MemoryReport(NamedTuple):
@@ -105,7 +115,11 @@ def memory_report(
       [`eqx_remat.v5e_mesh`][]`(target)` — a mesh with one axis, `"data"`, over
       all chips. For example, a batch split across the chips:
       `jax.ShapeDtypeStruct((8, 2048, 1024), jnp.bfloat16,
-      sharding=NamedSharding(eqx_remat.v5e_mesh(), PartitionSpec("data")))`.
+      sharding=NamedSharding(eqx_remat.v5e_mesh(), PartitionSpec("data")))`
+      (or `zoo.shard_batch(batch, eqx_remat.v5e_mesh())`). On a slice of
+      several chips where no argument has a sharding, a
+      [`eqx_remat.ReplicatedArgumentsWarning`][] says that everything,
+      the batch included, is replicated on every chip.
     - XLA keeps intermediates in the chip's on-chip VMEM when they fit, and
       `temp_bytes` counts only HBM. A small program can therefore report
       `temp_bytes == 0`. To count every intermediate in HBM — to compare
@@ -158,6 +172,7 @@ def memory_report(
         name = jax.default_backend()
     else:
         name, mesh = _v5e(target)
+        warn_replicated("memory_report", name, mesh, dynamic, stacklevel=3)
         dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
 
     f, _ = traceable(fn, args)
@@ -300,6 +315,33 @@ def _libtpu_environment(chips: int) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def warn_replicated(
+    fn: str, target: str, mesh: Mesh, dynamic: Any, *, stacklevel: int
+) -> None:
+    """Warn (`ReplicatedArgumentsWarning`) when `mesh` has several chips and no
+    array leaf of `dynamic` is a `ShapeDtypeStruct` with a sharding: everything
+    is replicated on every chip. One message for `memory_report` and `plan`."""
+    leaves = jax.tree.leaves(dynamic)
+    if mesh.size == 1 or any(
+        isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None for x in leaves
+    ):
+        return
+    nbytes = sum(int(np.prod(np.shape(x))) * x.dtype.itemsize for x in leaves)
+    warnings.warn(
+        f"{fn}(target={target!r}): no argument has a sharding, so every argument "
+        f"({format_bytes(nbytes)} in all, the batch included) is replicated on "
+        f"each of the {mesh.size} chips, and the figures are per chip for the "
+        "whole batch. To split the batch over the chips, give it a sharding on "
+        f"the target's mesh: `batch = zoo.shard_batch(batch, "
+        f"eqx_remat.v5e_mesh({target!r}))`, or `jax.ShapeDtypeStruct(shape, "
+        "dtype, sharding=NamedSharding(eqx_remat.v5e_mesh("
+        f"{target!r}), PartitionSpec('data')))`. To replicate on purpose, "
+        "silence eqx_remat.ReplicatedArgumentsWarning.",
+        ReplicatedArgumentsWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _place(mesh: Mesh, name: str, x: Any) -> jax.ShapeDtypeStruct:

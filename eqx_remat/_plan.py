@@ -2,9 +2,13 @@
 
 import collections
 import dataclasses
+import math
 import re
+import sys
+import time
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, SupportsIndex
+from typing import Any, NamedTuple, NoReturn, SupportsIndex
 
 import jax
 import jax.tree_util as jtu
@@ -17,10 +21,32 @@ from ._checkpoint import (
     map_checkpoints,
     set_checkpoint,
 )
+from ._engine import Schedule
 from ._flops import count_flops
-from ._memory import MemoryReport, memory_report
+from ._hardware import hardware
+from ._memory import (
+    MemoryReport,
+    ReplicatedArgumentsWarning,
+    _v5e,
+    memory_report,
+    warn_replicated,
+)
+from ._policies import save_names
+from ._ranges import ranges
 from ._schedules import every, nested, recursive
-from ._util import format_bytes, format_flops, is_array_like
+from ._solve import (
+    Option,
+    Real,
+    best_mix,
+    lower_hull,
+    option_time,
+    per_layer_options,
+    prefix_options,
+    price,
+    share_per_chip,
+    stack_depths,
+)
+from ._util import format_bytes, format_flops, is_array_like, split_args
 from ._validate import check_int
 
 
@@ -42,13 +68,17 @@ DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
     binomial(16),
     binomial(32),
 )
-"""What [`eqx_remat.plan`][] compares by default: no checkpointing, the policies
-that save less than everything, and each schedule over a grid of parameters
-(`"offload_dots_no_batch"` is added for TPU targets)."""
+"""No checkpointing, the policies that save less than everything, and each
+schedule over a grid of parameters. When [`eqx_remat.plan`][] solves, its
+schedules are the whole-stack options it compares with its pick (those that
+make sense at the stack's depth: `every(k)` and `binomial(s)` below it); pass
+`candidates=eqx_remat.DEFAULT_CANDIDATES` to compile and compare all of them
+instead."""
 
 
 class PlanEntry(NamedTuple):
-    """One candidate of a [`eqx_remat.PlanResult`][] table.
+    """One compiled checkpoint: a row of a [`eqx_remat.PlanResult`][]'s `table`
+    (the candidates given to [`eqx_remat.plan`][]) or its `entry` (the pick).
 
     **Attributes:**
 
@@ -66,6 +96,10 @@ class PlanEntry(NamedTuple):
     - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
       XLA refused to compile.
     - `error`: XLA's message for a candidate it refused to compile, else `None`.
+    - `time_s`: the estimated step time on one chip: its FLOPs at the target's
+      peak (its share of them, per chip) plus the bytes it offloads
+      (`report.host_temp_bytes`) over the host link, out and back (see
+      [`eqx_remat.plan`][]).
     """
 
     checkpoint: Checkpoint
@@ -74,6 +108,33 @@ class PlanEntry(NamedTuple):
     fits: bool
     report: MemoryReport | None
     error: str | None = None
+    time_s: float = 0.0
+
+
+class FrontierPoint(NamedTuple):
+    """One point of the Pareto frontier of a [`eqx_remat.PlanResult`][]: no
+    other point found needs less memory and less time.
+
+    **Attributes:**
+
+    - `checkpoint`: the checkpoint (a uniform option, a schedule, or a
+      `eqx_remat.ranges` mix of two options).
+    - `predicted_bytes`: device memory per chip that the planner's model
+      predicts (arguments + outputs + temporaries, as `memory_bytes`).
+    - `compiled_bytes`: what compiling it gave, or `None` where it was not
+      compiled.
+    - `flops`: the function's FLOPs under it (exact for uniform options and
+      schedules, [`eqx_remat.count_flops`][]; summed per layer for a mix).
+    - `host_bytes`: bytes per chip it offloads to host memory.
+    - `time_s`: the estimated step time on one chip (see [`eqx_remat.plan`][]).
+    """
+
+    checkpoint: Checkpoint
+    predicted_bytes: int
+    compiled_bytes: int | None
+    flops: int
+    host_bytes: int
+    time_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +143,21 @@ class PlanResult:
 
     **Attributes:**
 
-    - `checkpoint`: the chosen candidate: the fewest FLOPs among those that fit
-      (ties go to less memory, then to the earlier candidate).
-    - `entry`: its [`eqx_remat.PlanEntry`][].
-    - `table`: every candidate's entry, in the order given.
+    - `checkpoint`: the pick: the least estimated step time among what fits
+      the budget.
+    - `entry`: its [`eqx_remat.PlanEntry`][] (it is always compiled).
+    - `table`: with `candidates=`, every candidate's entry in the order given;
+      else `()`.
     - `budget_bytes`: the budget, in bytes.
     - `target`: what was compiled for (`"cpu"`, `"gpu"`, `"v5e:2x2"`, ...).
+    - `frontier`: the Pareto frontier of memory and estimated time that the
+      planner found, least memory first, as [`eqx_remat.FrontierPoint`][]s
+      (`()` with `candidates=`).
+    - `notes`: what the planner wants you to know: stacks it could not mix,
+      picks that did not fit when compiled and what it did instead.
+    - `compiles`: how many functions it compiled (compilations cached from an
+      earlier call are not counted).
+    - `seconds`: how long it took.
     """
 
     checkpoint: Checkpoint
@@ -95,6 +165,10 @@ class PlanResult:
     table: tuple[PlanEntry, ...]
     budget_bytes: int
     target: str
+    frontier: tuple[FrontierPoint, ...] = ()
+    notes: tuple[str, ...] = ()
+    compiles: int = 0
+    seconds: float = 0.0
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
@@ -102,11 +176,23 @@ class PlanResult:
         return set_checkpoint(tree, self.checkpoint)
 
     def __str__(self) -> str:
-        head = (
+        e = self.entry
+        lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
             f"[{self.target}]: checkpoint={_name(self.checkpoint)}"
-        )
-        return head + "\n" + _table(self.table, self.entry)
+        ]
+        if self.frontier:
+            lines.append(
+                f"  {format_bytes(e.memory_bytes or 0)} compiled, "
+                f"{format_flops(e.flops)} FLOPs, estimated "
+                f"{_format_time(e.time_s)} per step"
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.frontier:
+            lines += ["frontier:", _frontier_table(self.frontier, self.checkpoint)]
+        if self.table:
+            lines.append(_table(self.table, self.entry))
+        return "\n".join(lines)
 
 
 _UNITS = {
@@ -165,6 +251,8 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
 # budget compiles nothing.
 _CACHE: collections.OrderedDict = collections.OrderedDict()
 _CACHE_SIZE = 512
+# And so are the planner's traces (stacks, prices).
+_PRICES: collections.OrderedDict = collections.OrderedDict()
 
 
 def _key(fn, args, target) -> Any:
@@ -185,12 +273,13 @@ def _key(fn, args, target) -> Any:
     return key
 
 
-def _measure(fn, args, target) -> tuple[MemoryReport | str, int]:
-    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message) and FLOPs."""
+def _measure(fn, args, target) -> tuple[MemoryReport | str, int, bool]:
+    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message), FLOPs, and
+    whether it was compiled now (`False`: from the cache)."""
     key = _key(fn, args, target)
     if key is not None and key in _CACHE and _CACHE[key][0] is fn:
         _CACHE.move_to_end(key)
-        return _CACHE[key][1:]
+        return (*_CACHE[key][1:], False)
     try:
         report = memory_report(fn, *args, target=target)
     except jax.errors.JaxRuntimeError as e:
@@ -203,7 +292,7 @@ def _measure(fn, args, target) -> tuple[MemoryReport | str, int]:
         _CACHE[key] = fn, report, flops  # holding `fn` keeps its id unique
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return report, flops
+    return report, flops, True
 
 
 # What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
@@ -233,14 +322,10 @@ def plan(
     budget_bytes: SupportsIndex | str,
     target: str | None = None,
     candidates: Sequence[Checkpoint] | None = None,
+    progress: bool = True,
 ) -> PlanResult:
-    """The cheapest checkpointing that fits a memory budget.
-
-    For each candidate, every `checkpoint` field in `args` is set to it (with
-    [`eqx_remat.set_checkpoint`][]), `fn(*args)` is compiled ahead of time
-    ([`eqx_remat.memory_report`][]: nothing is allocated or run) and its FLOPs are
-    counted ([`eqx_remat.count_flops`][]). The candidate with the fewest FLOPs
-    among those whose memory fits the budget wins.
+    """The checkpoint with the least estimated step time that fits a memory
+    budget: a byte budget in, the checkpoint to train with out.
 
     Pass the function whose memory matters — a gradient or training step, e.g.
     `eqx.filter_grad(loss)` — and the model among its arguments:
@@ -249,90 +334,542 @@ def plan(
     result = eqx_remat.plan(
         eqx.filter_grad(loss), model, batch, budget_bytes="16GiB", target="v5e"
     )
-    print(result)  # the table
+    print(result)  # the pick, and the frontier of memory against time
     model = result.apply(model)
     ```
 
+    **How it solves.** In a stack of `D` identical layers, the memory and the
+    cost of giving different layers different checkpoints are a base plus a
+    per-layer term per layer, so at a budget the best choice mixes at most two
+    per-layer options that are neighbours on the lower convex hull of
+    (per-layer bytes, per-layer cost). The planner:
+
+    1. traces `fn` once to find its stacks (every `checkpoint` field in `args`
+       set to a probe that records each stack's depth);
+    2. prices each per-layer option once, by tracing, without compiling: the
+       policies `None`, `"dots"`, `"dots_no_batch"`, `"nothing"` (and
+       `"offload_dots_no_batch"` on a target with a host link: TPU, GPU), and
+       per-name decisions over the `checkpoint_name` tags of the model
+       ([`eqx_remat.save_names`][] of each tag, then of the tags that save the
+       most recomputation per byte first; with a host link,
+       [`eqx_remat.offload_names`][] of the same). Bytes: what the option keeps
+       across the stack in `fn`'s program, per layer. Cost: its FLOPs beyond
+       `None`'s ([`eqx_remat.count_flops`][], exact) at the target's peak
+       FLOP/s, plus what it offloads, out and back over the host link.
+    3. compiles the cheapest option (`None`) and the lightest, for the base
+       memory (compiled memory = base + `D` × the option's bytes per layer);
+    4. picks the cheapest mix the model predicts to fit: `n` layers of a
+       heavier, cheaper option and `D - n` of a lighter one, as
+       `eqx_remat.ranges((n, heavy), (D - n, light))` (a uniform option when
+       `n` is 0), `n` as large as the budget allows. With real layer counts
+       the best pair is two neighbours on the lower convex hull; with whole
+       layers rounding can favour another pair, so every pair of options on
+       the Pareto front is tried (no compile);
+    5. compiles what the pick depends on: its two options, uniform (their base
+       memory is then exact; the base of a mix is the larger of the two), then
+       the mix itself. A mix that does not fit when compiled is retried with
+       as many fewer heavy layers as the compiled excess says, and said so, in
+       `notes` and on stderr; the pick changes as the compiles teach;
+    6. compares the pick with the whole-stack schedules of
+       [`eqx_remat.DEFAULT_CANDIDATES`][] that cost less (their FLOPs are
+       counted; they are compiled only when they could win).
+
+    The estimated step time is per chip and at peak: the function's FLOPs (the
+    chip's share: all of them, or `1/k` of them when an argument is split `k`
+    ways over the chips) over the chip's peak FLOP/s, plus `2 × offloaded
+    bytes / host-link bandwidth`. The figures per target are in one table,
+    with their sources (TPU v5e: 197 TFLOP/s bf16 per chip; CPU: a nominal
+    100 GFLOP/s). It ranks checkpoints; it is not a prediction of wall time.
+
+    With `candidates=`, the planner enumerates instead: each candidate is
+    compiled, and the one with the least estimated step time that fits wins
+    (the table of all of them is in the result).
+
+    Stacks of different depths in one function cannot share a mix: the
+    planner then compares uniform options only, and says so in `notes`.
     Compilations are cached: planning the same function and argument shapes
-    again (another budget, a subset of the candidates) compiles nothing new.
+    again (another budget) compiles only what is new.
 
     **Arguments:**
 
-    - `fn`: the function to plan for.
+    - `fn`: the function to plan for; it must differentiate the stacks.
     - `*args`: its arguments; at least one must contain an `eqx.Module` with a
       `checkpoint` field (every zoo model has one). Array leaves may be
-      `jax.ShapeDtypeStruct`s.
+      `jax.ShapeDtypeStruct`s. On a target with several chips, give the batch
+      a sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
+      [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
     - `budget_bytes`: device memory available (per chip on a TPU target): an int,
-      or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. A candidate fits
+      or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. A checkpoint fits
       when its arguments, outputs and temporaries add up to at most this.
     - `target`: `None` for the default backend, or `"v5e"` / `"v5e:AxB"` to
       compile for TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
-    - `candidates`: the checkpoints to compare (policy names, policies,
-      schedules, `None`); default [`eqx_remat.DEFAULT_CANDIDATES`][] (plus
-      `"offload_dots_no_batch"` for a TPU target).
+    - `candidates`: `None` to solve; or the checkpoints to compare (policy
+      names, policies, schedules, `None`), each compiled.
+    - `progress`: print what it does, how many and how long, to stderr.
 
     **Returns:**
 
-    A [`eqx_remat.PlanResult`][]: the chosen `checkpoint`, its entry, and the
-    whole table (`print` it).
+    A [`eqx_remat.PlanResult`][]: the pick, its compiled entry, the frontier
+    (or the candidates' table), notes, compile count and time. `print` it.
 
     **Raises:**
 
-    `ValueError` for a bad budget, an invalid or empty list of candidates, or
-    arguments without a `checkpoint` field; and, when no candidate fits, a
-    `ValueError` that names the smallest achievable memory, and its candidate.
-    A candidate that XLA refuses to compile because it does not fit in one
-    device (`RESOURCE_EXHAUSTED`, e.g. `None` for a large model on TPU v5e) is
-    not an error: it is recorded as not fitting, with XLA's figure of what it
-    needed, and planning goes on.
+    `ValueError` for a bad budget, an invalid or empty list of candidates,
+    arguments without a `checkpoint` field, or a function that differentiates
+    no stack (when solving); and, when nothing fits, a `ValueError` that names
+    the smallest achievable memory and its checkpoint. A checkpoint that XLA
+    refuses to compile because it does not fit in one device
+    (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
+    with XLA's figure of what it needed, and planning goes on.
     """
     budget = parse_bytes(budget_bytes)
-    if candidates is None:
-        candidates = DEFAULT_CANDIDATES
-        if target is not None:
-            candidates = candidates + ("offload_dots_no_batch",)
-    candidates = tuple(candidates)
-    if not candidates:
-        raise ValueError("plan expected at least one candidate. Got none.")
-    for i, c in enumerate(candidates):
-        check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
+    if candidates is not None:
+        candidates = tuple(candidates)
+        if not candidates:
+            raise ValueError("plan expected at least one candidate. Got none.")
+        for i, c in enumerate(candidates):
+            check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
     if not map_checkpoints(args, lambda c: c)[1]:
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
+    planner = _Planner(fn, args, budget, target, _Progress(progress))
+    with warnings.catch_warnings():
+        # Said once, by the planner; not again for every compile.
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        if candidates is not None:
+            return planner.enumerate(candidates)
+        return planner.solve()
 
-    table = []
-    for c in candidates:
-        report, flops = _measure(fn, set_checkpoint(args, c), target)
-        if isinstance(report, str):  # XLA: does not fit in one device
-            needed = needed_bytes(report)
-            table.append(PlanEntry(c, needed, flops, False, None, report))
-            continue
-        memory = report.total_bytes
-        table.append(PlanEntry(c, memory, flops, memory <= budget, report))
-    target_name = _target_name(table, target)
 
-    fitting = [e for e in table if e.fits]
-    if not fitting:
-        measured = [e for e in table if e.report is not None]
-        if not measured:
-            raise ValueError(
-                f"No candidate fits in budget_bytes={format_bytes(budget)} "
-                f"[{target_name}]: XLA refused to compile every one of them "
-                "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
-                + _table(table, None)
+class _Progress:
+    """Plain lines on stderr (`plan: ...`), when enabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"plan: {message}", file=sys.stderr, flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class _Planner:
+    """One call of `plan`: the function, the budget, the target's figures, what
+    was compiled, and what to tell the user."""
+
+    def __init__(self, fn, args, budget: int, target, progress: _Progress):
+        self.fn, self.args, self.budget, self.say = fn, args, budget, progress
+        self.hw, known = hardware(target)
+        self.target = target
+        chips = 1
+        if target is not None and target not in ("cpu", "gpu", "tpu"):
+            name, mesh = _v5e(target)
+            chips = mesh.size
+            warn_replicated("plan", name, mesh, split_args(args)[0], stacklevel=4)
+        self.share = share_per_chip(args, chips)
+        self.host = self.hw.host_bytes_per_s is not None
+        self.compiled: dict[Any, tuple[PlanEntry, float | None]] = {}
+        self.notes: list[str] = []
+        self.compiles = 0
+        if not known:
+            self.note(
+                f"this device's figures are unknown; priced as {self.hw.kind} "
+                f"({self.hw.source})"
             )
-        best = min(measured, key=lambda e: e.memory_bytes)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.say(f"note: {message}")
+
+    def time_s(self, flops: Real, host_bytes: Real) -> float:
+        return option_time(self.hw, self.share * flops, host_bytes)
+
+    def measure(self, c: Checkpoint, predicted: Real | None = None) -> PlanEntry:
+        """Compile `c` (or take it from the cache): its entry."""
+        if c in self.compiled:
+            return self.compiled[c][0]
+        start = time.perf_counter()
+        args = set_checkpoint(self.args, c)
+        report, flops, fresh = _measure(self.fn, args, self.target)
+        self.compiles += fresh
+        entry = self._entry(c, report, flops)
+        self.compiled[c] = (entry, predicted)
+        what = "does not fit in one chip" if entry.report is None else "compiled"
+        pred = (
+            "" if predicted is None else f" (predicted {format_bytes(int(predicted))})"
+        )
+        self.say(
+            f"{what}: {_name(c)}: {_format_memory(entry)}{pred}, "
+            f"{'fits' if entry.fits else 'does not fit'} "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+        return entry
+
+    def _entry(self, c: Checkpoint, report, flops: int) -> PlanEntry:
+        if isinstance(report, str):  # XLA: does not fit in one device
+            t = self.time_s(flops, 0)
+            return PlanEntry(c, needed_bytes(report), flops, False, None, report, t)
+        memory = report.total_bytes
+        t = self.time_s(flops, report.host_temp_bytes)
+        return PlanEntry(c, memory, flops, memory <= self.budget, report, None, t)
+
+    def enumerate(self, candidates: Sequence[Checkpoint]) -> PlanResult:
+        self.say(f"compiling {len(candidates)} candidates for {self._target()}")
+        table = tuple(self.measure(c) for c in candidates)
+        fitting = [e for e in table if e.fits]
+        if not fitting:
+            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        order = {id(e): i for i, e in enumerate(table)}
+        chosen = min(
+            fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
+        )
+        return self._result(chosen, table, ())
+
+    # --- solving ------------------------------------------------------------
+
+    def solve(self) -> PlanResult:
+        self.say("tracing the function to find its stacks")
+        depths = self._cached("depths", lambda: stack_depths(self.fn, self.args))
+        if not depths:
+            raise ValueError(
+                "plan expected fn to differentiate the stacks of the modules in "
+                "its arguments (pass a gradient or training step, e.g. "
+                "eqx.filter_grad(loss)). Got a function whose backward pass runs "
+                "no checkpointed stack."
+            )
+        self.depths = frozenset(depths)
+        self.per = depths[0] if len(self.depths) == 1 else 1
+        mix = (lambda parts: ranges(*parts)) if self.per > 1 else None
+        if len(self.depths) > 1:
+            self.note(
+                f"stacks of different depths ({', '.join(map(str, depths))}) "
+                "cannot share layer ranges: comparing uniform options only"
+            )
+        elif mix is None and self.per > 1:
+            self.note("layer ranges are not available: uniform options only")
+        link = self.hw.host_bytes_per_s
+        self.say(
+            f"{len(depths)} stack(s) of {'/'.join(map(str, depths))} layers; "
+            f"priced as {self.hw.kind}: {self.hw.peak_flops / 1e12:g} TFLOP/s"
+            + ("" if link is None else f", host link {link / 1e9:g} GB/s")
+            + " per chip"
+        )
+        options = self._price_options()
+        hull = lower_hull(options)
+        self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
+        pick = self._choose(options, mix)
+        pick = self._try_schedules(pick, self._price_schedules())
+        if pick is None:
+            table = [e for e, _ in self.compiled.values()]
+            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
+        entry = self.compiled[pick.checkpoint][0]
+        return self._result(entry, (), _pareto(points + [pick]))
+
+    def _cached(self, what: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, remembered across calls for the same function, argument
+        shapes and target (planning another budget traces nothing again)."""
+        key = (_key(self.fn, self.args, self.target), what)
+        if key[0] is None:
+            return compute()
+        if key in _PRICES and _PRICES[key][0] is self.fn:
+            return _PRICES[key][1]
+        _PRICES[key] = self.fn, compute()
+        if len(_PRICES) > _CACHE_SIZE:
+            _PRICES.popitem(last=False)
+        return _PRICES[key][1]
+
+    def _price(self, c: Checkpoint) -> tuple[Option, list[str]]:
+        start = time.perf_counter()
+        device, host, flops, names = self._cached(
+            ("price", c), lambda: price(self.fn, self.args, c, self.depths)
+        )
+        if c is None:
+            self.flops_none = flops
+        extra = (flops - self.flops_none) / self.per
+        host_layer = self.share * host / self.per
+        o = Option(
+            c,
+            self.share * device / self.per,
+            host_layer,
+            extra,
+            self.time_s(extra, host_layer),
+            flops,
+        )
+        self.say(
+            f"priced {_name(c)}: {format_bytes(int(o.bytes))}/layer"
+            + (f" + {format_bytes(int(host_layer))} on the host" if host else "")
+            + f", +{format_flops(max(extra, 0))} FLOPs/layer "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+        return o, names
+
+    def _price_options(self) -> list[Option]:
+        none, names = self._price(None)
+        rest = per_layer_options(names, self.host)[1:]
+        self.say(
+            f"pricing {len(rest) + 1} per-layer options by tracing (no compiles); "
+            f"tags: {', '.join(names) or 'none'}"
+        )
+        priced = [none] + [self._price(c)[0] for c in rest]
+        by = {o.checkpoint: o for o in priced}
+        nothing = by["nothing"]
+        singles = [
+            (
+                t,
+                by[save_names(t)].bytes - nothing.bytes,
+                nothing.flops - by[save_names(t)].flops,
+            )
+            for t in names
+        ]
+        more = prefix_options(singles, self.host) if len(names) > 1 else []
+        if more:
+            self.say(f"pricing {len(more)} more: tags saved best-first")
+        priced += [self._price(c)[0] for c in more]
+        self.priced = {o.checkpoint: o for o in priced}
+        return priced
+
+    def _base(self, o: Option) -> float | None:
+        """Memory besides the stack's saved values, learnt from compiled uniform
+        options: exact for a compiled one (from XLA's figure, a lower bound,
+        for one XLA refused; infinite where it gave none), interpolated in
+        bytes between compiled ones otherwise. `None` before any compile."""
+        known = []
+        for c, (entry, _) in self.compiled.items():
+            if c in self.priced and (entry.report is not None or c == o.checkpoint):
+                v = self.priced[c]
+                memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
+                if c == o.checkpoint:
+                    return memory - self.per * v.bytes
+                known.append((v.bytes, memory - self.per * v.bytes))
+        if not known:
+            return None
+        known.sort()
+        below = [k for k in known if k[0] <= o.bytes]
+        above = [k for k in known if k[0] >= o.bytes]
+        if not below or not above:
+            return (below or above)[-1 if below else 0][1]
+        (b0, m0), (b1, m1) = below[-1], above[0]
+        return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
+
+    def _predict(self, o: Option) -> float | None:
+        """Predicted memory of `o` on every layer, or `None` before anything
+        was compiled (the base is unknown)."""
+        base = self._base(o)
+        return None if base is None else base + self.per * o.bytes
+
+    def _choose(self, options: list[Option], mix) -> FrontierPoint | None:
+        """The cheapest mix predicted to fit, confirmed by compiling: solve,
+        compile what the answer depends on (its options, uniform, for their
+        base memory; then the mix itself), solve again with what that taught,
+        until the answer compiled fits."""
+        hull = lower_hull(options)
+        for o in (hull[-1], hull[0]):  # the cheapest and the lightest
+            self.measure(o.checkpoint, self._predict(o))
+        # Without layer ranges, no mixes: at most 0 layers of a heavier option.
+        limits: dict[tuple, int] = {}
+        most = self.per if mix is not None else 0
+        for _ in range(4 * len(options) + 8):
+            best = best_mix(
+                options,
+                lambda o: self._base(o) or 0.0,
+                self.per,
+                self.budget,
+                lambda light, heavy: limits.get((light, heavy), most),
+            )
+            if best is None:
+                return None
+            ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
+            new = [o for o in ends if o.checkpoint not in self.compiled]
+            for o in new:
+                self.measure(o.checkpoint, self._predict(o))
+            if new:
+                continue
+            if best.n == 0:
+                return self._uniform_point(best.light)
+            point, fewer = self._try_mix(best, mix)
+            if point is not None:
+                return point
+            limits[(best.light, best.heavy)] = fewer
+        raise AssertionError("plan: the search for a mix did not settle")
+
+    def _try_mix(self, best, mix) -> tuple[FrontierPoint | None, int]:
+        """Compile the mix `best`: `(its point, n)` if it fits, else `(None,
+        the most heavy layers worth trying next)`, stepping by as many layers
+        as the compiled excess says."""
+        light, heavy, n = best.light, best.heavy, best.n
+        c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
+        point = self._mix_point(c, n, heavy, light, best.predicted)
+        entry = self.measure(c, point.predicted_bytes)
+        if entry.fits:
+            return point._replace(compiled_bytes=entry.memory_bytes), n
+        excess = (entry.memory_bytes or self.budget + 1) - self.budget
+        step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
+        fewer = max(n - step, 0)
+        self.note(
+            f"{_name(c)} was predicted to fit "
+            f"({format_bytes(point.predicted_bytes)}) but compiled to "
+            f"{_format_memory(entry)}: at most {fewer} layers of "
+            f"{_name(heavy.checkpoint)} with {_name(light.checkpoint)}"
+        )
+        return None, fewer
+
+    def _uniform_point(self, o: Option) -> FrontierPoint:
+        entry = self.compiled.get(o.checkpoint, (None, None))[0]
+        compiled = None if entry is None or entry.report is None else entry.memory_bytes
+        host = self.per * o.host_bytes
+        return FrontierPoint(
+            o.checkpoint,
+            int(self._predict(o) or self.per * o.bytes),
+            compiled,
+            o.total_flops,
+            int(host),
+            self.time_s(o.total_flops, host),
+        )
+
+    def _mix_point(self, c, n: int, heavy: Option, light: Option, predicted: Real):
+        rest = self.per - n
+        flops = self.flops_none + n * heavy.flops + rest * light.flops
+        host = n * heavy.host_bytes + rest * light.host_bytes
+        return FrontierPoint(
+            c,
+            int(predicted),
+            None,
+            int(round(flops)),
+            int(host),
+            self.time_s(flops, host),
+        )
+
+    def _price_schedules(self) -> list[FrontierPoint]:
+        """The whole-stack schedules of `DEFAULT_CANDIDATES` that make sense
+        for the stacks' depth, with their FLOPs counted (exactly)."""
+        depth = min(self.depths)
+        out = []
+        for c in DEFAULT_CANDIDATES:
+            if not isinstance(c, Schedule) or not _useful(c, depth):
+                continue
+            flops = self._cached(
+                ("flops", c),
+                lambda c=c: int(count_flops(self.fn, *set_checkpoint(self.args, c))),
+            )
+            out.append(FrontierPoint(c, 0, None, flops, 0, self.time_s(flops, 0)))
+        return sorted(out, key=lambda p: p.time_s)
+
+    def _try_schedules(self, pick, schedules) -> FrontierPoint | None:
+        """The cheapest schedule that costs less than `pick` and fits, else
+        `pick`: compiled cheapest first, until one fits."""
+        cheaper = [s for s in schedules if pick is None or s.time_s < pick.time_s]
+        reports = [e.report for e, _ in self.compiled.values() if e.report]
+        if (
+            reports
+            and self.budget < reports[0].argument_bytes + reports[0].output_bytes
+        ):
+            return pick  # every checkpoint needs the arguments and outputs
+        if cheaper:
+            self.say(f"{len(cheaper)} whole-stack schedules may cost less: compiling")
+        for s in cheaper:
+            entry = self.measure(s.checkpoint)
+            if entry.fits:
+                return s._replace(
+                    predicted_bytes=entry.memory_bytes,
+                    compiled_bytes=entry.memory_bytes,
+                )
+        return pick
+
+    def _compiled_points(self) -> list[FrontierPoint]:
+        """Compiled schedules and mixes (the uniform options are priced)."""
+        out = []
+        for c, (entry, predicted) in self.compiled.items():
+            if entry.report is None or c in self.priced:
+                continue
+            host = entry.report.host_temp_bytes
+            memory = entry.report.total_bytes
+            out.append(
+                FrontierPoint(
+                    c,
+                    int(memory if predicted is None else predicted),
+                    memory,
+                    entry.flops,
+                    host,
+                    self.time_s(entry.flops, host),
+                )
+            )
+        return out
+
+    def _target(self) -> str:
+        return self.target or self.hw.kind
+
+    def _result(self, chosen, table, frontier) -> PlanResult:
+        name = _target_name(list(table) + [chosen], self.target)
+        seconds = self.say.elapsed()
+        self.say(
+            f"done: checkpoint={_name(chosen.checkpoint)}, "
+            f"{_format_memory(chosen)}, {self.compiles} compiles, {seconds:.1f} s"
+        )
+        return PlanResult(
+            chosen.checkpoint,
+            chosen,
+            tuple(table),
+            self.budget,
+            name,
+            tuple(frontier),
+            tuple(self.notes),
+            self.compiles,
+            seconds,
+        )
+
+
+def _useful(c: Schedule, depth: int) -> bool:
+    """Whether schedule `c` differs from a cheaper one at this depth."""
+    if isinstance(c, every):
+        return c.k < depth
+    if isinstance(c, binomial):
+        return c.slots < depth
+    if isinstance(c, nested):
+        return 2**c.levels <= depth
+    return depth > 2
+
+
+def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
+    """The points that no other point beats in both memory and time, least
+    memory first (compiled memory where there is one)."""
+
+    def memory(p):
+        return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+
+    out: list[FrontierPoint] = []
+    for p in sorted(points, key=lambda p: (memory(p), p.time_s)):
+        if not out or p.time_s < out[-1].time_s:
+            if out and memory(out[-1]) == memory(p):
+                out.pop()
+            out.append(p)
+    return out
+
+
+def _raise_nothing_fits(
+    table: Sequence[PlanEntry], budget: int, target: str
+) -> NoReturn:
+    measured = [e for e in table if e.report is not None]
+    if not measured:
         raise ValueError(
             f"No candidate fits in budget_bytes={format_bytes(budget)} "
-            f"[{target_name}]. The smallest achievable memory is "
-            f"{format_bytes(best.memory_bytes)} ({best.memory_bytes} bytes), with "
-            f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
+            f"[{target}]: XLA refused to compile every one of them "
+            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
+            + _table(table, None)
         )
-    order = {id(e): i for i, e in enumerate(table)}
-    chosen = min(fitting, key=lambda e: (e.flops, e.memory_bytes, order[id(e)]))
-    return PlanResult(chosen.checkpoint, chosen, tuple(table), budget, target_name)
+    best = min(measured, key=lambda e: e.memory_bytes or 0)
+    smallest = best.memory_bytes or 0  # compiled: never None
+    raise ValueError(
+        f"No candidate fits in budget_bytes={format_bytes(budget)} "
+        f"[{target}]. The smallest achievable memory is "
+        f"{format_bytes(smallest)} ({smallest} bytes), with "
+        f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
+    )
 
 
 def _target_name(table: Sequence[PlanEntry], target: str | None) -> str:
@@ -348,7 +885,7 @@ def _name(c: Checkpoint) -> str:
 
 def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
     base = min(e.flops for e in table) or 1
-    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "fits")]
+    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "est. time", "fits")]
     for e in table:
         rows.append(
             (
@@ -357,13 +894,42 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
                 _format_memory(e),
                 format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
+                _format_time(e.time_s),
                 "yes" if e.fits else "no",
             )
         )
+    return _columns(rows)
+
+
+def _frontier_table(points: Sequence[FrontierPoint], chosen: Checkpoint) -> str:
+    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "est. time")]
+    for p in points:
+        rows.append(
+            (
+                "*" if p.checkpoint == chosen else "",
+                _name(p.checkpoint),
+                format_bytes(p.predicted_bytes),
+                "-" if p.compiled_bytes is None else format_bytes(p.compiled_bytes),
+                format_flops(p.flops),
+                format_bytes(p.host_bytes) if p.host_bytes else "-",
+                _format_time(p.time_s),
+            )
+        )
+    return _columns(rows)
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
     )
+
+
+def _format_time(seconds: float) -> str:
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
 
 
 def _format_memory(e: PlanEntry) -> str:

@@ -8,6 +8,7 @@ messages). It is documented and tested, but not part of the stable API of
 """
 
 from ._checkpoint import check_checkpoint as check_checkpoint
+from ._hardware import HARDWARE as HARDWARE, Hardware as Hardware
 from ._memory import compiled_report as compiled_report
 from ._pallas import with_pallas_costs as with_pallas_costs
 from ._plan import needed_bytes as needed_bytes
@@ -16,6 +17,8 @@ from ._validate import check_int as check_int
 
 
 __all__ = [
+    "HARDWARE",
+    "Hardware",
     "check_checkpoint",
     "check_int",
     "compiled_report",

@@ -675,7 +675,8 @@ def test_v5e_mesh_and_sharded_arguments():
     assert er.v5e_mesh("v5e:2x4").size == 8
     fn = lambda w, x: jnp.tanh(x @ w)
     w = S((256, 256), f32)
-    replicated = er.memory_report(fn, w, S((64, 256), f32), target="v5e")
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="replicated on each of"):
+        replicated = er.memory_report(fn, w, S((64, 256), f32), target="v5e")
     sharded = er.memory_report(
         fn, w, S((64, 256), f32, sharding=NamedSharding(mesh, P("data"))), target="v5e"
     )
@@ -810,7 +811,10 @@ def test_v5e_program_too_large_for_a_chip_raises_xlas_error():
     def fn(x):
         return jnp.sin(x) @ jnp.cos(x)
 
-    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e:
+    with (
+        pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e,
+        pytest.warns(er.ReplicatedArgumentsWarning),
+    ):
         er.memory_report(fn, x, target="v5e")
     assert any("does not fit" in note for note in e.value.__notes__)
 

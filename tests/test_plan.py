@@ -274,10 +274,344 @@ def test_v5e_none_and_every_policy_with_one_too_large_for_a_chip():
     x = jax.ShapeDtypeStruct((2**14, 2**14), jnp.float32)
     grad = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))
     candidates = (None, *sorted(er.POLICIES), er.recursive())
-    result = er.plan(
-        grad, model, x, budget_bytes="15GiB", target="v5e", candidates=candidates
-    )
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="replicated on each"):
+        result = er.plan(
+            grad, model, x, budget_bytes="15GiB", target="v5e", candidates=candidates
+        )
     assert [e.checkpoint for e in result.table] == list(candidates)
     none = result.table[0]
     assert none.report is None and not none.fits and none.memory_bytes > 15 * 2**30
     assert result.table[-1].fits
+
+
+# --- the solver -----------------------------------------------------------------
+
+from eqx_remat import _solve  # noqa: E402
+
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="needs libtpu (tpu extra)"
+)
+
+
+def _option(name, nbytes, time, host=0.0):
+    return _solve.Option(name, float(nbytes), float(host), 0.0, float(time), 0)
+
+
+def _exhaustive(options, base, depth, budget):
+    """The least cost over every mix of two options (n layers of one, the rest
+    of the other; uniform options included), by brute force."""
+    best = None
+    for a in options:
+        for b in options:
+            for n in range(depth + 1):
+                if base + n * a.bytes + (depth - n) * b.bytes <= budget:
+                    cost = n * a.time + (depth - n) * b.time
+                    best = cost if best is None else min(best, cost)
+    return best
+
+
+def _check_against_exhaustive(options, base, depth, budgets):
+    for budget in budgets:
+        got = _solve.best_mix(options, lambda o: base, depth, budget)
+        want = _exhaustive(options, base, depth, budget)
+        if want is None:
+            assert got is None, budget
+            continue
+        assert got is not None, budget
+        memory = base + got.n * got.heavy.bytes + (depth - got.n) * got.light.bytes
+        assert memory <= budget and got.predicted == pytest.approx(memory)
+        assert got.cost == pytest.approx(want, rel=1e-12, abs=1e-12), (budget, got)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_solver_matches_an_exhaustive_search_on_random_options(seed):
+    rng = np.random.default_rng(seed)
+    options = [
+        _option(i, *rng.uniform(0, 100, 2)) for i in range(int(rng.integers(1, 9)))
+    ]
+    depth, base = int(rng.integers(1, 13)), float(rng.uniform(0, 50))
+    light = base + depth * min(o.bytes for o in options)
+    heavy = base + depth * max(o.bytes for o in options)
+    _check_against_exhaustive(options, base, depth, np.linspace(light - 1, heavy, 40))
+
+
+def test_rounding_to_whole_layers_can_beat_hull_neighbours():
+    # A, B, C are all on the lower hull; at a budget of 3 bytes over 2 layers the
+    # neighbours A-B or B-C give 12 (B on both layers), but A + C gives 10.
+    a, b, c = _option("A", 0, 10), _option("B", 1, 6), _option("C", 3, 0)
+    assert _solve.lower_hull([a, b, c]) == [a, b, c]
+    got = _solve.best_mix([a, b, c], lambda o: 0.0, 2, 3)
+    assert (got.light, got.heavy, got.n, got.cost) == (a, c, 1, 10)
+
+
+def test_lower_hull_drops_dominated_and_non_convex_options():
+    a, b, c = _option("A", 0, 10), _option("B", 2, 9), _option("C", 3, 0)
+    worse = _option("D", 4, 1)  # heavier and slower than C
+    assert _solve.lower_hull([worse, c, b, a]) == [a, c]  # B is above the A-C line
+    assert _solve.pareto([worse, c, b, a]) == [a, b, c]
+
+
+# A tiny transformer, for the planner on a real model (CPU, a few compiles).
+import zoo  # noqa: E402
+
+
+TINY_DEPTH = 4
+TINY = zoo.Transformer(32, 16, 16, 2, TINY_DEPTH, key=jax.random.key(0))
+TOKENS = jax.ShapeDtypeStruct((4, 16), jnp.int32)
+TINY_GRAD = eqx.filter_grad(lambda m, t: jnp.mean(jax.vmap(m)(t)))
+UNIFORM = (None, "dots", "dots_no_batch", "nothing")
+
+
+def _tiny_planner(target=None, args=(TINY, TOKENS), budget=2**40):
+    return _plan._Planner(TINY_GRAD, args, budget, target, _plan._Progress(False))
+
+
+@pytest.fixture(scope="module")
+def tiny_options():
+    planner = _tiny_planner()
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    return planner._price_options()
+
+
+def test_solver_on_priced_options_matches_an_exhaustive_search(tiny_options):
+    # The options of a real model, priced by tracing (no compile): saving more
+    # costs bytes and saves recomputation.
+    by = {o.checkpoint: o for o in tiny_options}
+    assert by[None].flops == 0 and by[None].bytes > by["dots"].bytes
+    assert by["nothing"].bytes < by["dots"].bytes and by["nothing"].flops > 0
+    names = {
+        t
+        for o in tiny_options
+        if isinstance(o.checkpoint, er.save_names)
+        for t in o.checkpoint.names
+    }
+    assert names == {
+        "layer_input",
+        "qkv_proj",
+        "attention_context",
+        "out_proj",
+        "mlp_hidden",
+        "mlp_out",
+    }
+    base = 1e6
+    light = base + TINY_DEPTH * min(o.bytes for o in tiny_options)
+    heavy = base + TINY_DEPTH * by[None].bytes
+    _check_against_exhaustive(
+        tiny_options, base, TINY_DEPTH, np.linspace(light, heavy, 60)
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_table():
+    """Every uniform policy, compiled (once: the planner reuses these)."""
+    result = er.plan(
+        TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=UNIFORM, progress=False
+    )
+    return result.table
+
+
+def _tiny_budgets(table):
+    memories = sorted(e.memory_bytes for e in table)
+    mids = [(lo + hi) // 2 for lo, hi in zip(memories, memories[1:])]
+    return [memories[0], *mids, memories[-1]]
+
+
+def test_the_pick_fits_and_costs_no_more_than_the_best_uniform_candidate(tiny_table):
+    for budget in _tiny_budgets(tiny_table):
+        result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        entry = result.entry
+        assert entry.fits and entry.memory_bytes <= budget, str(result)
+        assert entry.report is not None and result.table == ()
+        fitting = [e for e in tiny_table if e.memory_bytes <= budget]
+        assert entry.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9), str(result)
+        # The pick is on the frontier, compiled, and predicted within 5%.
+        (point,) = [p for p in result.frontier if p.checkpoint == result.checkpoint]
+        assert point.compiled_bytes == entry.memory_bytes
+        assert abs(point.predicted_bytes - point.compiled_bytes) <= 0.05 * (
+            point.compiled_bytes
+        ), str(result)
+        # The frontier: less memory costs more time, and it is printed.
+        memories = [p.compiled_bytes or p.predicted_bytes for p in result.frontier]
+        times = [p.time_s for p in result.frontier]
+        assert memories == sorted(memories) and times == sorted(times, reverse=True)
+        assert "frontier:" in str(result) and "est. time" in str(result)
+
+
+def test_the_cheapest_option_that_fits_is_one_compile():
+    result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
+    assert result.checkpoint is None and result.compiles <= 1
+    assert result.entry.time_s == min(p.time_s for p in result.frontier)
+
+
+def test_nothing_fits_names_the_smallest_memory(tiny_table):
+    # Below the arguments and outputs, which every checkpoint needs: no schedule
+    # is worth compiling either.
+    report = tiny_table[0].report
+    budget = report.argument_bytes + report.output_bytes - 1
+    with pytest.raises(ValueError, match="smallest achievable memory is") as info:
+        er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+    smallest = min(e.memory_bytes for e in tiny_table)
+    assert f"({smallest} bytes)" in str(info.value)
+
+
+def test_progress_on_stderr_only_when_asked(capsys, tiny_table):
+    er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB")
+    err = capsys.readouterr().err
+    for line in (
+        "plan: tracing",
+        "1 stack(s) of 4 layers",
+        "priced 'dots'",
+        "lower convex hull",
+        "plan: done",
+    ):
+        assert line in err, err
+    assert re.search(r"compiles?, \d+\.\d s", err), err
+    er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
+    er.plan(GRAD, MODEL, X, budget_bytes="1TiB", candidates=[None], progress=False)
+    assert capsys.readouterr().err == ""
+    er.plan(GRAD, MODEL, X, budget_bytes="1TiB", candidates=[None])
+    assert "plan: compiling 1 candidates" in capsys.readouterr().err
+
+
+def test_offloading_is_priced_with_the_host_link():
+    # Offloading a tag keeps it on the host instead of the device: fewer device
+    # bytes than saving it, as many FLOPs, and 2 × bytes over the host link.
+    depths = frozenset({TINY_DEPTH})
+    save = _solve.price(TINY_GRAD, (TINY, TOKENS), er.save_names("mlp_hidden"), depths)
+    off = _solve.price(
+        TINY_GRAD, (TINY, TOKENS), er.offload_names("mlp_hidden"), depths
+    )
+    nothing = _solve.price(TINY_GRAD, (TINY, TOKENS), "nothing", depths)
+    assert off[1] == save[0] - nothing[0] > 0  # host bytes: the tag's
+    assert off[0] == nothing[0]
+    assert abs(off[2] - save[2]) <= 0.01 * save[2]  # the same recomputation
+    v5e = er.internal.HARDWARE["TPU v5 lite"]
+    assert v5e.peak_flops == 197e12 and v5e.host_bytes_per_s == 16e9
+    t = _solve.option_time(v5e, 1e9, off[1])
+    assert t == pytest.approx(1e9 / 197e12 + 2 * off[1] / 16e9)
+    assert er.internal.HARDWARE["cpu"].host_bytes_per_s is None
+
+
+@needs_libtpu
+def test_v5e_prices_offloading_and_splits_by_the_batch_sharding():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    tokens = jax.ShapeDtypeStruct(
+        (4, 16), jnp.int32, sharding=NamedSharding(er.v5e_mesh(), P("data"))
+    )
+    planner = _tiny_planner("v5e", (TINY, tokens))
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    assert planner.share == 1 / 4 and planner.host
+    by = {o.checkpoint: o for o in planner._price_options()}
+    offloading = [o for o in by.values() if o.host_bytes > 0]
+    assert "offload_dots_no_batch" in by and offloading
+    for o in offloading:
+        if isinstance(o.checkpoint, er.offload_names):
+            saving = by[er.save_names(*o.checkpoint.names)]
+            assert o.time > saving.time  # the host link is not free
+            assert o.bytes < saving.bytes
+
+
+@needs_libtpu
+def test_replicated_arguments_on_a_multi_chip_target_are_reported():
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="zoo.shard_batch"):
+        er.plan(
+            GRAD,
+            MODEL,
+            X,
+            budget_bytes="16GiB",
+            target="v5e:2x2",
+            candidates=[None],
+            progress=False,
+        )
+    with pytest.warns(er.ReplicatedArgumentsWarning, match="v5e_mesh"):
+        er.memory_report(GRAD, MODEL, X, target="v5e:2x2")
+
+
+class _TwoStacks(eqx.Module):
+    a: Stack
+    b: Stack
+
+    def __call__(self, x):
+        return self.b(self.a(x))
+
+
+def test_stacks_of_different_depths_plan_uniform_options():
+    def stack(depth, seed):
+        layers = er.stack(
+            lambda k: Layer(jax.random.normal(k, (WIDTH, WIDTH)) / 4),
+            jax.random.split(jax.random.key(seed), depth),
+        )
+        return Stack(layers, None)
+
+    model = _TwoStacks(stack(2, 0), stack(3, 1))
+    grad = eqx.filter_grad(lambda m, x: jnp.sum(m(x) ** 2))
+    result = er.plan(grad, model, X, budget_bytes="1TiB", progress=False)
+    assert any("different depths (2, 3)" in n for n in result.notes)
+    assert result.checkpoint is None
+    assert result.apply(model).b.checkpoint is None
+
+
+def test_a_function_that_differentiates_no_stack_is_an_error():
+    with pytest.raises(ValueError, match="differentiate the stacks"):
+        er.plan(lambda m, x: m(x), MODEL, X, budget_bytes="1TiB", progress=False)
+
+
+# --- mixes of two options over the layers (needs layer ranges) -------------------
+
+
+def test_mixes_fit_cost_less_between_uniform_options_and_are_predicted(tiny_table):
+    # Halfway between the lightest two uniform options, and between the
+    # heaviest two (None and the next).
+    mids = _tiny_budgets(tiny_table)[1:-1]
+    budgets = [mids[0], mids[-1]]
+    cheaper = 0
+    for budget in budgets:
+        result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        assert result.entry.fits, str(result)
+        fitting = [e for e in tiny_table if e.memory_bytes <= budget]
+        best_uniform = min(e.time_s for e in fitting)
+        assert result.entry.time_s <= best_uniform * (1 + 1e-9), str(result)
+        cheaper += result.entry.time_s < best_uniform * (1 - 1e-6)
+        for p in result.frontier:
+            if p.compiled_bytes is not None and p.checkpoint == result.checkpoint:
+                assert abs(p.predicted_bytes - p.compiled_bytes) <= 0.05 * (
+                    p.compiled_bytes
+                ), str(result)
+    # Between uniform points, a mix beats the tighter uniform option.
+    assert cheaper >= 1, budgets
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="a range of one layer compiles unlike longer ones: a first range "
+    "(1, c) keeps what None keeps whatever c, e.g. ranges((1, 'nothing'), (5, "
+    "'nothing')) needs 1.7x ranges((6, 'nothing')) on the CPU (XLA drops the "
+    "trip-count-1 loop and merges the recomputation into the forward pass), so "
+    "the linear memory model mispredicts such mixes by 5-17%; with ranges of "
+    "2 or more layers it is within 1%. Remove this mark when ranges handles a "
+    "count of 1 like the others.",
+)
+def test_the_pick_beats_every_compiled_two_option_mix():
+    """Every mix of two of None, "dots" and "nothing" over the layers, compiled:
+    at each budget the planner's pick costs no more than the cheapest of them
+    that fits."""
+    options = (None, "dots", "nothing")
+    entries = []
+    for i, heavy in enumerate(options):
+        for light in options[i + 1 :]:
+            for n in range(1, TINY_DEPTH):
+                c = er.ranges((n, heavy), (TINY_DEPTH - n, light))
+                entries.append(_tiny_planner().measure(c))
+    result = er.plan(
+        TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=options, progress=False
+    )
+    entries += list(result.table)
+    memories = sorted(e.memory_bytes for e in entries)
+    for budget in memories[:: max(1, len(memories) // 6)]:
+        pick = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        fitting = [e for e in entries if e.memory_bytes <= budget]
+        assert pick.entry.fits
+        assert pick.entry.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9)

@@ -1,0 +1,305 @@
+"""The planner's model: the stacks of a function, its per-layer options priced
+once (bytes saved, recomputation, offloading), their lower convex hull, and the
+best two-option mix at a budget.
+
+For a stack of `D` identical layers, memory and cost of a mix of per-layer
+options are a base plus a per-layer term for each range:
+
+    memory(mix) = base + Σ n_i · bytes_i        cost(mix) = Σ n_i · time_i
+
+so at a budget the optimum mixes at most two options, neighbours on the lower
+convex hull of the points `(bytes_i, time_i)` (a linear programme over the
+counts `n_i` has an optimal vertex with at most two non-zero counts, and the two
+are adjacent on the hull).
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ._checkpoint import Checkpoint, set_checkpoint
+from ._engine import Layers, Schedule
+from ._flops import count_flops
+from ._hardware import Hardware
+from ._jaxpr import is_literal, open_jaxpr, sub_jaxprs
+from ._policies import _KEEP, offload_names, save_names
+from ._util import traceable
+
+
+# --- the stacks ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probe(Schedule):
+    """A schedule that records the depth of every stack it checkpoints (its
+    forward pass runs when a differentiated function is traced) and then
+    differentiates the stack as one segment. Compared by identity of `seen`."""
+
+    seen: list = dataclasses.field(compare=False, hash=False)
+    policy: Any = None
+
+    def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
+        self.seen.append(layers.depth)
+        return layers.run(carry, 0, layers.depth), carry
+
+    def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
+        return layers.reverse_segment(0, layers.depth, saved, cts)
+
+    def evaluations(self, depth: int) -> int:
+        return 2 * depth
+
+
+def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
+    """The depth of every stack whose `checkpoint` field is in `args` and that
+    `fn` differentiates, in the order `fn` runs them: `fn` is traced once
+    (`jax.eval_shape`), with every `checkpoint` field set to a probe."""
+    seen: list[int] = []
+    f, dynamic = traceable(fn, set_checkpoint(args, _Probe(seen)))
+    jax.eval_shape(f, dynamic)
+    return seen
+
+
+# --- jaxpr walks ----------------------------------------------------------------
+
+
+def tags(jaxpr) -> list[str]:
+    """The `checkpoint_name` tags in `jaxpr` and its sub-jaxprs, in order."""
+    found: dict[str, None] = {}
+
+    def walk(j):
+        for e in j.eqns:
+            if e.primitive.name == "name" and e.params.get("name") != _KEEP:
+                found.setdefault(e.params["name"], None)
+            for sub in sub_jaxprs(e):
+                walk(open_jaxpr(sub))
+
+    walk(jaxpr)
+    return list(found)
+
+
+def _nbytes(aval) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+
+
+def _is_host(aval) -> bool:
+    return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
+
+
+def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
+    """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
+    values stacked by one scan over a stack (length in `depths`) and read by
+    another (the forward pass saves them, the backward pass reads them), at
+    every level of sub-jaxprs."""
+    device = host = 0
+    stacked = {}
+    for e in jaxpr.eqns:
+        if e.primitive.name == "scan" and e.params["length"] in depths:
+            for v in e.outvars[e.params["num_carry"] :]:
+                stacked[v] = e
+    seen = set()
+    for e in jaxpr.eqns:
+        if e.primitive.name == "scan" and e.params["length"] in depths:
+            for v in e.invars:
+                if (
+                    not is_literal(v)
+                    and v in stacked
+                    and stacked[v] is not e
+                    and v not in seen
+                ):
+                    seen.add(v)
+                    if _is_host(v.aval):
+                        host += _nbytes(v.aval)
+                    else:
+                        device += _nbytes(v.aval)
+        for sub in sub_jaxprs(e):
+            d, h = saved_across(open_jaxpr(sub), depths)
+            device, host = device + d, host + h
+    return device, host
+
+
+# --- the options ----------------------------------------------------------------
+
+
+class Option(NamedTuple):
+    """A checkpoint priced per layer and per chip: the bytes it keeps across the
+    stack on the device and on the host, the FLOPs it adds to `None`'s (the
+    whole program's, per layer), the estimated time that costs one chip, and
+    the whole function's FLOPs under it."""
+
+    checkpoint: Checkpoint
+    bytes: float
+    host_bytes: float
+    flops: float
+    time: float
+    total_flops: int
+
+
+Real = float | int
+
+
+def option_time(hw: Hardware, flops: Real, host_bytes: Real) -> float:
+    """Estimated seconds on one chip for `flops` (that chip's share) at its
+    peak, and `host_bytes` offloaded over its host link: out in the forward
+    pass, back in the backward pass. Offloading is never free."""
+    link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
+    return max(flops, 0.0) / hw.peak_flops + link
+
+
+def price(
+    fn: Callable[..., Any],
+    args: tuple,
+    checkpoint: Checkpoint,
+    depths: frozenset[int],
+) -> tuple[int, int, int, list[str]]:
+    """`(bytes, host_bytes, flops, tags)`: what `checkpoint` keeps across the
+    stacks of `fn` (whole program, on the device and on the host), the whole
+    function's FLOPs, and the `checkpoint_name` tags in its program. Traced,
+    not compiled."""
+    checkpointed = set_checkpoint(args, checkpoint)
+    f, dynamic = traceable(fn, checkpointed)
+    jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
+    device, host = saved_across(jaxpr, depths)
+    return device, host, int(count_flops(fn, *checkpointed)), tags(jaxpr)
+
+
+def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
+    """The uniform policies, and one `save_names` per tag (ordered later by what
+    they save per byte); with a host link, the offloading policy."""
+    out: list[Checkpoint] = [None, "dots", "dots_no_batch", "nothing"]
+    if host:
+        out.append("offload_dots_no_batch")
+    out += [save_names(t) for t in tag_list]
+    return out
+
+
+def prefix_options(
+    singles: Sequence[tuple[str, float, float]], host: bool
+) -> list[Checkpoint]:
+    """Save the tags that save the most recomputation per byte first: from
+    `(tag, bytes, flops)` of each tag saved alone (relative to saving none), the
+    prefixes of that order (two tags and more) as `save_names`, and, with a host
+    link, every prefix as `offload_names`."""
+    order = sorted(singles, key=lambda s: -(s[2] / s[1]) if s[1] > 0 else -math.inf)
+    names = [t for t, _, _ in order]
+    out: list[Checkpoint] = [save_names(*names[:k]) for k in range(2, len(names) + 1)]
+    if host:
+        out += [offload_names(*names[:k]) for k in range(1, len(names) + 1)]
+    return out
+
+
+# --- the hull and the mix -------------------------------------------------------
+
+
+def lower_hull(options: Sequence[Option]) -> list[Option]:
+    """The options on the lower convex hull of `(bytes, time)` from the
+    lightest (fewest bytes, then least time) to the cheapest (least time, then
+    fewest bytes): each one cheaper and heavier than the one before."""
+    pts = sorted(options, key=lambda o: (o.bytes, o.time))
+    hull: list[Option] = []
+    for p in pts:
+        if hull and p.time >= hull[-1].time:
+            continue  # heavier and no cheaper: dominated
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _cross(a: Option, b: Option, c: Option) -> float:
+    """> 0 when `b` lies strictly below the segment from `a` to `c`."""
+    return (b.bytes - a.bytes) * (c.time - a.time) - (b.time - a.time) * (
+        c.bytes - a.bytes
+    )
+
+
+def heavy_count(
+    budget: Real, base: Real, depth: int, light: Option, heavy: Option
+) -> int:
+    """The most layers of `heavy` (the rest `light`) whose predicted memory,
+    `base + n · heavy.bytes + (depth - n) · light.bytes`, is within `budget`;
+    between 0 and `depth`."""
+    step = heavy.bytes - light.bytes
+    room = budget - base - depth * light.bytes
+    if room < 0:
+        return 0
+    if step <= 0:
+        return depth
+    return int(min(depth, math.floor(room / step + 1e-9)))
+
+
+def share_per_chip(args: tuple, chips: int) -> float:
+    """The part of the activations one chip holds: `1 / k` when an argument
+    (the batch) is split `k` ways along its first axis, else 1 (everything
+    replicated)."""
+    ways = 1
+    for x in jax.tree.leaves(args):
+        sharding = getattr(x, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        if not isinstance(x, jax.ShapeDtypeStruct) or sharding is None or not spec:
+            continue
+        first = spec[0]
+        axes = (first,) if isinstance(first, str) else tuple(first or ())
+        k = math.prod(sharding.mesh.shape[a] for a in axes)
+        ways = max(ways, k)
+    return 1.0 / min(ways, max(chips, 1))
+
+
+def pareto(options: Sequence[Option]) -> list[Option]:
+    """The options no other option beats in both bytes and time, lightest
+    first (of equal ones, the first)."""
+    out: list[Option] = []
+    for o in sorted(options, key=lambda o: (o.bytes, o.time)):
+        if not out or o.time < out[-1].time:
+            out.append(o)
+    return out
+
+
+class Mix(NamedTuple):
+    """`n` layers of `heavy` and `depth - n` of `light` (`n == 0`: `light` on
+    every layer), its predicted memory and its cost."""
+
+    light: Option
+    heavy: Option
+    n: int
+    predicted: float
+    cost: float
+
+
+def best_mix(
+    options: Sequence[Option],
+    base: Callable[[Option], float],
+    depth: int,
+    budget: Real,
+    limit: Callable[[Option, Option], int] | None = None,
+) -> Mix | None:
+    """The cheapest mix of at most two options whose predicted memory, `max
+    (base(light), base(heavy)) + n · heavy.bytes + (depth - n) · light.bytes`,
+    is within `budget`; `None` when no option fits on every layer.
+
+    With real layer counts the optimum mixes two neighbours of the lower convex
+    hull; with whole layers, rounding `n` down can make another pair better
+    (by less than one layer's cost), so every pair of Pareto options is
+    tried: `K²` pairs for `K` options, no compile. `limit(light, heavy)`
+    bounds `n` (what compiling a mix taught)."""
+    front = pareto(options)
+    best: Mix | None = None
+    for i, light in enumerate(front):
+        if base(light) + depth * light.bytes > budget:
+            continue
+        mixes = [Mix(light, light, 0, base(light) + depth * light.bytes, 0.0)]
+        for heavy in front[i + 1 :]:  # heavier and cheaper
+            b = max(base(light), base(heavy))
+            n = heavy_count(budget, b, depth, light, heavy)
+            n = n if limit is None else min(n, limit(light, heavy))
+            if 0 < n < depth:
+                mem = b + n * heavy.bytes + (depth - n) * light.bytes
+                mixes.append(Mix(light, heavy, n, mem, 0.0))
+        for m in mixes:
+            m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)
+            if best is None or (m.cost, m.predicted) < (best.cost, best.predicted):
+                best = m
+    return best
