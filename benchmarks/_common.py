@@ -591,9 +591,10 @@ def plt() -> Any:
     return pyplot
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out, write (110 dpi) and close a figure: how every plot ends."""
-    fig.tight_layout()
+def save_figure(fig: Any, path: Path, rect: tuple | None = None) -> None:
+    """Lay out (within `rect` of the figure, default all of it), write (110 dpi)
+    and close a figure: how every plot ends."""
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt().close(fig)
 

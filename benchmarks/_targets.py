@@ -1,6 +1,6 @@
-"""DESIGN.md's targets, defined once as data: what is measured, the threshold,
-and on which presets. `run.py` evaluates them on a run's rows and stores the
-verdicts in its JSON; `report.py` only formats what the JSON says.
+"""The project's performance targets, defined once as data: what is measured,
+the threshold, and on which presets. `run.py` evaluates them on a run's rows and
+stores the verdicts in its JSON; `report.py` only formats what the JSON says.
 
 A verdict is `met: true/false`, or `null` where this run could not measure the
 figure (no timings when compiling for a TPU ahead of time).

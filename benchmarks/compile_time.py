@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from benchmarks import _common as C, _models as M
+from benchmarks import _common as C, _models as M, _plots as P
 
 
 CHECKPOINTS = ("None", "dots", "nothing", "every(2)", "recursive()", "binomial(3)")
@@ -140,20 +141,39 @@ def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
+    """Per checkpoint: compile time at each depth, side by side (median; bars:
+    the fastest and slowest of its compiles)."""
     pyplot = C.plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
-    for spec in dict.fromkeys(r["checkpoint"] for r in data["rows"]):
-        pts = sorted(
-            (r["layers"], r["compile_s"])
-            for r in data["rows"]
-            if r["checkpoint"] == spec
+    rows = data["rows"]
+    specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    depths = sorted({r["layers"] for r in rows})
+    fig, ax = pyplot.subplots(figsize=(7.5, 4.5))
+    width = 0.8 / len(depths)
+    for j, d in enumerate(depths):
+        pts = [(specs.index(r["checkpoint"]), r) for r in rows if r["layers"] == d]
+        bars = [P.spread(r["times_s"], r["compile_s"], 1.0) for _, r in pts]
+        ax.bar(
+            [i + j * width for i, _ in pts],
+            [r["compile_s"] for _, r in pts],
+            width,
+            yerr=np.transpose(bars),
+            capsize=3,
+            label=f"{d} layers",
         )
-        ax.plot(*zip(*pts), marker="o", label=spec)
-    ax.set(xscale="log", xlabel="layers", ylabel="trace + lower + compile (s, median)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(data["meta"]["describe"], fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(specs))], specs)
+    ax.set_ylabel("trace + lower + compile (s)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    meta = data["meta"]
+    n = max(len(r["times_s"]) for r in rows)
+    P.suptitle(
+        fig,
+        f"Compile time of a training step against depth, per checkpoint (median; "
+        f"bars: {P.spread_name(n, 'compiles')})\n{meta['describe']}; "
+        f"{meta['device']}, {meta['cpu_count']} cores, jax "
+        f"{meta['versions']['jax']}, {meta['date']}",
+        fontsize=9,
+    )
     C.save_figure(fig, path)
 
 

@@ -471,7 +471,7 @@ def _temp_vs_flax(preset, policy, target=None):
 
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
 def test_transformer_temp_memory_at_most_flax(policy):
-    """DESIGN.md: `zoo.Transformer` uses no more temp memory than Flax linen's
+    """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
     preset = M.PRESETS["transformer-tiny"]
     ours, flax = _temp_vs_flax(preset, C.parse_checkpoint(policy))
