@@ -55,8 +55,9 @@ SPEC_FORMS = (
     "nested(levels[, policy])",
     "recursive([policy])",
     "binomial(slots[, policy])",
+    "ranges(n:spec, ...)",
 )
-_CALL = re.compile(r"(every|nested|recursive|binomial)\((.*)\)")
+_CALL = re.compile(r"(every|nested|recursive|binomial|ranges)\((.*)\)")
 # The spelling that needs no shell quoting: `every:4`, `every:4:dots`, `recursive`.
 _COLONS = re.compile(r"(every|nested|recursive|binomial)((?::[^:()]*)*)")
 
@@ -65,9 +66,11 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
     """`"None"`, a policy name (`"dots"`), or a schedule written as a call:
     `"every(4)"`, `"every(4, dots)"`, `"nested(3)"`, `"recursive()"`,
     `"binomial(10)"`, or the same with colons, which need no shell quoting:
-    `"every:4"`, `"every:4:dots"`, `"recursive"`, `"binomial:10"`. An integer
-    argument may be `sqrt` (round(√depth)) or `log2` (⌈log₂ depth⌉), which need
-    `depth`. A bad spec raises `ValueError` listing the accepted forms."""
+    `"every:4"`, `"every:4:dots"`, `"recursive"`, `"binomial:10"`; layer ranges
+    as counts and specs, first layers first: `"ranges(4:dots, 12:every:3)"`. An
+    integer argument may be `sqrt` (round(√depth)) or `log2` (⌈log₂ depth⌉),
+    which need `depth` (inside `ranges`, the range's count). A bad spec raises
+    `ValueError` listing the accepted forms."""
     spec = spec.strip()
     colons = _COLONS.fullmatch(spec)
     if colons is not None:
@@ -85,10 +88,36 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
             "integer may be written sqrt or log2 (of the depth)."
         )
     fn, inner = match.groups()
+    if fn == "ranges":
+        return _ranges(inner, spec)
     args = [_argument(p.strip().strip("'\""), spec, depth) for p in inner.split(",")]
     try:
         return getattr(er, fn)(*[a for a in args if a != ""])
     except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint {spec!r}: {e}") from None
+
+
+def _ranges(inner: str, spec: str) -> er.ranges:
+    """`ranges(n:spec, ...)`: split at the commas outside parentheses."""
+    parts, level, start = [], 0, 0
+    for i, ch in enumerate(inner + ","):
+        level += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and level == 0:
+            parts.append(inner[start:i].strip())
+            start = i + 1
+    pairs = []
+    for part in parts:
+        count, colon, sub = part.partition(":")
+        if not colon or not count.strip().isdigit():
+            raise ValueError(
+                f"checkpoint {spec!r}: expected ranges(n:spec, ...), e.g. "
+                f"ranges(4:dots, 12:None). Got {part!r}."
+            )
+        n = int(count)
+        pairs.append((n, parse_checkpoint(sub, depth=n)))
+    try:
+        return er.ranges(*pairs)
+    except ValueError as e:
         raise ValueError(f"checkpoint {spec!r}: {e}") from None
 
 
@@ -112,11 +141,14 @@ def _argument(part: str, spec: str, depth: int | None) -> Any:
 
 def checkpoint_label(c: er.Checkpoint) -> str:
     """The spec of a checkpoint, as `parse_checkpoint` reads it back:
-    `None`, `dots`, `every(32)`, `every(4, dots)`, `recursive()`."""
+    `None`, `dots`, `every(32)`, `every(4, dots)`, `recursive()`,
+    `ranges(4:dots, 12:None)`."""
     if c is None:
         return "None"
     if isinstance(c, str):
         return c
+    if isinstance(c, er.ranges):
+        return f"ranges({', '.join(f'{n}:{checkpoint_label(k)}' for n, k in c.parts)})"
     if isinstance(c, er.Schedule):
         parts = [
             str(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name != "policy"

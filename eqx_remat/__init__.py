@@ -34,8 +34,10 @@ from ._policies import (
     offload_names as offload_names,
     policy as policy,
     save_all_but_names as save_all_but_names,
+    save_and_offload_names as save_and_offload_names,
     save_names as save_names,
 )
+from ._ranges import ranges as ranges
 from ._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
@@ -72,9 +74,11 @@ __all__ = [
     "plan",
     "policy",
     "print_residuals",
+    "ranges",
     "recursive",
     "residuals",
     "save_all_but_names",
+    "save_and_offload_names",
     "save_names",
     "scan_layers",
     "set_checkpoint",

@@ -42,7 +42,7 @@ def normalise_checkpoint(
     except ValueError as e:
         raise ValueError(
             f"{name} expected None, a policy name, a JAX policy or a schedule "
-            f"(eqx_remat.every, nested, recursive, binomial). {e}"
+            f"(eqx_remat.every, nested, recursive, binomial, ranges). {e}"
         ) from None
 
 

@@ -19,6 +19,11 @@ operations on the stack that this module implements once, for every schedule:
   layer's residuals (what the inner policy keeps), then the backward steps of
   the segment, last to first. A layer's parameters are never among the saved
   residuals: they are read from the stack again.
+- `Layers.save_segment` / `Layers.apply_segment`: the two halves of
+  `reverse_segment` on their own, for a schedule that saves a segment's
+  residuals on the forward pass (`eqx_remat.ranges`'s per-layer ranges).
+- `Layers.view`: some consecutive layers as a stack of their own, with their own
+  inner policy, reading the same stack and writing the same gradient buffer.
 - `Layers.carries`, `Layers.load`, `Layers.store`: a buffer of stored carries.
 
 So parameter memory stays at that of a plain scan: one gradient buffer for the
@@ -32,6 +37,7 @@ backward step.
 """
 
 import abc
+import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -95,13 +101,42 @@ def _is_arange(start: Any, length: int, depth: int) -> bool:
     return isinstance(start, int) and 0 <= start and start + length <= depth
 
 
+class _Layout:
+    """How to rebuild each layer's pullback from the residuals that
+    `Layers.save_segment` stacks: the pullback's tree structure, and where each
+    of its leaves comes from. Filled in while the segment is traced; compared by
+    identity."""
+
+    tree: Any
+    kinds: list
+
+
+@jtu.register_pytree_node_class
+class _Saved:
+    """What `Layers.save_segment` returns: the stacked residuals (the pytree's
+    children) and their `_Layout` (static)."""
+
+    def __init__(self, arrays: list, layout: _Layout):
+        self.arrays = arrays
+        self.layout = layout
+
+    def tree_flatten(self):
+        return (self.arrays,), self.layout
+
+    @classmethod
+    def tree_unflatten(cls, layout, children):
+        return cls(children[0], layout)
+
+
 class Layers:
     """The stack of layers that a [`eqx_remat.Schedule`][] checkpoints, and the
     operations a schedule may use on it.
 
     A schedule never calls the layers itself: it asks a `Layers` to run them
-    forward (`step`, `run`), to reverse them (`reverse`, `reverse_segment`) and
-    to store carries (`carries`, `store`, `load`). Layer indices and `start`s
+    forward (`step`, `run`), to reverse them (`reverse`, `reverse_segment`, or
+    its halves `save_segment` and `apply_segment`) and to store carries
+    (`carries`, `store`, `load`); `view` gives some of the layers as a stack of
+    their own. Layer indices and `start`s
     may be traced integers (e.g. a `lax.scan`'s counter); lengths are Python
     ints.
 
@@ -127,6 +162,7 @@ class Layers:
         unroll: int | bool,
     ):
         self.depth = depth
+        self._offset = 0
         self._step = step
         policy = _to_jax_policy(policy)
         self._layer_fn = step if policy is None else checkpointed(step, policy)
@@ -136,11 +172,44 @@ class Layers:
         self._consts_d, self._consts_nd = eqx.partition(consts, _is_diff)
         self._stacked_d, self._stacked_nd = eqx.partition(stacked, _is_diff)
 
+    def view(self, start: int, depth: int, policy: Any) -> "Layers":
+        """The layers `start, ..., start + depth - 1` of this stack as a stack of
+        their own, with its own inner `policy`: its layer `i` is this stack's
+        layer `start + i`, read by index from the same stack (nothing is
+        copied), and its parameter gradients go into the same gradient buffer.
+        What [`eqx_remat.ranges`][] gives each range's checkpoint.
+
+        **Arguments:**
+
+        - `start`: the first layer, a Python int >= 0.
+        - `depth`: how many layers, a Python int >= 1, with `start + depth`
+          at most this stack's `depth`.
+        - `policy`: what each layer of the view saves in its backward step (a
+          policy or its name, or `None`).
+        """
+        if not _is_arange(start, depth, self.depth) or depth < 1:
+            raise ValueError(
+                f"Layers.view expected layers within 0..{self.depth - 1}. Got "
+                f"start={start!r}, depth={depth!r}."
+            )
+        new = copy.copy(self)
+        new.depth = depth
+        new._offset = self._offset + start
+        policy = _to_jax_policy(policy)
+        new._layer_fn = (
+            self._step if policy is None else checkpointed(self._step, policy)
+        )
+        return new
+
+    def _at(self, i: Any) -> Any:
+        """The index in the full stack of this stack's layer `i`."""
+        return i if self._offset == 0 else self._offset + i
+
     # --- forward ------------------------------------------------------------
 
     def step(self, i: Any, carry: Any) -> Any:
         """The output of layer `i` (a Python or traced int) for input `carry`."""
-        return self._step(self._consts, _index(self._stacked, i), carry)
+        return self._step(self._consts, _index(self._stacked, self._at(i)), carry)
 
     def run(self, carry: Any, start: Any, length: int, *, pad: bool = False) -> Any:
         """Run `carry` through layers `start, ..., start + length - 1` with one
@@ -178,7 +247,7 @@ class Layers:
     def _vjp(self, i: Any, carry: Any):
         """`jax.vjp` of layer `i` at `carry`, under the inner policy: its output,
         its pullback, and the leaves of its parameters."""
-        s_d, s_nd = _index(self._stacked_d, i), _index(self._stacked_nd, i)
+        s_d, s_nd = self._params(i)
         x_d, x_nd = eqx.partition(carry, _is_diff)
 
         def layer(c_d, s_d, x_d):
@@ -190,10 +259,15 @@ class Layers:
         invariant = jtu.tree_leaves((self._consts, s_d, s_nd))
         return eqx.combine(out_d, out_nd), vjp, invariant
 
+    def _params(self, i: Any) -> tuple[Any, Any]:
+        """Layer `i`'s differentiable and other parameters, read from the stack."""
+        i = self._at(i)
+        return _index(self._stacked_d, i), _index(self._stacked_nd, i)
+
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
         g_c, g_s, g_x = vjp(ct)
-        gs = _set(gs, g_s, i)  # each layer is reversed exactly once
+        gs = _set(gs, g_s, self._at(i))  # each layer is reversed exactly once
         gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
         return g_x, gs, gc
 
@@ -220,15 +294,33 @@ class Layers:
         input `carry`: one forward pass that saves every layer's residuals (what
         the inner policy keeps; not the layers' parameters, which are read from
         the stack again), then the backward steps, last to first. Memory: the
-        segment's residuals. Returns the new `cts`. `pad`: as in `run`."""
+        segment's residuals. Returns the new `cts`. `pad`: as in `run`.
+
+        The two halves are `save_segment` and `apply_segment`."""
         if length == 1:
             return self.reverse(start, carry, cts, pad=pad)
+        _, saved = self.save_segment(start, length, carry, pad=pad)
+        return self.apply_segment(start, length, saved, cts, pad=pad)
+
+    def save_segment(
+        self, start: Any, length: int, carry: Any, *, pad: bool = False
+    ) -> tuple[Any, Any]:
+        """The forward half of `reverse_segment`: run layers `start, ...,
+        start + length - 1` from `carry` with one `lax.scan`, saving each
+        layer's residuals under the inner policy (not its parameters, which
+        are read from the stack again). `pad`: as in `run`.
+
+        **Returns:**
+
+        `(output, saved)`: the output of the last layer, and the residuals for
+        `apply_segment` (a pytree of arrays stacked over the `length` layers).
+        """
         pad = pad and not _is_arange(start, length, self.depth)
-        layout: dict[str, Any] = {}
+        layout = _Layout()
 
         def forward(i, x):
             out, vjp, invariant = self._vjp(i, x)
-            leaves, layout["tree"] = jtu.tree_flatten(vjp)
+            leaves, layout.tree = jtu.tree_flatten(vjp)
             # Residuals that are parameters or constants are loop-invariant
             # (or a slice of the stack): leave them out of the stacked
             # residuals and read them again on the way back.
@@ -242,7 +334,7 @@ class Layers:
                 else:
                     kinds.append(("saved", len(saved)))
                     saved.append(leaf)
-            layout["kinds"] = kinds
+            layout.kinds = kinds
             return out, saved
 
         def fwd_body(x, t):
@@ -257,21 +349,30 @@ class Layers:
             return lax.cond(i < self.depth, forward, skip, i, x)
 
         ts = jnp.arange(length, dtype=jnp.int32)
-        _, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
+        out, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
+        return out, _Saved(saved, layout)
+
+    def apply_segment(
+        self, start: Any, length: int, saved: Any, cts: Any, *, pad: bool = False
+    ) -> Any:
+        """The backward half of `reverse_segment`: the backward steps of layers
+        `start + length - 1, ..., start`, from what `save_segment` returned as
+        `saved` for the same layers. Returns the new `cts`. `pad`: as in
+        `run`."""
+        pad = pad and not _is_arange(start, length, self.depth)
+        layout, saved = saved.layout, saved.arrays
 
         def backward(i, saved, cts):
-            invariant = jtu.tree_leaves(
-                (self._consts, _index(self._stacked_d, i), _index(self._stacked_nd, i))
-            )
+            invariant = jtu.tree_leaves((self._consts, *self._params(i)))
             leaves = []
-            for kind, k in layout["kinds"]:
+            for kind, k in layout.kinds:
                 if kind == "invariant":
                     leaves.append(invariant[k])
                 elif kind == "constant":
                     leaves.append(k)
                 else:
                     leaves.append(saved[k])
-            vjp = jtu.tree_unflatten(layout["tree"], leaves)
+            vjp = jtu.tree_unflatten(layout.tree, leaves)
             return self._apply(i, vjp, cts)
 
         def bwd_body(cts, t_saved):
@@ -283,6 +384,7 @@ class Layers:
                 i < self.depth, backward, lambda i, s, cts: cts, i, saved, cts
             ), None
 
+        ts = jnp.arange(length, dtype=jnp.int32)
         cts, _ = lax.scan(bwd_body, cts, (ts, saved), reverse=True, unroll=self._unroll)
         return cts
 
@@ -377,6 +479,14 @@ class Schedule(abc.ABC):
         The backward state after the first layer has been reversed.
         """
 
+    def check_depth(self, depth: int) -> None:
+        """Raise a `ValueError` when this schedule cannot checkpoint a stack of
+        `depth` layers. Called by the engine when it traces the stack (forward
+        pass included). Every depth >= 1 is fine unless a schedule says
+        otherwise ([`eqx_remat.ranges`][] needs its counts to add up to
+        `depth`)."""
+        del depth
+
     @abc.abstractmethod
     def evaluations(self, depth: int) -> int:
         """The number of layer evaluations for a stack of `depth` layers: calls
@@ -399,6 +509,7 @@ def remat_scan(
     """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
     `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
+    schedule.check_depth(depth)
     if _innermost_is_vmap():
         return _vmapped(step, depth, schedule, unroll)(consts, stacked, carry)
     return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)

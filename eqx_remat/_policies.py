@@ -134,12 +134,7 @@ class offload_names:
 
     def __init__(self, *names, src="device", dst="pinned_host"):
         _check_names("offload_names", names)
-        for arg, value in (("src", src), ("dst", dst)):
-            if not isinstance(value, str):
-                raise ValueError(
-                    f"offload_names: {arg} must be a memory-space name like "
-                    f"'device' or 'pinned_host'. Got {value!r}."
-                )
+        _check_spaces("offload_names", src, dst)
         object.__setattr__(self, "names", frozenset(names))
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "dst", dst)
@@ -153,22 +148,130 @@ class offload_names:
 
     @property
     def _jax_policy(self) -> Policy:
-        return _offload_policy(self.names, self.src, self.dst)
+        return _offload_policy(frozenset(), self.names, self.src, self.dst)
+
+
+@dataclasses.dataclass(frozen=True)
+class save_and_offload_names:
+    """Per `checkpoint_name` tag, one of three decisions: save the values
+    tagged with one of `save` (kept in device memory), offload those tagged with
+    one of `offload` (moved from memory space `src` to `dst` on the forward pass
+    and back on the backward pass), recompute everything else.
+
+    JAX's `jax.checkpoint_policies.save_and_offload_only_these_names` as one
+    value: it compares and hashes by value (rebuilding an equal one does not
+    recompile), its names are checked when it is built, and, like
+    [`eqx_remat.offload_names`][], differentiating its backward pass again
+    (grad of grad) raises a clear `NotImplementedError` when something is
+    offloaded. With `offload=()` it saves what [`eqx_remat.save_names`][]
+    saves; with `save=()`, it is [`eqx_remat.offload_names`][].
+
+    ```python
+    import eqx_remat
+
+    # zoo.Transformer: keep the projections, move the MLP's hidden
+    # activations to host memory, recompute the rest.
+    pol = eqx_remat.save_and_offload_names(
+        save=("qkv_proj", "out_proj"), offload=("mlp_hidden",)
+    )
+    same = eqx_remat.save_and_offload_names(
+        offload="mlp_hidden", save=("out_proj", "qkv_proj")
+    )
+    print(pol == same, hash(pol) == hash(same), sorted(pol.names))
+    ```
+
+    ```text
+    True True ['mlp_hidden', 'out_proj', 'qkv_proj']
+    ```
+
+    Offloading needs a backend with a host memory space (TPU, GPU); on the CPU
+    the offloaded values stay where they are.
+
+    **Arguments:**
+
+    - `save`: the tags to save, a tuple of names (or one name as a string).
+    - `offload`: the tags to offload, likewise. No name may be in both, and at
+      least one name must be given.
+    - `src`: the memory space the offloaded values are computed in. Default
+      `"device"`.
+    - `dst`: where they are kept until the backward pass. Default
+      `"pinned_host"`.
+    """
+
+    save: frozenset[str]
+    offload: frozenset[str]
+    src: str
+    dst: str
+
+    def __init__(self, save=(), offload=(), *, src="device", dst="pinned_host"):
+        fn = "save_and_offload_names"
+        save, offload = (
+            _name_tuple(fn, "save", save),
+            _name_tuple(fn, "offload", offload),
+        )
+        _check_names(fn, save + offload)
+        both = sorted(set(save) & set(offload))
+        if both:
+            raise ValueError(
+                f"{fn} expected each name in save or in offload, not both. Got "
+                f"{', '.join(map(repr, both))} in both."
+            )
+        _check_spaces(fn, src, dst)
+        object.__setattr__(self, "save", frozenset(save))
+        object.__setattr__(self, "offload", frozenset(offload))
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "dst", dst)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every name it decides for (saved or offloaded)."""
+        return self.save | self.offload
+
+    def __repr__(self) -> str:
+        save = tuple(sorted(self.save))
+        offload = tuple(sorted(self.offload))
+        return (
+            f"save_and_offload_names(save={save!r}, offload={offload!r}, "
+            f"src={self.src!r}, dst={self.dst!r})"
+        )
+
+    def __call__(self, prim, *args, **params):
+        return self._jax_policy(prim, *args, **params)
+
+    @property
+    def _jax_policy(self) -> Policy:
+        return _offload_policy(self.save, self.offload, self.src, self.dst)
+
+
+def _name_tuple(fn: str, arg: str, names: Any) -> tuple:
+    """`names` (a string, or an iterable of them) as a tuple."""
+    if isinstance(names, str):
+        return (names,)
+    try:
+        return tuple(names)
+    except TypeError:
+        raise ValueError(
+            f"{fn}: {arg} expected a tuple of names (the tags given to "
+            f"`checkpoint_name`). Got {names!r}."
+        ) from None
 
 
 @functools.lru_cache(maxsize=256)
-def _offload_policy(names: frozenset[str], src: str, dst: str) -> Policy:
-    """The JAX policy of `offload_names(*names, src=src, dst=dst)`: one object per
-    value (while it is among the 256 most recently used), so that rebuilding the
-    same policy does not retrigger compilation."""
+def _offload_policy(
+    save: frozenset[str], offload: frozenset[str], src: str, dst: str
+) -> Policy:
+    """The JAX policy of `save_and_offload_names(save=save, offload=offload,
+    src=src, dst=dst)` (and of `offload_names`, which saves nothing): one object
+    per value (while it is among the 256 most recently used), so that rebuilding
+    the same policy does not retrigger compilation."""
     return _Offloading(
         _cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=[],
-            names_which_can_be_offloaded=sorted(names),
+            names_which_can_be_saved=sorted(save),
+            names_which_can_be_offloaded=sorted(offload),
             offload_src=src,
             offload_dst=dst,
         ),
-        repr((sorted(names), src, dst)),
+        repr((sorted(save), sorted(offload), src, dst)),
     )
 
 
@@ -210,6 +313,15 @@ class _Offloading:
         return f"_Offloading({self.key})"
 
 
+def _check_spaces(fn: str, src: Any, dst: Any) -> None:
+    for arg, value in (("src", src), ("dst", dst)):
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{fn}: {arg} must be a memory-space name like "
+                f"'device' or 'pinned_host'. Got {value!r}."
+            )
+
+
 def _check_names(fn: str, names: tuple) -> None:
     if len(names) == 0:
         raise ValueError(f"{fn} expected at least one name. Got none.")
@@ -219,6 +331,8 @@ def _check_names(fn: str, names: tuple) -> None:
                 f"{fn} expected names as strings (the tags given to "
                 f"`checkpoint_name`). Got {n!r} of type {type(n).__name__}."
             )
+        if n == "":
+            raise ValueError(f"{fn} expected non-empty names. Got ''.")
 
 
 POLICIES: Mapping[str, Policy] = types.MappingProxyType(

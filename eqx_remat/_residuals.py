@@ -1,5 +1,6 @@
 """What a function saves for its backward pass."""
 
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -124,8 +125,27 @@ def _describe_all(jaxpr, res_vars, arg_names) -> list[Residual]:
         for v in e.outvars:
             if v in variables:
                 source, name, layers = _describe(jaxpr, v, producer)
+                source += _range(e, v)
                 out.append(_residual(v.aval, source, name, layers))
     return out
+
+
+# The name scope `eqx_remat.ranges` puts each range's operations in.
+_RANGE_SCOPE = re.compile(r"ranges\[\d+\] \(layers \d+\.\.\d+: [^/]*\)")
+
+
+def _range(eqn, v) -> str:
+    """`", in ranges[k] (layers a..b: checkpoint)"` for a value `v` computed by
+    `eqn` in a range of an [`eqx_remat.ranges`][] checkpoint (`", the output of
+    ranges[k] ..."` for the carry that leaves the range), else `""`."""
+    stack = str(getattr(eqn.source_info, "name_stack", ""))
+    found = _RANGE_SCOPE.findall(stack)
+    if not found:
+        return ""
+    carry = eqn.primitive.name == "scan" and (
+        eqn.outvars.index(v) < eqn.params["num_carry"]
+    )
+    return f", {'the output of' if carry else 'in'} {found[-1]}"
 
 
 def _residual(aval, source, name, layers) -> Residual:
@@ -167,6 +187,9 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             if not is_literal(inner) and inner in inner_producer:
                 source, tag, layers = _describe(body, inner, inner_producer)
                 return f"{source}, {scan}", tag, layers * length
+            if is_literal(inner):  # a scalar the layer's vjp keeps
+                value = np.asarray(inner.val).item()
+                return f"the constant {value!r} of each layer, {scan}", None, length
             if inner in body.invars:
                 i = body.invars.index(inner) - e.params["num_consts"]
                 what = "the carry" if i < e.params["num_carry"] else "a per-layer input"

@@ -229,6 +229,17 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
         ("nested:3", er.nested(3)),
         ("recursive", er.recursive()),
         ("binomial:log2", er.binomial(6)),
+        ("ranges(4:dots, 60:None)", er.ranges((4, "dots"), (60, None))),
+        (
+            "ranges(16:every(4, dots), 16:recursive(), 32:binomial(log2))",
+            er.ranges(
+                (16, er.every(4, "dots")), (16, er.recursive()), (32, er.binomial(5))
+            ),
+        ),
+        (
+            "ranges(2:every:2:dots, 6:recursive)",
+            er.ranges((2, er.every(2, "dots")), (6, er.recursive())),
+        ),
     ],
 )
 def test_parse_checkpoint(spec, expected):
@@ -242,6 +253,10 @@ def test_parse_checkpoint_lists_the_forms():
         C.parse_checkpoint("checkpoint_dots")
     with pytest.raises(ValueError, match="needs the depth"):
         C.parse_checkpoint("binomial(log2)")
+    with pytest.raises(ValueError, match=r"ranges\(n:spec, ...\).*Got 'dots'"):
+        C.parse_checkpoint("ranges(4:None, dots)")
+    with pytest.raises(ValueError, match="the count of pair 0 must be an int >= 1"):
+        C.parse_checkpoint("ranges(0:None)")
 
 
 def test_results_are_not_overwritten_by_default():

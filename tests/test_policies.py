@@ -1,3 +1,6 @@
+import importlib.util
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -255,3 +258,134 @@ def test_namespaces_export_exactly_all(package):
     # is a namespace of its own, as `equinox.internal`.
     allowed = {"jaxtyping", "internal"} if package == "eqx_remat" else {"jaxtyping"}
     assert [n for n in leaked if n not in allowed] == []
+
+
+# --- save_and_offload_names: per-name decisions in one value -------------------
+
+
+def test_save_and_offload_names_value_semantics():
+    pol = er.save_and_offload_names(save=("a", "b"), offload=("c",))
+    same = er.save_and_offload_names(offload="c", save=["b", "a"])
+    assert pol == same and hash(pol) == hash(same)
+    assert pol.save == {"a", "b"} and pol.offload == {"c"}
+    assert pol.names == {"a", "b", "c"}
+    assert pol != er.save_and_offload_names(save=("a",), offload=("b", "c"))
+    assert pol != er.save_and_offload_names(save=("a", "b"), offload="c", dst="device")
+    assert repr(same) == (
+        "save_and_offload_names(save=('a', 'b'), offload=('c',), "
+        "src='device', dst='pinned_host')"
+    )
+    # One JAX policy per value: equal values do not recompile.
+    assert pol._jax_policy is same._jax_policy
+    f = jax.jit(
+        jax.grad(lambda x, p: jax.checkpoint(jnp.sin, policy=p)(x).sum()),
+        static_argnums=1,
+    )
+    for p in [pol, same, er.save_and_offload_names(save=("b", "a"), offload="c")]:
+        f(jnp.ones(4), p)
+    assert f._cache_size() == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({}, "expected at least one name. Got none"),
+        ({"save": (), "offload": ()}, "expected at least one name"),
+        ({"save": ("a", "b"), "offload": ("b",)}, "not both. Got 'b' in both"),
+        ({"save": ("a", 1)}, "expected names as strings.*Got 1 of type int"),
+        ({"offload": ("",)}, "expected non-empty names"),
+        ({"save": 3}, "save expected a tuple of names.*Got 3"),
+        ({"offload": "a", "src": None}, "src must be a memory-space name"),
+    ],
+    ids=["none", "empty", "both", "not-a-string", "empty-name", "not-a-tuple", "src"],
+)
+def test_save_and_offload_names_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        er.save_and_offload_names(**kwargs)
+
+
+def _two_tags(c, w):
+    a = checkpoint_name(jnp.tanh(c @ w), "a")
+    b = checkpoint_name(jnp.tanh(a @ w), "b")
+    return jnp.tanh(b @ w)
+
+
+def _two_tags_loss(w, x, pol):
+    f = _two_tags if pol is None else jax.checkpoint(_two_tags, policy=er.policy(pol))
+    return jax.lax.scan(lambda c, w: (f(c, w), None), x, w)[0].sum()
+
+
+def test_save_and_offload_names_saves_offloads_and_recomputes_by_name():
+    w = jnp.ones((4, 64, 64)) / 64  # every(2) divides the depth: no padding
+    x = jnp.ones((16, 64))
+    pol = er.save_and_offload_names(save=("a",), offload=("b",))
+    res = er.residuals(lambda w, x: _two_tags_loss(w, x, pol), w, x)
+    # `a` is saved (by name); `b` goes through a transfer to the host memory
+    # space (a device_put; on the CPU it stays where it is); the rest is
+    # recomputed from the layer inputs.
+    stacked = {(r.name, r.source.split(" from ")[0]) for r in res if r.layers == 4}
+    assert ("a", "named 'a'") in stacked
+    assert (None, "output of device_put") in stacked
+    assert len([r for r in res if r.layers == 4]) == 3  # a, b's transfer, the carry
+    saving = er.residuals(
+        lambda w, x: _two_tags_loss(w, x, er.save_names("a", "b")), w, x
+    )
+    assert sum(r.nbytes for r in res) == sum(r.nbytes for r in saving)
+    assert not any("device_put" in r.source for r in saving)
+    # Gradients are the un-checkpointed ones, here and as the inner policy of
+    # a schedule and of a range.
+    g = jax.grad(_two_tags_loss, argnums=(0, 1))
+    ref = g(w, x, None)
+    assert jnp.allclose(g(w, x, pol)[0], ref[0], rtol=1e-6)
+
+    def stacked_loss(w, x, ck):
+        return er.scan_layers(_Tagged(w), x, checkpoint=ck).sum()
+
+    gs = jax.grad(stacked_loss, argnums=(0, 1))
+    for ck in [
+        pol,
+        er.every(2, pol),
+        er.binomial(2, pol),
+        er.ranges((1, pol), (3, er.every(1, pol))),
+    ]:
+        got = gs(w, x, ck)
+        assert all(
+            jnp.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(got, ref)
+        ), ck
+
+
+class _Tagged(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, c):
+        return _two_tags(c, self.w)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="needs libtpu: pip install 'eqx-remat[tpu]'",
+)
+def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
+    # Compiled for TPU v5e, where host memory is real (the CPU has one memory
+    # and reports no host bytes). Every intermediate in HBM (no VMEM), so that
+    # small programs can be compared.
+    no_vmem = {"xla_vf_vmem_memory_space_assignment": False}
+    args = (
+        jax.ShapeDtypeStruct((4, 256, 256), jnp.float32),
+        jax.ShapeDtypeStruct((1024, 256), jnp.float32),
+    )
+
+    def report(pol):
+        fn = jax.grad(lambda w, x: _two_tags_loss(w, x, pol))
+        return er.memory_report(fn, *args, target="v5e", compiler_options=no_vmem)
+
+    both = report(er.save_names("a", "b"))
+    mixed = report(er.save_and_offload_names(save=("a",), offload=("b",)))
+    offload_b = report(er.offload_names("b"))
+    layer_value = 1024 * 256 * 4
+    assert both.host_temp_bytes == 0
+    # `b` of each of the 4 layers is on the host, as with offload_names("b").
+    assert mixed.host_temp_bytes == offload_b.host_temp_bytes >= 4 * layer_value
+    # The device keeps less than when it saves both, more than when it saves
+    # only what offload_names("b") keeps (it also keeps `a`).
+    assert offload_b.temp_bytes < mixed.temp_bytes < both.temp_bytes

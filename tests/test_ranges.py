@@ -1,0 +1,345 @@
+"""eqx_remat.ranges: different checkpoints for consecutive ranges of one stack."""
+
+import math
+
+import equinox as eqx
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import pytest
+from helpers import tree_allclose
+from hypothesis import given
+from test_schedules import make_layers
+from zoo_helpers import build, quick_jit
+
+import eqx_remat as er
+import zoo
+
+
+# --- a value ------------------------------------------------------------------
+
+
+def test_ranges_are_values():
+    a = er.ranges((2, None), (3, "dots"), (1, er.every(2, policy="nothing")))
+    b = er.ranges([2, None], (3, "dots"), (1, er.every(2, policy="nothing")))
+    assert a == b and hash(a) == hash(b)
+    assert a != er.ranges((2, None), (3, "dots"), (1, er.every(3)))
+    assert a != er.ranges((3, "dots"), (2, None), (1, er.every(2, policy="nothing")))
+    assert a.depth == 6 and a.policy is None
+    assert a.parts == ((2, None), (3, "dots"), (1, er.every(2, policy="nothing")))
+    assert repr(er.ranges((2, None), (3, "dots"))) == "ranges((2, None), (3, 'dots'))"
+    with pytest.raises(dataclasses_frozen_error()):
+        a.parts = ()  # type: ignore[misc]
+    # Equal values do not recompile.
+    f = jax.jit(
+        lambda x, ck: er.scan_layers(make_layers(2, 3), x, checkpoint=ck),
+        static_argnums=1,
+    )
+    for ck in [er.ranges((1, None), (1, "dots")), er.ranges((1, None), (1, "dots"))]:
+        f(jnp.ones(3), ck)
+    assert f._cache_size() == 1
+
+
+def dataclasses_frozen_error():
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError
+
+
+@pytest.mark.parametrize(
+    "parts, match",
+    [
+        ((), "at least one"),
+        (((2, None), 3), r"\(count, checkpoint\) pairs.*Got 3 at position 1"),
+        (((2, None, 1),), r"pairs.*Got \(2, None, 1\) at position 0"),
+        (((0, None),), "the count of pair 0 must be an int >= 1. Got 0"),
+        (((2, None), (True, "dots")), "the count of pair 1 must be an int >= 1"),
+        (((2, None), (2.0, "dots")), "the count of pair 1 must be an int >= 1"),
+        (((2, None), (2, "dot")), r"pair 1 \(2, 'dot'\).*Unknown policy 'dot'"),
+        (((2, er.ranges((2, None))),), "not itself a ranges.*in pair 0"),
+    ],
+    ids=["empty", "not-a-pair", "triple", "zero", "bool", "float", "policy", "nested"],
+)
+def test_ranges_validation_names_the_bad_pair(parts, match):
+    with pytest.raises(ValueError, match=match):
+        er.ranges(*parts)
+
+
+def test_counts_that_do_not_add_up_fail_at_trace_time():
+    layers = make_layers(5, 3)
+    ck = er.ranges((2, None), (2, "dots"))
+    msg = r"add up to the depth of the stack, 5 layers. Got 2 \+ 2 = 4 layers"
+    # The forward pass alone, its gradient, under vmap, and a zoo model.
+    with pytest.raises(ValueError, match=msg):
+        jax.eval_shape(lambda x: er.scan_layers(layers, x, checkpoint=ck), jnp.ones(3))
+    with pytest.raises(ValueError, match=msg):
+        jax.eval_shape(
+            jax.grad(lambda x: er.scan_layers(layers, x, checkpoint=ck).sum()),
+            jnp.ones(3),
+        )
+    with pytest.raises(ValueError, match=msg):
+        jax.eval_shape(
+            jax.vmap(lambda x: er.scan_layers(layers, x, checkpoint=ck)),
+            jnp.ones((2, 3)),
+        )
+    model = zoo.MLP(3, 2, 4, 3, checkpoint=ck, key=jr.key(0))  # checked when traced
+    with pytest.raises(ValueError, match="3 layers. Got 2 \\+ 2 = 4"):
+        jax.eval_shape(model, jnp.ones(3))
+    with pytest.raises(ValueError, match=msg):
+        ck.evaluations(5)
+
+
+# --- gradients ----------------------------------------------------------------
+
+# Every kind of checkpoint a range may have. The name policies use the tag that
+# every zoo model has.
+RANGE_CHECKPOINTS = [
+    None,
+    "nothing",
+    "dots",
+    "everything",
+    er.save_names("layer_input"),
+    er.save_all_but_names("layer_input"),
+    er.offload_names("layer_input"),
+    er.save_and_offload_names(save=("layer_input",)),
+    er.every(2),
+    er.every(3, policy="dots"),
+    er.nested(2),
+    er.recursive(),
+    er.binomial(2),
+    er.binomial(1, policy="nothing"),
+]
+
+
+def _mlp(depth, ck, unroll):
+    model = build(zoo.MLP, 3, 2, 8, depth, checkpoint=ck, unroll=unroll, key=jr.key(0))
+    return model, jnp.linspace(-1.0, 1.0, 3)
+
+
+def _chain(depth, ck, unroll):
+    model = build(
+        zoo.ResidualChain, 4, depth, checkpoint=ck, unroll=unroll, key=jr.key(1)
+    )
+    return model, jnp.linspace(-1.0, 1.0, 4)
+
+
+def _transformer(depth, ck, unroll):
+    model = build(
+        zoo.Transformer, 16, 8, 8, 2, depth, checkpoint=ck, unroll=unroll, key=jr.key(2)
+    )
+    return model, jnp.array([1, 5, 2, 7], dtype=jnp.int32)
+
+
+MODELS = {"mlp": _mlp, "residual_chain": _chain, "transformer": _transformer}
+
+
+def _loss(model, x, vmapped):
+    if vmapped:
+        xs = jnp.stack([x, x[::-1]])
+        return jnp.sum(jax.vmap(model)(xs) ** 2)
+    return jnp.sum(model(x) ** 2)
+
+
+_grad = quick_jit(eqx.filter_grad(_loss))
+
+
+@given(
+    parts=st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from(RANGE_CHECKPOINTS)),
+        min_size=1,
+        max_size=3,
+    ),
+    model=st.sampled_from(sorted(MODELS)),
+    vmapped=st.booleans(),
+    unroll=st.sampled_from([1, 2]),
+)
+def test_gradients_equal_the_unchecked_ones(parts, model, vmapped, unroll):
+    ck = er.ranges(*parts)
+    m, x = MODELS[model](ck.depth, ck, unroll)
+    g = _grad(m, x, vmapped)
+    g_ref = _grad(er.set_checkpoint(m, None), x, vmapped)
+    # The leaves: the gradients' static `checkpoint` fields differ.
+    assert tree_allclose(
+        jax.tree.leaves(g), jax.tree.leaves(g_ref), rtol=1e-4, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 7], ids=lambda d: f"D{d}")
+def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
+    layers = make_layers(depth, 3)
+    x = jnp.array([[0.1, -0.4, 0.3]])
+    parts = [(1, er.recursive())] + ([(4, "dots"), (2, None)] if depth > 1 else [])
+    ck = er.ranges(*parts)
+
+    def loss(layers, x, ck):
+        ts = jnp.linspace(0.9, 1.1, depth)
+        return jnp.sum(er.scan_layers(layers, x, ts, checkpoint=ck) ** 2)
+
+    g = jax.grad(loss, argnums=(0, 1))
+    assert tree_allclose(g(layers, x, ck), g(layers, x, None))
+    w = jnp.array([0.5, 0.9, -0.4])
+
+    def chained(x, w, ck):
+        fns = [jnp.sin, lambda x: x * w + 1.0, eqx.nn.Lambda(jnp.tanh)]
+        return jnp.sum(er.chain([fns[i % 3] for i in range(depth)], checkpoint=ck)(x))
+
+    g = jax.grad(chained, argnums=(0, 1))
+    assert tree_allclose(g(x[0], w, ck), g(x[0], w, None))
+    model = er.set_checkpoint(zoo.ResidualChain(3, depth, key=jr.key(0)), ck)
+    assert model.checkpoint == ck
+
+
+def test_second_order_through_ranges():
+    # grad of grad, and forward-over-reverse (float64, tight), through
+    # per-layer ranges and a schedule range.
+    layers = make_layers(6, 3)
+    x = jnp.array([[0.1, 0.2, -0.3]])
+    ck = er.ranges((2, None), (2, "dots"), (2, er.every(2)))
+
+    def loss(layers, x, ck):
+        return jnp.sum(er.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+    def gg(x, ck):
+        return jnp.sum(jax.grad(loss)(layers, x, ck).w)
+
+    assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
+    with jax.enable_x64(True):
+        l64 = jax.tree.map(lambda a: a.astype(jnp.float64), layers)
+        x64 = x.astype(jnp.float64)
+
+        def hvp(ck):
+            g = jax.grad(lambda x: loss(l64, x, ck))
+            return jax.jvp(g, (x64,), (jnp.ones_like(x64),))[1]
+
+        assert tree_allclose(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
+
+
+def test_plan_takes_ranges_among_its_candidates():
+    model = zoo.MLP(3, 2, 8, 4, key=jr.key(0))
+    ck = er.ranges((2, None), (2, er.recursive()))
+    result = er.plan(
+        eqx.filter_grad(lambda m, x: jnp.sum(m(x))),
+        model,
+        jnp.ones(3),
+        budget_bytes=2**30,
+        candidates=[ck, "nothing"],
+    )
+    assert [e.checkpoint for e in result.table] == [ck, "nothing"]
+    assert all(e.fits for e in result.table)
+
+
+# --- memory -------------------------------------------------------------------
+
+PARAMETER_RANGES = [
+    er.ranges((4, None), (4, "dots")),
+    er.ranges((2, "nothing"), (3, er.recursive()), (3, None)),
+    er.ranges((3, er.binomial(2)), (5, er.every(2, policy="dots"))),
+    er.ranges((1, "dots"), (7, None)),
+    er.ranges((8, None)),
+]
+
+
+@pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
+def test_parameter_dominated_stack_stays_within_none_plus_one_layer(vmapped):
+    # Wide layers, a batch of two: parameters dominate. No range copies its
+    # part of the stack (the transpose of a slice would be a full-size
+    # gradient per range): every range reads its layers from the one stack.
+    width, depth = 512, 8
+    layers = make_layers(depth, width)
+    x = jnp.ones((2, width))
+    layer_bytes = (width * width + width) * 4
+
+    def temp(ck):
+        def loss(layers, x):
+            if vmapped:
+                run = jax.vmap(lambda x: er.scan_layers(layers, x, checkpoint=ck))
+                return jnp.sum(run(x) ** 2)
+            return jnp.sum(er.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+        return er.memory_report(jax.grad(loss), layers, x).temp_bytes
+
+    base = temp(None)
+    for ck in PARAMETER_RANGES:
+        assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
+
+
+def test_residuals_name_each_range():
+    ck = er.ranges((2, None), (3, "dots"), (1, er.recursive()))
+    model = zoo.MLP(3, 2, 8, 6, checkpoint=ck, key=jr.key(0))
+    res = er.residuals(lambda m, x: jnp.sum(m(x)), model, jnp.ones(3))
+    by_range = {
+        k: [r for r in res if f"ranges[{k}] (layers " in r.source] for k in range(3)
+    }
+    # Range 0 (no checkpointing) keeps every residual of its 2 layers, tagged
+    # ones included; range 1 ("dots") its 3 layer inputs and matmuls; range 2
+    # (bisection) only its input, the output of range 1.
+    assert all(
+        r.source.endswith("in ranges[0] (layers 0..1: None)") for r in by_range[0]
+    )
+    assert {r.name for r in by_range[0]} >= {"layer_input", "linear"}
+    assert {r.layers for r in by_range[0] if r.name} == {2}
+    stacked = [r for r in by_range[1] if r.layers == 3]
+    assert len(stacked) == 2 and all(r.layer_shape == (8,) for r in stacked)
+    assert all("in ranges[1] (layers 2..4: 'dots')" in r.source for r in stacked)
+    carries = [r for r in res if "the output of ranges[1]" in r.source]
+    assert len(carries) == 1 and carries[0].shape == (8,)
+    # Every per-layer residual of the stack belongs to a range.
+    assert all("ranges[" in r.source for r in res if r.layers > 1)
+
+
+# --- FLOPs --------------------------------------------------------------------
+
+
+def _tanhs(layers, ck, x):
+    g = jax.grad(lambda m: jnp.sum(er.scan_layers(m, x, checkpoint=ck) ** 2))
+    return er.count_flops(g, layers).transcendentals
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ((3, None), (10, er.binomial(3))),
+        ((5, "nothing"), (4, er.every(3)), (4, "dots")),
+        ((6, er.recursive()), (7, er.nested(2, policy="nothing"))),
+        ((13, er.recursive()),),
+    ],
+    ids=str,
+)
+def test_count_flops_is_the_sum_of_the_ranges(parts):
+    # Each layer computes `width` tanh's per example and nothing else in the
+    # program is transcendental: a range's count is that of its layers
+    # checkpointed uniformly, and the counts of the ranges add up exactly.
+    width, depth, batch = 4, 13, 2
+    layers = make_layers(depth, width)
+    x = jnp.ones((batch, width))
+    ck = er.ranges(*parts)
+    total, start = 0, 0
+    for n, c in parts:
+        part = jax.tree.map(lambda a, s=start, n=n: a[s : s + n], layers)
+        total += _tanhs(part, c, x)
+        start += n
+    assert _tanhs(layers, ck, x) == total
+
+    # In evaluations: the forward pass and the re-runs (`evaluations`), plus
+    # the evaluations inside the layers' backward steps: one for a schedule's
+    # layer (its vjp at a recomputed input) or a recomputing policy's (the
+    # pullback re-runs the layer), one more where a schedule's inner policy
+    # recomputes, none for a layer saved whole.
+    def in_backward_steps(n, c):
+        if c is None or c == "everything":
+            return 0
+        inner = c.policy if isinstance(c, er.Schedule) else None
+        return n * (2 if inner not in (None, "everything") else 1)
+
+    expected = ck.evaluations(depth) + sum(in_backward_steps(n, c) for n, c in parts)
+    assert _tanhs(layers, ck, x) == batch * width * expected
+
+
+def test_evaluations_are_the_sum_of_the_ranges():
+    ck = er.ranges((3, None), (10, er.binomial(3)), (4, "dots"), (16, er.recursive()))
+    assert ck.evaluations(33) == 3 + er.binomial(3).evaluations(10) + 4 + (
+        16 + 16 * int(math.log2(16)) // 2
+    )
+    one = er.every(4)
+    assert er.ranges((16, one)).evaluations(16) == one.evaluations(16)
