@@ -32,6 +32,7 @@ from ._memory import (
     warn_replicated,
 )
 from ._policies import save_names
+from ._ranges import ranges
 from ._schedules import every, nested, recursive
 from ._solve import (
     Option,
@@ -823,9 +824,10 @@ class _Planner:
 
 
 # How the planner writes a mix of per-layer options, `((n1, c1), (n2, c2))`, as
-# one checkpoint: `eqx_remat.ranges(*parts)` once layer ranges exist (issue 22,
-# item 1); until then `None`, and the planner compares uniform options only.
-_MIX: Callable[[tuple], Checkpoint] | None = None
+# one checkpoint: `eqx_remat.ranges(*parts)` (`None` would make the planner
+# compare uniform options only).
+def _MIX(parts: tuple) -> Checkpoint:
+    return ranges(*parts)
 
 
 def _mix_builder() -> Callable[[tuple], Checkpoint] | None:
