@@ -103,6 +103,8 @@ class TransformerPreset(Preset):
     # rotary positions, SwiGLU, grouped-query attention).
     block: str = "gpt2"
     attention: str = "dot_product"  # or "flash": the Pallas TPU kernel (v5e)
+    d_ff: int | None = None  # the block's default when None
+    kv_heads: int | None = None  # "llama": the block's default when None
 
     CHECKPOINTS = (
         "None",
@@ -140,6 +142,10 @@ class TransformerPreset(Preset):
     def make(self, checkpoint, key):
         make = zoo.Transformer.llama if self.block == "llama" else zoo.Transformer
         extra = {"attention": self.attention} if self.block == "llama" else {}
+        if self.block == "llama" and self.kv_heads is not None:
+            extra["num_kv_heads"] = self.kv_heads
+        if self.d_ff is not None:
+            extra["d_ff"] = self.d_ff
         return make(
             vocab_size=self.vocab,
             max_len=self.seq,
@@ -322,6 +328,22 @@ PRESETS: dict[str, Preset] = {
         block="llama",
         attention="flash",
         specs=("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch"),
+    ),
+    # MaxText's 16B model as its TPU v5e config trains it with remat_policy=full
+    # (MaxText/configs/v5e/16b.sh: global_parameter_scale=16, per_device_batch_size=6,
+    # max_target_length=2048, flash attention; base.yml's llama2 block, vocab 32000):
+    # d_model 4096, 32 layers, SwiGLU 28672, 64 heads of 128 in MaxText (attention
+    # 8192 wide); here 32 heads of 128 (the zoo's attention is d_model wide).
+    "maxtext-16b": seed(
+        block="llama",
+        attention="flash",
+        d_model=4096,
+        layers=32,
+        d_ff=28672,
+        kv_heads=32,
+        batch=6,
+        per_device=True,
+        specs=("nothing",),
     ),
     # End-to-end smoke test (--quick).
     "transformer-tiny": TransformerPreset(

@@ -135,7 +135,8 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
             results.append(_plan(fn, model, batch, b, args.target)[0])
         seconds = time.perf_counter() - t0
         load = (load0 + os.getloadavg()[0]) / 2
-        calls = results + ([] if cap in budgets else [top])
+        # In the order planned: later calls predict with more compiles behind them.
+        calls = ([] if cap in budgets else [top]) + results
         console.print(f"[bold]{name}[/]: uniform candidates")
         specs = args.checkpoint or preset.checkpoints(
             quick=args.quick, accelerator=bool(args.target)
@@ -162,14 +163,17 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
 
 
 def _pareto(results) -> list[er.FrontierPoint]:
-    """The points of every call's frontier that no other beats in both memory
+    """The points of every call's frontier (compiled where one call compiled
+    it, else the latest call's prediction) that no other beats in both memory
     and time, least memory first."""
     points = {}
     for r in results:
         for p in r.frontier if r is not None else ():
             old = points.get(p.checkpoint)
-            if old is None or (
-                p.compiled_bytes is not None and old.compiled_bytes is None
+            if (
+                old is None
+                or p.compiled_bytes is not None
+                or old.compiled_bytes is None
             ):
                 points[p.checkpoint] = p
 
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.target
         else ["transformer-s"]
     )
-    presets = {n: M.PRESETS[n] for n in names}
+    devices = X.mesh_for(args.target).size if args.target else 1
+    presets = {n: M.PRESETS[n].on(devices) for n in names}
     t0 = time.perf_counter()
     rows = []
     for name, preset in presets.items():
