@@ -120,7 +120,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
     cap = X.V5E_HBM if args.target else 2**50
     rows: list[dict] = []
     with _mesh_context(preset, mesh):
-        load0, t0 = os.getloadavg()[0], time.perf_counter()
+        load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
         console.print(f"[bold]{name}[/]: planning at {C.fmt_bytes(cap)} first")
         top, _ = _plan(fn, model, batch, cap, args.target)
         if top is None:
@@ -134,6 +134,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
             console.print(f"[bold]{name}[/]: budget {C.fmt_bytes(b)}")
             results.append(_plan(fn, model, batch, b, args.target)[0])
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0  # every thread's: the compiler's too
         load = (load0 + os.getloadavg()[0]) / 2
         # In the order planned: later calls predict with more compiles behind them.
         calls = ([] if cap in budgets else [top]) + results
@@ -152,6 +153,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
         "calls": len(calls),
         "compiles": sum(r.compiles for r in calls if r is not None),
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "load_average": load,
     }
     rows.append(planning)
@@ -329,7 +331,8 @@ def show(console: C.Console, data: dict, where: str) -> None:
         if r["kind"] == "planning":
             console.print(
                 f"{r['group']}: planning {r['budgets']} budgets: {r['compiles']} "
-                f"compiles, {r['seconds']:.0f} s (load average {r['load_average']:.1f})"
+                f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
+                f"(load average {r['load_average']:.1f})"
             )
     console.table(
         "Targets",

@@ -203,7 +203,8 @@ def plan_sweep(data: dict) -> str:
                 f"- `{r['group']}`: {data['presets'][r['group']]['describe']}, "
                 f"{data['presets'][r['group']]['topology']}. Planning "
                 f"{r['budgets']} budgets: {r['compiles']} compiles, "
-                f"{r['seconds']:.0f} s (load average {r['load_average']:.1f} "
+                f"{r['seconds']:.0f} s, {r.get('cpu_seconds', 0):.0f} s of CPU "
+                f"(load average {r['load_average']:.1f} "
                 f"on a {data['meta']['cpu_count']}-core host)"
             )
     cols = [
