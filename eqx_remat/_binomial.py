@@ -116,32 +116,35 @@ class binomial(Schedule):
     def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
         depth = layers.depth
         _, actions = _schedule(depth, min(self.slots, depth))
-        # The bits of each action's advance, as columns of the table: every
-        # `lax.cond` below is decided by a constant of the table.
+        # Whether each action reverses, and the bits of its advance: a table
+        # apart from the actions, so that every `lax.cond` below is decided by
+        # a constant of it (and `count_flops` counts each distinct row once).
         nbits = max(1, int(actions[:, 2].max()).bit_length())
         bits = (actions[:, 2:3] >> np.arange(nbits)[::-1]) & 1
-        table = np.concatenate([actions, bits], axis=1).astype(np.int32)
+        flags = np.concatenate([actions[:, 4:5], bits], axis=1).astype(np.int32)
 
-        def advance(x, pos, row):
+        def advance(x, pos, flags):
             """Layers `pos, ..., pos + n - 1`, `n` given by its bits."""
             for b, k in enumerate(reversed(range(nbits))):
-                size, take = 2**k, row[5 + b]
+                size, take = 2**k, flags[1 + b]
                 run = lambda x, pos, size=size: layers.run(x, pos, size)
                 x = lax.cond(take == 1, run, lambda x, pos: x, x, pos)
                 pos = pos + take * size
             return x
 
-        def body(state, row):
-            buf, cts = state
-            src, pos, n, dst, rev = (row[k] for k in range(5))
-            x = advance(layers.load(buf, src), pos, row)
+        def body(state, row_flags):
+            (buf, cts), (row, flags) = state, row_flags
+            src, pos, n, dst = (row[k] for k in range(4))
+            rev = flags[0]
+            x = advance(layers.load(buf, src), pos, flags)
             buf = layers.store(buf, dst, x)
             i = jnp.minimum(pos + n, depth - 1)
             reverse = lambda cts: layers.reverse(i, x, cts)
             cts = lax.cond(rev == 1, reverse, lambda cts: cts, cts)
             return (buf, cts), None
 
-        (_, cts), _ = lax.scan(body, (saved, cts), jnp.asarray(table))
+        xs = (jnp.asarray(actions[:, :4]), jnp.asarray(flags))
+        (_, cts), _ = lax.scan(body, (saved, cts), xs)
         return cts
 
     def evaluations(self, depth: int) -> int:

@@ -71,12 +71,13 @@ def _apply(
     carry: Any,
     depth: int,
     checkpoint: Checkpoint,
-    unroll: int | bool = 1,
+    unroll: SupportsIndex = 1,
 ) -> Any:
     """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     checkpoint = normalise_checkpoint(checkpoint)
+    unroll = _check_unroll(unroll)  # a Python value: `lax.scan` hashes it
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     body = lambda c, s: (step(consts, s, c), None)

@@ -33,7 +33,8 @@ Under `jax.vmap` (the innermost transformation) the custom_vjp would be batched
 with per-example parameter gradients, materialising `batch × params`. A
 `custom_vmap` rule instead runs the engine once with a batched `step`, so the
 gradient of each layer's parameters is summed over the batch inside that layer's
-backward step.
+backward step. That `step` is batched with the `axis_name` and `spmd_axis_name`
+of the user's `jax.vmap`.
 """
 
 import abc
@@ -52,10 +53,16 @@ from ._policies import _to_jax_policy, checkpointed
 
 
 try:  # Private: which trace a primitive bound now would be processed by.
-    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.core import no_axis_name as _no_axis_name, trace_ctx as _trace_ctx
     from jax._src.interpreters.batching import BatchTrace as _BatchTrace
 except ImportError:  # pragma: no cover - depends on the jax version
-    _trace_ctx = _BatchTrace = None
+    _trace_ctx = _BatchTrace = _no_axis_name = None
+
+
+try:  # Private: zeros of an abstract value, with its weak type and sharding.
+    from jax._src.ad_util import zeros_like_aval as _zeros_like_aval
+except ImportError:  # pragma: no cover - depends on the jax version
+    _zeros_like_aval = None
 
 
 _warned_no_vmap_rule = False
@@ -77,6 +84,22 @@ def _innermost_is_vmap() -> bool:
     return isinstance(_trace_ctx.trace, _BatchTrace)
 
 
+def _vmap_names() -> dict[str, Any]:
+    """The `axis_name` and `spmd_axis_name` of the innermost `jax.vmap`, as
+    keyword arguments of `jax.vmap`, so that the `custom_vmap` rule batches
+    with them: collectives over the axis name still work, and values stay split
+    over the mesh axes of `spmd_axis_name` (a `shard_map`'s specs keep them)."""
+    axis = getattr(_trace_ctx.trace, "axis_data", None)
+    name = getattr(axis, "name", None)
+    spmd = getattr(axis, "spmd_name", None)
+    names = {}
+    if name is not None and name is not _no_axis_name:
+        names["axis_name"] = name
+    if spmd is not None:
+        names["spmd_axis_name"] = spmd
+    return names
+
+
 def _is_diff(x: Any) -> bool:
     return eqx.is_inexact_array(x)
 
@@ -93,6 +116,20 @@ def _set(tree: Any, value: Any, i: Any) -> Any:
 
 def _nones(tree: Any) -> Any:
     return jtu.tree_map(lambda _: None, tree)
+
+
+def _zeros_of_type(t: Any) -> jax.Array:
+    """Zeros of the abstract value `t` with all that its type carries (shape,
+    dtype, weak type, sharding, memory space): what a `lax.cond` branch that
+    skips a layer returns in place of values the other branch computes."""
+    if _zeros_like_aval is None:  # pragma: no cover - depends on the jax version
+        z = jnp.zeros(t.shape, t.dtype)
+    else:
+        z = _zeros_like_aval(t)
+    space = getattr(t, "memory_space", None)
+    if space is not None and space != jax.memory.Space.Device:
+        z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory
+    return z
 
 
 def _is_arange(start: Any, length: int, depth: int) -> bool:
@@ -165,6 +202,7 @@ class Layers:
         self._offset = 0
         self._step = step
         policy = _to_jax_policy(policy)
+        self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -195,7 +233,7 @@ class Layers:
         new = copy.copy(self)
         new.depth = depth
         new._offset = self._offset + start
-        policy = _to_jax_policy(policy)
+        new._policy = policy = _to_jax_policy(policy)
         new._layer_fn = (
             self._step if policy is None else checkpointed(self._step, policy)
         )
@@ -266,7 +304,17 @@ class Layers:
 
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
-        g_c, g_s, g_x = vjp(ct)
+        if self._policy is None:
+            # The input's cotangent first, then the parameters' gradient: XLA
+            # may otherwise keep the layer's parameters (read for the input's
+            # cotangent) alive while their gradient is computed, one layer's
+            # parameters more (seen under jax.vmap with an (out, in) weight).
+            # Not under a policy, whose pullback would recompute twice.
+            *_, g_x = vjp(ct)
+            ct, g_x = lax.optimization_barrier((ct, g_x))
+            g_c, g_s, _ = vjp(ct)
+        else:
+            g_c, g_s, g_x = vjp(ct)
         gs = _set(gs, g_s, self._at(i))  # each layer is reversed exactly once
         gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
         return g_x, gs, gc
@@ -341,10 +389,10 @@ class Layers:
             i = start + t
             if not pad:
                 return forward(i, x)
-            shapes = jax.eval_shape(forward, i, x)[1]
+            types = jax.make_jaxpr(lambda i, x: forward(i, x)[1])(i, x).out_avals
 
             def skip(i, x):
-                return x, [jnp.zeros(s.shape, s.dtype) for s in shapes]
+                return x, [_zeros_of_type(t) for t in types]
 
             return lax.cond(i < self.depth, forward, skip, i, x)
 
@@ -493,8 +541,12 @@ class Schedule(abc.ABC):
         of a layer's forward computation outside that layer's own backward step,
         the forward pass included (so at least `depth`). The backward step of a
         layer (its `jax.vjp` and pullback) is counted apart: every schedule does
-        exactly one per layer. [`eqx_remat.count_flops`][] of a gradient counts
-        exactly these evaluations."""
+        exactly one per layer. A layer reversed from residuals saved by an
+        inner policy recomputes inside its backward step what the policy did
+        not save: that recompute counts as one more evaluation.
+        [`eqx_remat.count_flops`][] of a gradient counts exactly these
+        evaluations (for a policy that recomputes the whole layer; less for one
+        that saves part of it)."""
 
 
 def remat_scan(
@@ -511,11 +563,12 @@ def remat_scan(
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     schedule.check_depth(depth)
     if _innermost_is_vmap():
-        return _vmapped(step, depth, schedule, unroll)(consts, stacked, carry)
+        vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
+        return vmapped(consts, stacked, carry)
     return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
 
-def _vmapped(step, depth, schedule, unroll):
+def _vmapped(step, depth, schedule, unroll, names: dict[str, Any]):
     def fn(consts, stacked, carry):
         return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
 
@@ -544,7 +597,7 @@ def _vmapped(step, depth, schedule, unroll):
             def one(c_b, s_b, x):
                 return step(eqx.combine(c_b, c_u), eqx.combine(s_b, s_u), x)
 
-            return jax.vmap(one)(c_b, s_b, x)
+            return jax.vmap(one, **names)(c_b, s_b, x)
 
         out = remat_scan(batched_step, consts, stacked, carry, depth, schedule, unroll)
         return out, jtu.tree_map(lambda _: True, out)

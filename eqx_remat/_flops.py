@@ -167,7 +167,7 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
     known = {
         v: np.asarray(c)
         for v, c in zip(closed.jaxpr.constvars, closed.consts)
-        if _is_small_int(c)
+        if _is_int(c)
     }
     _count_jaxpr(jaxpr, acc, 1, _Memo(), known)
     return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
@@ -411,7 +411,6 @@ _EVALUABLE = frozenset(
     concatenate expand_dims
     """.split()
 )
-_KNOWN_MAX_SIZE = 1 << 16
 
 
 def _value(v: Any, known: dict) -> np.ndarray | None:
@@ -421,12 +420,12 @@ def _value(v: Any, known: dict) -> np.ndarray | None:
     return None if x is None else np.asarray(x)
 
 
-def _is_small_int(x: Any) -> bool:
+def _is_int(x: Any) -> bool:
     try:
         x = np.asarray(x)
     except Exception:  # e.g. PRNG keys
         return False
-    return x.dtype.kind in "biu" and x.size <= _KNOWN_MAX_SIZE
+    return x.dtype.kind in "biu"
 
 
 def _dynamic_slice(x, *idx, slice_sizes):
@@ -476,16 +475,15 @@ _NUMPY: dict[str, Callable[..., Any]] = {
 }
 
 
-def _evaluate(eqn, known: dict) -> None:
-    """Record the outputs of `eqn` in `known` if they can be computed now."""
+def _evaluate(eqn, known: dict, needed: frozenset) -> None:
+    """Record the outputs of `eqn` in `known` if they may decide a branch
+    (`needed`, see `_needed`) and can be computed now. Whatever their size:
+    values that decide no branch (an attention mask's `iota`) are never
+    computed, and a table that does (`binomial`'s) is exact at any depth."""
     name = eqn.primitive.name
-    if name not in _EVALUABLE:
+    if name not in _EVALUABLE or not any(o in needed for o in eqn.outvars):
         return
-    if not all(
-        getattr(o.aval, "dtype", np.float32).kind in "biu"
-        and _size(o) <= _KNOWN_MAX_SIZE
-        for o in eqn.outvars
-    ):
+    if not all(getattr(o.aval, "dtype", np.float32).kind in "biu" for o in eqn.outvars):
         return
     vals = [_value(v, known) for v in eqn.invars]
     if any(x is None for x in vals):
@@ -512,7 +510,7 @@ def _bind(jaxpr, args: list, known: dict, consts: Any = ()) -> dict:
     passed to it (`args`, aligned with its invars) and its own constants."""
     out = {}
     for v, c in zip(jaxpr.constvars, consts):
-        if _is_small_int(c):
+        if _is_int(c):
             out[v] = np.asarray(c)
     if len(args) == len(jaxpr.invars):
         for v, a in zip(jaxpr.invars, args):
@@ -533,6 +531,8 @@ class _Memo:
     control: dict = dataclasses.field(default_factory=dict)
     # counts of a jaxpr: (id, deciding values...) -> (jaxpr, _Count)
     counts: dict = dataclasses.field(default_factory=dict)
+    # `_needed` of a jaxpr: id -> (jaxpr, variables)
+    needed: dict = dataclasses.field(default_factory=dict)
 
 
 def _control(jaxpr, memo: _Memo) -> frozenset[int]:
@@ -568,6 +568,35 @@ def _control(jaxpr, memo: _Memo) -> frozenset[int]:
     return result
 
 
+def _needed(jaxpr, memo: _Memo) -> frozenset:
+    """The variables of `jaxpr` whose values may decide the branch of a
+    `lax.cond` in it, or in a jaxpr it calls (`_control`): the only values
+    worth computing while counting."""
+    key = id(jaxpr)
+    hit = memo.needed.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    need: set = set()
+
+    def add(vs):
+        need.update(v for v in vs if not is_literal(v))
+
+    for eqn in reversed(jaxpr.eqns):
+        ins = eqn.invars
+        if eqn.primitive.name == "cond":
+            add(ins[:1])
+            ins = ins[1:]
+        if any(o in need for o in eqn.outvars):
+            add(ins)
+        for b in sub_jaxprs(eqn):
+            b = open_jaxpr(b)
+            if len(b.invars) == len(ins):
+                add(ins[k] for k in _control(b, memo))
+    result = frozenset(need)
+    memo.needed[key] = (jaxpr, result)
+    return result
+
+
 def _count_jaxpr(
     jaxpr, acc: _Count, mult: int, memo: _Memo, known: dict | None = None
 ) -> None:
@@ -590,6 +619,7 @@ def _count_jaxpr(
 
 def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
     mult = 1
+    needed = _needed(jaxpr, memo)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         rule = _RULES.get(name)
@@ -598,7 +628,7 @@ def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
             f, t = counted
             acc.flops += mult * f
             acc.transcendentals += mult * t
-            _evaluate(eqn, known)
+            _evaluate(eqn, known, needed)
         elif name in CALLS:
             sub, consts = jaxpr_and_consts(eqn.params[CALLS[name]])
             _count_jaxpr(sub, acc, mult, memo, _bind(sub, eqn.invars, known, consts))

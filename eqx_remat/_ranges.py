@@ -176,9 +176,13 @@ class ranges(Schedule):
 
     def evaluations(self, depth: int) -> int:
         """The sum over the ranges: a range checkpointed by a schedule counts
-        that schedule's `evaluations(count)`; one checkpointed by `None` or a
-        policy evaluates each of its layers once (the forward pass)."""
+        that schedule's `evaluations(count)`; one checkpointed by `None`
+        evaluates each of its layers once (the forward pass), and one
+        checkpointed by a policy twice (the forward pass, and the policy's
+        recompute inside the layer's backward step, as a schedule's inner
+        policy counts)."""
         self.check_depth(depth)
         return sum(
-            c.evaluations(n) if isinstance(c, Schedule) else n for n, c in self.parts
+            c.evaluations(n) if isinstance(c, Schedule) else n * (1 + (c is not None))
+            for n, c in self.parts
         )

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._jaxpr import is_literal, open_jaxpr, producers
+from ._jaxpr import CALLS, is_literal, open_jaxpr, producers
 from ._policies import _KEEP
 from ._util import format_bytes, traceable
 
@@ -200,6 +200,18 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             None,
             1,
         )
+    if prim in CALLS:
+        # A call that runs its body once (the `jax.checkpoint` of a name
+        # policy, a `closed_call`): describe the value where the body makes it.
+        body = open_jaxpr(e.params[CALLS[prim]])
+        inner = body.outvars[e.outvars.index(v)]
+        inner_producer = producers(body)
+        if not is_literal(inner) and inner in inner_producer:
+            return _describe(body, inner, inner_producer)
+        if inner in body.invars:
+            outer = e.invars[body.invars.index(inner)]
+            if not is_literal(outer) and outer in producer:
+                return _describe(jaxpr, outer, producer)
     return f"output of {prim} from {_where(e)}", None, 1
 
 

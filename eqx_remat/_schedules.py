@@ -82,6 +82,10 @@ class _UniformSplit(Schedule):
         return level(0, 0, 0, cts, slots)[0]
 
     def evaluations(self, depth: int) -> int:
+        """The forward pass, the re-runs that store each child segment's input,
+        and, with an inner policy on segments of more than one layer, the
+        policy's recompute of each layer inside its backward step (`depth`
+        more)."""
         splits, leaf = self._split(depth)
         padded = math.prod(splits) * leaf
         total = depth
@@ -97,6 +101,11 @@ class _UniformSplit(Schedule):
                 level(lvl + 1, start + j * child)
 
         level(0, 0)
+        if self.policy is not None and leaf > 1:
+            # A segment is run forward saving what the policy keeps, then each
+            # of its layers is reversed from that: the policy's recompute of
+            # the layer's forward inside its backward step is one more.
+            total += depth
         return total
 
 

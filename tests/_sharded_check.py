@@ -186,6 +186,113 @@ def check_explicit():
                     )
 
 
+class _Tagged(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        h = jax.ad_checkpoint.checkpoint_name(x @ self.w, "h")
+        return x + jnp.tanh(h)
+
+
+def check_padded():
+    """A schedule whose split does not divide the depth skips the padded layers
+    with a `lax.cond`, whose skip branch must return values of the exact types
+    of the layers' (memory space of offloaded residuals, sharding under an
+    Explicit mesh, weak type): every schedule, offloading inner policy and
+    uneven depth gives the gradient of no checkpointing, with and without an
+    Explicit mesh; and so does a 3-layer zoo Transformer under `every(2)`."""
+    assert jax.device_count() == DEVICES, jax.devices()
+    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Explicit,))
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(DEVICES, 4)), dtype=jnp.float32)
+
+    def stack_loss(layers, x, ck):
+        return jnp.sum(eqx_remat.scan_layers(layers, x, checkpoint=ck) ** 2)
+
+    grad = jax.jit(jax.grad(stack_loss), static_argnums=2)
+    policies = [None, "offload_dots_no_batch", eqx_remat.offload_names("h")]
+    schedules = [eqx_remat.recursive()] + [
+        make(p)
+        for p in policies
+        for make in (
+            lambda p: eqx_remat.every(2, policy=p),
+            lambda p: eqx_remat.nested(2, policy=p),
+            lambda p: eqx_remat.nested(3, policy=p),
+            lambda p: eqx_remat.binomial(2, policy=p),
+        )
+    ]
+    for depth in [3, 5]:
+        w = rng.normal(size=(depth, 4, 4)).astype(np.float32) / 4
+        layers = _Tagged(jnp.asarray(w))
+        ref = grad(layers, x, None)
+        for ck in schedules:
+            check_allclose(f"depth {depth}, {ck!r}", grad(layers, x, ck), ref)
+            with jax.set_mesh(mesh):
+                batch = zoo.shard_batch(x, mesh)
+                label = f"explicit mesh, depth {depth}, {ck!r}"
+                check_allclose(label, grad(layers, batch, ck), ref)
+
+    tokens = jnp.asarray(rng.integers(0, 32, (DEVICES, 9)), dtype=jnp.int32)
+    model = zoo.Transformer(32, 9, 16, 2, 3, key=jr.key(4))
+    ref_loss, ref_grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, tokens)
+    for ck in [eqx_remat.every(2), eqx_remat.every(2, "offload_dots_no_batch")]:
+        label = f"explicit transformer, checkpoint={ck!r}"
+        with jax.set_mesh(mesh):
+            sharded = zoo.shard(eqx_remat.set_checkpoint(model, ck), mesh)
+            batch = zoo.shard_batch(tokens, mesh)
+            value, grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))(
+                sharded, batch
+            )
+        check_allclose(label, value, ref_loss)
+        check_allclose(label, grads, ref_grads)
+
+
+def _shard_map_specs(jaxpr) -> list:
+    """The `in_specs` of every `shard_map` in `jaxpr`, sub-jaxprs included."""
+    specs = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "shard_map":
+            specs.append(eqn.params["in_specs"])
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, tuple | list) else (v,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    specs += _shard_map_specs(sub)
+    return specs
+
+
+def check_flash_specs():
+    """`jax.vmap(model, spmd_axis_name="data")` keeps flash attention per
+    device under every depth schedule: the `shard_map` around the kernel in the
+    traced gradient splits the batch over 'data' (the schedules' `custom_vmap`
+    rule batches with the axis name), as without a schedule."""
+    import jax.experimental.pallas.tpu as pltpu
+
+    assert jax.device_count() == DEVICES, jax.devices()
+    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Auto,))
+    model = zoo.Transformer.llama(16, 8, 8, 2, 1, attention="flash", key=jr.key(0))
+    tokens = zoo.shard_batch(jnp.zeros((DEVICES, 8), jnp.int32), mesh)
+
+    def loss(model, tokens):
+        return jnp.sum(jax.vmap(model, spmd_axis_name="data")(tokens))
+
+    schedules = [None, "dots", eqx_remat.recursive(), eqx_remat.every(1)]
+    schedules += [eqx_remat.every(2, "dots"), eqx_remat.nested(2)]
+    schedules += [eqx_remat.binomial(1), eqx_remat.binomial(2, "dots")]
+    for ck in schedules:
+        grad = eqx.filter_grad(loss)
+        with pltpu.force_tpu_interpret_mode(True), jax.set_mesh(mesh):
+            jaxpr = eqx.filter_make_jaxpr(grad)(
+                eqx_remat.set_checkpoint(model, ck), tokens
+            )[0]
+        # The forward kernel (q, k, v) and the backward one (and its residuals):
+        # the kernel's operands are split over 'data'.
+        kernels = [s for s in _shard_map_specs(jaxpr.jaxpr) if len(s) >= 3]
+        assert len(kernels) >= 2, (ck, kernels)
+        for specs in kernels:
+            assert all(spec == P("data") for spec in specs[:3]), (ck, specs)
+
+
 def check_training():
     """benchmarks/train_lm.py --mesh: FSDP training follows the single-device loss
     curve, and its checkpoint resumes data parallel."""
@@ -228,6 +335,8 @@ if __name__ == "__main__":
     checks = {
         "grads": check_gradients,
         "explicit": check_explicit,
+        "padded": check_padded,
+        "flash_specs": check_flash_specs,
         "train": check_training,
     }
     for name in sys.argv[1:] or list(checks):

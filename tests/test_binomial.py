@@ -256,6 +256,31 @@ def test_program_size_is_logarithmic_in_depth():
     assert large <= math.log2(4096) + 4
 
 
+class _Scale(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return jnp.tanh(x * self.w)
+
+
+@pytest.mark.parametrize(
+    "depth, slots", [(1500, 2), (2048, 3), (3000, 5), (2500, 8), (4096, 12)]
+)
+def test_count_flops_is_exact_on_deep_stacks(depth, slots):
+    # One tanh per layer evaluation, and one more in each layer's backward
+    # step: binomial's action table here is larger than any size cut-off would
+    # let through, and every `lax.cond` it decides must still be followed.
+    layers = _Scale(jnp.linspace(0.5, 1.0, depth))
+    ck = er.binomial(slots)
+
+    def loss(layers):
+        return jnp.sum(er.scan_layers(layers, jnp.ones(()), checkpoint=ck))
+
+    count = er.count_flops(jax.grad(loss), layers)
+    assert count.transcendentals == ck.evaluations(depth) + depth
+    assert count.transcendentals == optimal_evaluations(depth, slots) + depth
+
+
 def test_memory_falls_and_evaluations_rise_as_slots_fall():
     depth, width, batch = 48, 16, 256  # a carry (16 KiB) outweighs a layer (1 KiB)
     layers = make_layers(depth, width)

@@ -11,6 +11,7 @@ import resource
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -859,6 +860,36 @@ def test_residuals_look_inside_scans(capsys):
         line.startswith("float32[6,24] × 2 layers  1.1 KiB  named 'qkv_proj'")
         for line in lines
     ), lines
+
+
+class _TaggedLayer(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        x = checkpoint_name(x, "block_input")
+        return x + jnp.tanh(x @ self.w)
+
+
+class _Blocks(eqx.Module):
+    inner: _TaggedLayer
+    checkpoint: Any = eqx.field(static=True)
+
+    def __call__(self, x):
+        return er.scan_layers(self.inner, x, checkpoint=self.checkpoint)
+
+
+@pytest.mark.parametrize("outer", [None, er.save_names("block_input")], ids=str)
+def test_residuals_of_nested_scans_under_a_name_policy(outer):
+    # 3 blocks of 4 layers, the inner scans under a name policy (and the outer
+    # one too): the saved inputs keep their tag and count 3 x 4 layers, through
+    # the calls a policy wraps each layer in.
+    policy = er.save_names("block_input")
+    blocks = _Blocks(_TaggedLayer(jnp.ones((3, 4, 2, 2))), policy)
+    loss = lambda b, x: jnp.sum(er.scan_layers(b, x, checkpoint=outer))
+    res = er.residuals(loss, blocks, jnp.ones((5, 2)))
+    tagged = [(r.name, r.layers, r.layer_shape) for r in res if r.name]
+    assert tagged == [("block_input", 12, (5, 2))], res
+    assert all(r.layers in (1, 12) for r in res), res
 
 
 def test_residuals_nested_scans_multiply_layers():

@@ -321,24 +321,18 @@ def test_count_flops_is_the_sum_of_the_ranges(parts):
         start += n
     assert _tanhs(layers, ck, x) == total
 
-    # In evaluations: the forward pass and the re-runs (`evaluations`), plus
-    # the evaluations inside the layers' backward steps: one for a schedule's
-    # layer (its vjp at a recomputed input) or a recomputing policy's (the
-    # pullback re-runs the layer), one more where a schedule's inner policy
-    # recomputes, none for a layer saved whole.
-    def in_backward_steps(n, c):
-        if c is None or c == "everything":
-            return 0
-        inner = c.policy if isinstance(c, er.Schedule) else None
-        return n * (2 if inner not in (None, "everything") else 1)
-
-    expected = ck.evaluations(depth) + sum(in_backward_steps(n, c) for n, c in parts)
+    # In evaluations: the forward pass, the re-runs and the policies'
+    # recomputes (`evaluations`), plus the backward step of each layer of a
+    # schedule (its vjp at a recomputed input).
+    in_schedules = sum(n for n, c in parts if isinstance(c, er.Schedule))
+    expected = ck.evaluations(depth) + in_schedules
     assert _tanhs(layers, ck, x) == batch * width * expected
 
 
 def test_evaluations_are_the_sum_of_the_ranges():
     ck = er.ranges((3, None), (10, er.binomial(3)), (4, "dots"), (16, er.recursive()))
-    assert ck.evaluations(33) == 3 + er.binomial(3).evaluations(10) + 4 + (
+    # None: the forward pass; a policy: the forward pass and its recompute.
+    assert ck.evaluations(33) == 3 + er.binomial(3).evaluations(10) + 2 * 4 + (
         16 + 16 * int(math.log2(16)) // 2
     )
     one = er.every(4)

@@ -42,6 +42,23 @@ def test_sharded_gradients_equal_single_device_gradients():
     run_sharded_check("grads")
 
 
+def test_padded_segments_keep_memory_space_and_sharding():
+    """Depths that a schedule's split does not divide (3 and 5 layers): every
+    schedule, with no inner policy or an offloading one (`offload_dots_no_batch`,
+    `offload_names`), gives the gradient of no checkpointing with and without an
+    Explicit mesh (8 devices), and so does a 3-layer Transformer under
+    `every(2)`: the skip branch of a padded layer returns values of the exact
+    types the layer's branch computes (memory space, sharding, weak type)."""
+    run_sharded_check("padded")
+
+
+def test_flash_attention_stays_per_device_under_every_schedule():
+    """`jax.vmap(model, spmd_axis_name="data")` over a flash-attention Llama: the
+    traced gradient's `shard_map` around the kernel has `in_specs` `P('data')`
+    under every depth schedule (8 devices, interpret mode), not `P(None)`."""
+    run_sharded_check("flash_specs")
+
+
 @pytest.mark.slow
 def test_sharded_training():
     """On 8 devices, `benchmarks/train_lm.py --mesh fsdp:8`, resumed as
