@@ -194,6 +194,31 @@ def _picks(rows: Rows, group: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["group"] == group and r.get("kind") == "pick"]
 
 
+def uniform_frontier(rows: Rows, group: str) -> list[dict[str, Any]]:
+    """The compiled uniform candidates that no other beats in both memory and
+    estimated time, least memory first."""
+    uniform = sorted(
+        (
+            r
+            for r in rows
+            if r["group"] == group and r.get("kind") == "uniform" and r["compiled"]
+        ),
+        key=lambda r: (r["memory_bytes"], r["time_s"]),
+    )
+    out: list[dict[str, Any]] = []
+    for r in uniform:
+        if not out or r["time_s"] < out[-1]["time_s"]:
+            out.append(r)
+    return out
+
+
+def between_uniform(rows: Rows, group: str, budget: int) -> bool:
+    """Whether `budget` lies strictly between the memories of two neighbours on
+    the uniform candidates' frontier (where a mix can cost less than both)."""
+    memories = [r["memory_bytes"] for r in uniform_frontier(rows, group)]
+    return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
+
+
 @dataclasses.dataclass(frozen=True)
 class PickFits:
     """At every budget the planner's pick fits when compiled: the largest
@@ -246,15 +271,18 @@ class PickVsUniform:
 
 @dataclasses.dataclass(frozen=True)
 class CheaperBetween:
-    """At `at_least` of the budgets between uniform points (where a uniform
-    candidate that does not fit costs less than the best one that does), the
-    pick costs strictly less than the best uniform candidate that fits."""
+    """At `at_least` of the budgets between uniform points (`between_uniform`),
+    the pick costs strictly less than the best uniform candidate that fits."""
 
     on: Any
     at_least: float = 0.5
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
-        between = [r for r in _picks(rows, group) if r["between"]]
+        between = [
+            r
+            for r in _picks(rows, group)
+            if between_uniform(rows, group, r["budget_bytes"])
+        ]
         if not between:
             return []
         cheaper = [

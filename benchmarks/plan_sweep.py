@@ -100,11 +100,14 @@ def budgets_between(low: int, high: int, n: int) -> list[int]:
     return [int(round(b)) for b in np.linspace(low, high, n)]
 
 
-def _plan(fn, model, batch, budget, target) -> tuple[er.PlanResult | None, str]:
+def _plan(fn, model, batch, budget, target) -> er.PlanResult | None:
+    """The planner's answer, or `None` where nothing fits the budget."""
     try:
-        return er.plan(fn, model, batch, budget_bytes=budget, target=target), ""
-    except ValueError as e:  # nothing fits
-        return None, str(e).splitlines()[0]
+        return er.plan(fn, model, batch, budget_bytes=budget, target=target)
+    except ValueError as e:
+        if "fits" not in str(e):
+            raise
+        return None
 
 
 def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
@@ -122,7 +125,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
     with _mesh_context(preset, mesh):
         load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
         console.print(f"[bold]{name}[/]: planning at {C.fmt_bytes(cap)} first")
-        top, _ = _plan(fn, model, batch, cap, args.target)
+        top = _plan(fn, model, batch, cap, args.target)
         if top is None:
             raise SystemExit(f"{name}: nothing fits in {C.fmt_bytes(cap)}")
         budgets = _budgets(top, cap, args.budgets)
@@ -132,13 +135,18 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
                 results.append(top)
                 continue
             console.print(f"[bold]{name}[/]: budget {C.fmt_bytes(b)}")
-            results.append(_plan(fn, model, batch, b, args.target)[0])
+            results.append(_plan(fn, model, batch, b, args.target))
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - cpu0  # every thread's: the compiler's too
         load = (load0 + os.getloadavg()[0]) / 2
         # In the order planned: later calls predict with more compiles behind them.
         calls = ([] if cap in budgets else [top]) + results
-        console.print(f"[bold]{name}[/]: uniform candidates")
+        console.print(
+            f"[bold]{name}[/]: planned {len(budgets)} budgets in {seconds:.0f} s "
+            f"({cpu:.0f} s of CPU, load average {load:.1f}), "
+            f"{sum(r.compiles for r in calls if r is not None)} compiles; "
+            "uniform candidates next"
+        )
         specs = args.checkpoint or preset.checkpoints(
             quick=args.quick, accelerator=bool(args.target)
         )
@@ -207,20 +215,12 @@ def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
 def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     fitting = [e for e in uniform if e.report is not None and e.memory_bytes <= budget]
     best = min(fitting, key=lambda e: e.time_s) if fitting else None
-    # Between uniform points: a uniform candidate that does not fit costs less
-    # than the best one that fits (at such a budget a mix can win).
-    between = best is not None and any(
-        e.time_s < best.time_s
-        for e in uniform
-        if e.memory_bytes and e.memory_bytes > budget
-    )
     row = {
         "group": name,
         "kind": "pick",
         "budget_bytes": budget,
         "best_uniform": None if best is None else C.checkpoint_label(best.checkpoint),
         "best_uniform_time_s": None if best is None else best.time_s,
-        "between": between,
     }
     if result is None:
         return row | {"checkpoint": None, "fits": False}
@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for name, preset in presets.items():
         rows += sweep_preset(args, name, preset, console)
+    for r in rows:
+        if r["kind"] == "pick":
+            r["between"] = T.between_uniform(rows, r["group"], r["budget_bytes"])
     data = {
         "meta": C.meta(args, seconds=time.perf_counter() - t0),
         "presets": {
@@ -381,10 +384,18 @@ def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
         label="uniform candidates",
         zorder=2,
     )
-    for r in uniform:
+    # Points closer than 2% of the axes share one label ("None = everything").
+    xs = [r["memory_bytes"] / size for r in uniform]
+    ys = [1e3 * r["time_s"] for r in uniform]
+    dx, dy = 0.02 * (max(xs) - min(xs) or 1), 0.02 * (max(ys) - min(ys) or 1)
+    labels: dict[tuple, list[str]] = {}
+    for x, y, r in zip(xs, ys, uniform):
+        near = [k for k in labels if abs(k[0] - x) < dx and abs(k[1] - y) < dy]
+        labels.setdefault(near[0] if near else (x, y), []).append(r["checkpoint"])
+    for (x, y), names in labels.items():
         ax.annotate(
-            r["checkpoint"],
-            (r["memory_bytes"] / size, 1e3 * r["time_s"]),
+            " = ".join(names),
+            (x, y),
             fontsize=7,
             color="0.35",
             xytext=(4, 3),
