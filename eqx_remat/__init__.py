@@ -44,6 +44,7 @@ from ._residuals import (
     residuals as residuals,
 )
 from ._schedules import every as every, nested as nested, recursive as recursive
+from ._stacked import Stacked as Stacked
 from ._util import format_bytes as format_bytes
 
 
@@ -62,6 +63,7 @@ __all__ = [
     "ReplicatedArgumentsWarning",
     "Residual",
     "Schedule",
+    "Stacked",
     "binomial",
     "chain",
     "count_flops",

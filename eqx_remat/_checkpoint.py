@@ -46,7 +46,7 @@ def normalise_checkpoint(
         ) from None
 
 
-def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Any:
+def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Checkpoint:
     """Check that `spec` can be a `checkpoint`: `None`, a policy name, a JAX
     policy callable or a [`eqx_remat.Schedule`][].
 
@@ -109,13 +109,33 @@ def _is_module(x: Any) -> bool:
     return isinstance(x, eqx.Module)
 
 
+_CHECKPOINT_FIELD = "eqx_remat.checkpoint"
+
+
+def checkpoint_field(**kwargs: Any) -> Any:
+    """`eqx.field(static=True, **kwargs)`, declared as holding a `Checkpoint`:
+    `map_checkpoints` finds such a field by this declaration, whatever its
+    name ([`eqx_remat.Stacked`][]'s `checkpoint` is one)."""
+    metadata = dict(kwargs.pop("metadata", {}), **{_CHECKPOINT_FIELD: True})
+    return eqx.field(static=True, metadata=metadata, **kwargs)
+
+
+def _is_checkpoint_field(f: dataclasses.Field) -> bool:
+    return f.name == "checkpoint" or bool(f.metadata.get(_CHECKPOINT_FIELD))
+
+
 def map_checkpoints(
     tree: _T, fn: Callable[[Checkpoint], Checkpoint]
 ) -> tuple[_T, list[Checkpoint]]:
-    """The one walk over `checkpoint` fields: a copy of `tree` in which the
-    `checkpoint` field `c` of every `eqx.Module` (modules nested inside others
+    """The one walk over checkpoint fields: a copy of `tree` in which every
+    checkpoint field `c` of every `eqx.Module` (modules nested inside others
     included) is replaced by `fn(c)`, and the list of the fields' old values, in
-    the order met. The rest of the tree, arrays included, is kept as it is."""
+    the order met. The rest of the tree, arrays included, is kept as it is.
+
+    A checkpoint field is one declared with `checkpoint_field()` — the
+    `checkpoint` of an [`eqx_remat.Stacked`][], wherever it sits in a model — or
+    any field named `checkpoint` (the zoo's models, and models of your own that
+    follow them)."""
     found: list[Checkpoint] = []
 
     def replace(x):
@@ -124,7 +144,7 @@ def map_checkpoints(
         new = object.__new__(type(x))
         for f in dataclasses.fields(x):
             value = getattr(x, f.name)
-            if f.name == "checkpoint":
+            if _is_checkpoint_field(f):
                 found.append(value)
                 value = fn(value)
             else:
@@ -140,8 +160,10 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
     """A copy of `tree` with every `checkpoint` field replaced by `spec`.
 
     Works on any pytree: zoo models, modules nested inside other modules, lists of
-    models. Use it to change the schedule of a trained model, or to compare
-    schedules on the same weights.
+    models, models of your own that hold their layers in an
+    [`eqx_remat.Stacked`][] (its `checkpoint` is found wherever it sits). Use it
+    to change the schedule of a trained model, or to compare schedules on the
+    same weights.
 
     The `checkpoint` field is static: it is part of the tree's structure, and so
     of the structure of anything built from the model — an optimiser state made
@@ -156,7 +178,8 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
 
     **Arguments:**
 
-    - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field.
+    - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field
+      (an [`eqx_remat.Stacked`][], a zoo model).
     - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule.
 
     **Returns:**
@@ -174,7 +197,7 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
     if not found:
         raise ValueError(
             "set_checkpoint expected a pytree containing an eqx.Module with a "
-            "`checkpoint` field (every zoo model has one). Got "
+            "`checkpoint` field (an eqx_remat.Stacked, every zoo model). Got "
             f"{type(tree).__name__} without one: nothing would be checkpointed."
         )
     return out

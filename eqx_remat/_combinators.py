@@ -1,5 +1,6 @@
 """Combinators: stack layers, scan over them, chain callables."""
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex, TypeVar
 
@@ -34,7 +35,7 @@ def stack(make_layer: Callable[[Any], _T], keys: Any) -> _T:
     """
     shape = jnp.shape(keys)
     if len(shape) == 0 or (
-        not jax.dtypes.issubdtype(jnp.asarray(keys).dtype, jax.dtypes.prng_key)
+        not jnp.issubdtype(jnp.asarray(keys).dtype, jax.dtypes.prng_key)
         and len(shape) < 2
     ):
         raise ValueError(
@@ -46,22 +47,118 @@ def stack(make_layer: Callable[[Any], _T], keys: Any) -> _T:
     return eqx.filter_vmap(make_layer)(keys)
 
 
-def _depth(stacked: Any, what: str) -> int:
+def _depth(stacked: Any, what: str, fn: str = "scan_layers") -> int:
     leaves = jtu.tree_leaves(eqx.filter(stacked, eqx.is_array))
     if not leaves:
-        raise ValueError(f"scan_layers expected {what} to hold arrays. Got none.")
+        raise ValueError(f"{fn} expected {what} to hold arrays. Got none.")
     depths = {jnp.ndim(x) and x.shape[0] for x in leaves}
     if any(jnp.ndim(x) == 0 for x in leaves):
         raise ValueError(
-            f"scan_layers expected every array in {what} to have a leading depth "
+            f"{fn} expected every array in {what} to have a leading depth "
             "axis. Got a scalar."
         )
     if len(depths) != 1:
         raise ValueError(
-            f"scan_layers expected every array in {what} to have the same leading "
+            f"{fn} expected every array in {what} to have the same leading "
             f"depth axis. Got depths {sorted(depths)}."
         )
     return depths.pop()
+
+
+def _leaf_summary(x: Any) -> str:
+    if eqx.is_array(x):
+        return f"shape {tuple(jnp.shape(x))} {jnp.result_type(x)}"
+    return repr(x)
+
+
+def _same_leaf(a: Any, b: Any) -> bool:
+    if eqx.is_array(a) or eqx.is_array(b):
+        return (
+            eqx.is_array(a)
+            and eqx.is_array(b)
+            and jnp.shape(a) == jnp.shape(b)
+            and jnp.result_type(a) == jnp.result_type(b)
+        )
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. a comparison that returns an array
+        return False
+
+
+def _difference(a: Any, b: Any, path: str) -> str | None:
+    """Where and how `a` differs from `b` (the first place met), or `None`."""
+    if type(a) is not type(b):
+        return f"{path} is a {type(a).__name__}, not a {type(b).__name__}"
+    if isinstance(a, eqx.Module):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if f.metadata.get("static", False):
+                if not _same_leaf(x, y):
+                    return f"{path}.{f.name} (static) is {x!r}, not {y!r}"
+            elif (why := _difference(x, y, f"{path}.{f.name}")) is not None:
+                return why
+        return None
+    one_level = lambda node: lambda x: x is not node
+    xs, tx = jtu.tree_flatten_with_path(a, is_leaf=one_level(a))
+    ys, ty = jtu.tree_flatten_with_path(b, is_leaf=one_level(b))
+    if tx != ty:
+        return f"{path} has structure {tx}, not {ty}"
+    if tx.num_nodes == 1 and tx.num_leaves == 1:  # a leaf
+        if _same_leaf(a, b):
+            return None
+        return f"{path} has {_leaf_summary(a)}, not {_leaf_summary(b)}"
+    for (key, x), (_, y) in zip(xs, ys):
+        if (why := _difference(x, y, path + jtu.keystr(key))) is not None:
+            return why
+    return None
+
+
+def layer_mismatch(layers: Sequence[Any], what: str) -> str | None:
+    """Why `layers` cannot be stacked into one, or `None` when they can: the
+    first layer that differs from `layers[0]`, and where and how (a type, a
+    static field, an array's shape or dtype, a value that is not an array)."""
+    for i, layer in enumerate(layers[1:], start=1):
+        why = _difference(layer, layers[0], f"{what}[{i}]")
+        if why is not None:
+            return why + f" as in {what}[0]."
+    return None
+
+
+def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
+    """A list or tuple of `D` layers of one structure as one layer whose arrays
+    have a leading depth axis: each array leaf is `jnp.stack` of the layers'
+    leaves; the rest is `layers[0]`'s. This copies the parameters (inside a
+    `jax.jit`, on every call).
+
+    **Raises:**
+
+    `ValueError` naming `fn` and `what` for an empty sequence, a layer that is
+    not an `eqx.Module`, or layers that differ (the first one that does, and
+    how).
+    """
+    layers = list(layers)
+    if not layers:
+        raise ValueError(
+            f"{fn} expected {what} to be a non-empty list or tuple of layers "
+            "(depth >= 1). Got an empty one."
+        )
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, eqx.Module):
+            raise ValueError(
+                f"{fn} expected {what} to be a list or tuple of eqx.Modules of "
+                f"one structure. Got {type(layer).__name__} at {what}[{i}]."
+            )
+    why = layer_mismatch(layers, what)
+    if why is not None:
+        raise ValueError(
+            f"{fn} expected {what} to be layers of one structure (the same "
+            "type, static fields, array shapes and dtypes), to stack them. " + why
+        )
+    dynamic = [eqx.filter(layer, eqx.is_array) for layer in layers]
+    stacked = jtu.tree_map(lambda *xs: jnp.stack(xs), *dynamic)
+    return eqx.combine(stacked, eqx.filter(layers[0], eqx.is_array, inverse=True))
 
 
 def _apply(
@@ -110,7 +207,18 @@ def scan_layers(
     **Arguments:**
 
     - `layers`: `D` layers stacked with a leading depth axis, e.g. by
-      [`eqx_remat.stack`][]. Called as `layer(carry)` or `layer(carry, x)`.
+      [`eqx_remat.stack`][] or held by an [`eqx_remat.Stacked`][]; or a list or
+      tuple of `D` `eqx.Module`s of one structure (the same type, static fields,
+      array shapes and dtypes: `[Block(k) for k in keys]`), which are stacked
+      here, with `jnp.stack` on each array, and scanned like a stack — one
+      layer is traced, whatever `D`. Stacking copies the parameters; inside a
+      `jax.jit`ted training step it does so on every step, and the gradient is
+      stacked too before it is split per layer: up to twice the layers'
+      parameters in temporary memory, which dominates for wide layers on a
+      small batch. Hold the layers stacked instead
+      (`eqx_remat.Stacked([...])`, built once). Layers that differ are a
+      `ValueError` naming the first that does, and how.
+      Each layer is called as `layer(carry)` or `layer(carry, x)`.
       A single layer that was never stacked is caught where the shapes show it:
       when a slice of it returns a carry of the wrong shape (`eqx.nn.Linear`),
       or when every array is one-dimensional with a size that is an axis of the
@@ -135,8 +243,26 @@ def scan_layers(
 
     The output of the last layer.
     """
+    if isinstance(layers, (list, tuple)):
+        layers = stack_layers(layers, fn="scan_layers")
+        return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
+    _check_stacked(layers, carry, _depth(layers, "layers"))
+    return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
+
+
+def scan_stacked(
+    layers: Any,
+    carry: Any,
+    xs: Any = None,
+    *,
+    checkpoint: Checkpoint = None,
+    unroll: SupportsIndex | bool = 1,
+) -> Any:
+    """[`eqx_remat.scan_layers`][] for layers known to be stacked (by
+    `stack_layers`, [`eqx_remat.stack`][], an [`eqx_remat.Stacked`][]): without
+    the check for a single layer passed as a stack, which a stack of layers
+    holding one scalar each could otherwise fail."""
     depth = _depth(layers, "layers")
-    _check_stacked(layers, carry, depth)
     if xs is not None:
         xs_depth = _depth(xs, "xs")
         if xs_depth != depth:
@@ -205,10 +331,17 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
     `chain([jnp.sin] * 16, checkpoint=recursive())(x)` is `sin` applied 16 times,
     with `O(log 16)` stored carries on the backward pass.
 
-    The callables may differ (they are selected with `lax.switch` inside one
-    scan; identical callables share one branch) and may close over arrays,
-    including ones being differentiated. Each must map its input to a value of the
-    same structure, shapes and dtypes.
+    `eqx.Module`s of one structure (the same type, static fields, array shapes
+    and dtypes: `[Block(k) for k in keys]`) are stacked, as
+    [`eqx_remat.scan_layers`][] stacks a list, and scanned: one layer is traced,
+    whatever their number. (Stacking copies their parameters on every call,
+    and stacks their gradient: up to twice the parameters in temporary memory.
+    To avoid it, hold the layers stacked, in an [`eqx_remat.Stacked`][].)
+    Other callables may differ (they are selected with `lax.switch` inside one
+    scan, which compiles and keeps every branch; identical callables share one
+    branch). Callables may close over arrays, including ones being
+    differentiated. Each must map its input to a value of the same structure,
+    shapes and dtypes.
 
     **Arguments:**
 
@@ -236,30 +369,55 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
         else:
             index.append(len(unique))
             unique.append(f)
+    if (
+        len(unique) > 1
+        and all(isinstance(f, eqx.Module) for f in unique)
+        and layer_mismatch(fns, "fns") is None
+    ):
+        return lambda x: _chain_stacked(fns, x, checkpoint)
+    return lambda x: _chain_switch(unique, index, x, checkpoint)
 
-    def call(x):
-        # A module's arrays, and any array a function closes over (tracers
-        # included), become explicit arguments of the scan body, so they are
-        # differentiated and batched like parameters.
-        dynamic, static = eqx.partition(unique, eqx.is_array)
-        converted, consts = [], []
-        for d, s in zip(dynamic, static):
-            f = lambda d, x, s=s: eqx.combine(d, s)(x)
-            f, hoisted = jax.closure_convert(f, d, x)
-            converted.append(f)
-            consts.append((d, hoisted))
 
-        def step(cs, i, c):
-            branches = [
-                lambda c, j=j: converted[j](cs[j][0], c, *cs[j][1])
-                for j in range(len(converted))
-            ]
-            out = branches[0](c) if len(branches) == 1 else lax.switch(i, branches, c)
-            _check_carry(c, out)
-            return out
+def _convert(f: Callable[[Any, Any], Any], params: Any, x: Any):
+    """`f(params, x)` with every array it closes over (tracers included) as an
+    explicit argument, so that it is differentiated and batched like a
+    parameter: `(g, hoisted)` with `g(params, x, *hoisted) == f(params, x)`."""
+    return jax.closure_convert(f, params, x)
 
-        # The order is needed only to choose between different callables.
-        order = jnp.asarray(index, dtype=jnp.int32) if len(unique) > 1 else None
-        return _apply(step, tuple(consts), order, x, len(fns), checkpoint)
 
-    return call
+def _chain_stacked(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
+    """Modules of one structure: one stack, one traced layer, no switch."""
+    stacked = stack_layers(fns, fn="chain", what="fns")
+    params, static = eqx.partition(stacked, eqx.is_array)
+    first = eqx.filter(fns[0], eqx.is_array)
+    layer, hoisted = _convert(lambda p, c: eqx.combine(p, static)(c), first, x)
+
+    def step(consts, p, c):
+        out = layer(p, c, *consts)
+        _check_carry(c, out)
+        return out
+
+    return _apply(step, tuple(hoisted), params, x, len(fns), checkpoint)
+
+
+def _chain_switch(unique: list, index: list[int], x: Any, checkpoint) -> Any:
+    """Different callables: one branch each, chosen by `lax.switch`."""
+    dynamic, static = eqx.partition(unique, eqx.is_array)
+    converted, consts = [], []
+    for d, s in zip(dynamic, static):
+        f, hoisted = _convert(lambda d, x, s=s: eqx.combine(d, s)(x), d, x)
+        converted.append(f)
+        consts.append((d, hoisted))
+
+    def step(cs, i, c):
+        branches = [
+            lambda c, j=j: converted[j](cs[j][0], c, *cs[j][1])
+            for j in range(len(converted))
+        ]
+        out = branches[0](c) if len(branches) == 1 else lax.switch(i, branches, c)
+        _check_carry(c, out)
+        return out
+
+    # The order is needed only to choose between different callables.
+    order = jnp.asarray(index, dtype=jnp.int32) if len(unique) > 1 else None
+    return _apply(step, tuple(consts), order, x, len(index), checkpoint)

@@ -45,6 +45,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
@@ -70,7 +71,7 @@ _warned_no_vmap_rule = False
 
 def _innermost_is_vmap() -> bool:
     global _warned_no_vmap_rule
-    if _trace_ctx is None:  # pragma: no cover - depends on the jax version
+    if _trace_ctx is None or _BatchTrace is None:  # pragma: no cover - jax version
         if not _warned_no_vmap_rule:
             _warned_no_vmap_rule = True
             warnings.warn(
@@ -89,6 +90,8 @@ def _vmap_names() -> dict[str, Any]:
     keyword arguments of `jax.vmap`, so that the `custom_vmap` rule batches
     with them: collectives over the axis name still work, and values stay split
     over the mesh axes of `spmd_axis_name` (a `shard_map`'s specs keep them)."""
+    if _trace_ctx is None:  # pragma: no cover - then `_innermost_is_vmap` is False
+        return {}
     axis = getattr(_trace_ctx.trace, "axis_data", None)
     name = getattr(axis, "name", None)
     spmd = getattr(axis, "spmd_name", None)

@@ -28,16 +28,20 @@ from ._util import traceable
 
 
 try:  # Private (no public equivalent): drop dead code, as XLA would.
-    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+    from jax._src.interpreters import partial_eval as _pe
 except ImportError:  # pragma: no cover - depends on the jax version
+    _pe = None
 
-    def _dce_jaxpr(*args, **kwargs):
+
+def _dce_jaxpr(jaxpr: Any, used_outputs: list[bool], instantiate: bool) -> Any:
+    if _pe is None or not hasattr(_pe, "dce_jaxpr"):  # pragma: no cover
         raise ImportError(
             "eqx_remat.count_flops needs jax's private "
             "`jax._src.interpreters.partial_eval.dce_jaxpr`, which this jax "
             f"({jax.__version__}) does not have. eqx_remat is tested with "
             "jax 0.10.2; install that version (pip install 'jax==0.10.2')."
         )
+    return _pe.dce_jaxpr(jaxpr, used_outputs, instantiate)
 
 
 class FlopCount(int):
@@ -483,7 +487,10 @@ def _evaluate(eqn, known: dict, needed: frozenset) -> None:
     name = eqn.primitive.name
     if name not in _EVALUABLE or not any(o in needed for o in eqn.outvars):
         return
-    if not all(getattr(o.aval, "dtype", np.float32).kind in "biu" for o in eqn.outvars):
+    if not all(
+        getattr(o.aval, "dtype", np.dtype(np.float32)).kind in "biu"
+        for o in eqn.outvars
+    ):
         return
     vals = [_value(v, known) for v in eqn.invars]
     if any(x is None for x in vals):

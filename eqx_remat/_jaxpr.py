@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
+from typing_extensions import TypeIs
 
 
 try:  # Only for the source locations of re-evaluated equations; optional.
@@ -41,7 +42,7 @@ CALLS: Mapping[str, str] = {
 PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
 
 
-def is_literal(v: Any) -> bool:
+def is_literal(v: Any) -> TypeIs[Literal]:
     """Whether an equation's input (or a jaxpr's output) is a literal constant
     (whose value is `v.val`) rather than a variable."""
     return isinstance(v, Literal)
@@ -82,14 +83,14 @@ def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr | None:
     return None if param is None else eqn.params.get(param)
 
 
-def producers(jaxpr: Jaxpr) -> dict[Any, JaxprEqn]:
+def producers(jaxpr: Jaxpr) -> dict[Var, JaxprEqn]:
     """`{variable: the equation of jaxpr that computes it}`."""
     return {v: e for e in jaxpr.eqns for v in e.outvars}
 
 
-def users(jaxpr: Jaxpr) -> dict[Any, list[JaxprEqn]]:
+def users(jaxpr: Jaxpr) -> dict[Var, list[JaxprEqn]]:
     """`{variable: the equations of jaxpr that read it}`, in order."""
-    out: dict[Any, list[JaxprEqn]] = {}
+    out: dict[Var, list[JaxprEqn]] = {}
     for e in jaxpr.eqns:
         for v in e.invars:
             if not is_literal(v):
@@ -209,7 +210,8 @@ def _user_context(eqn: JaxprEqn):
 def trace(fn: Callable[..., Any], *args: Any) -> tuple[ClosedJaxpr, list, Any]:
     """`(closed_jaxpr, flat_args, out_tree)` of `fn(*args)`, `args` pytrees of
     arrays: the jaxpr takes the flattened leaves of `args`, and its outputs
-    unflatten with `out_tree`."""
+    unflatten with `out_tree` (a `jax.tree_util.PyTreeDef`, which jax defines as
+    a variable and so cannot be named in an annotation)."""
     flat, in_tree = jax.tree.flatten(args)
     closed, out_shape = jax.make_jaxpr(
         lambda *f: fn(*jax.tree.unflatten(in_tree, f)), return_shape=True

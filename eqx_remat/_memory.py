@@ -83,7 +83,7 @@ class MemoryReport(NamedTuple):
         must fit in one device; host memory not included)."""
         return self.temp_bytes + self.argument_bytes + self.output_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str]:
         """The report as a JSON-serialisable `dict` (plain `int`s and `str`)."""
         return {
             k: (v if isinstance(v, str) else int(v)) for k, v in self._asdict().items()
@@ -190,12 +190,20 @@ def memory_report(
     return compiled_report(compiled, flops=count_flops(fn, *args), target=name)
 
 
-def compiled_report(compiled: Any, *, flops: int, target: str) -> MemoryReport:
+def compiled_report(
+    compiled: jax.stages.Compiled, *, flops: int, target: str
+) -> MemoryReport:
     """The [`eqx_remat.MemoryReport`][] of a program already compiled (a
     `jax.stages.Compiled`), read from its `memory_analysis()`, with `flops` and
     `target` as given: for callers that compile to run the program too (the
     benchmarks), so that it is compiled once."""
     m = compiled.memory_analysis()
+    if m is None:
+        raise ValueError(
+            "compiled_report expected a program whose memory_analysis() gives "
+            f"its sizes. Got one compiled for {jax.default_backend()}, whose "
+            "memory_analysis() is None."
+        )
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),
         argument_bytes=int(m.argument_size_in_bytes),

@@ -5,6 +5,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jax.extend.core import JaxprEqn
+from jaxtyping import PyTree
 
 from ._jaxpr import eval_jaxpr, iter_eqns, map_eqns, trace
 
@@ -60,7 +61,7 @@ def with_pallas_costs(
     costs = _check_costs(costs)
 
     @functools.wraps(fn)
-    def with_costs(*args: Any) -> Any:
+    def with_costs(*args: PyTree) -> PyTree:
         closed, flat, out_tree = trace(fn, *args)
         called = {
             _kernel_name(e)
@@ -78,7 +79,8 @@ def with_pallas_costs(
         def add_cost(eqn: JaxprEqn) -> JaxprEqn:
             if eqn.primitive.name != "pallas_call":
                 return eqn
-            cost = costs.get(_kernel_name(eqn))
+            name = _kernel_name(eqn)
+            cost = None if name is None else costs.get(name)
             if cost is None or eqn.params.get("cost_estimate") is not None:
                 return eqn
             return eqn.replace(params={**eqn.params, "cost_estimate": cost})

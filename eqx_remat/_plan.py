@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, SupportsIndex
+from typing import Any, NamedTuple, NoReturn, SupportsIndex
 
 import jax
 import jax.tree_util as jtu
@@ -183,7 +183,7 @@ class PlanResult:
         ]
         if self.frontier:
             lines.append(
-                f"  {format_bytes(e.memory_bytes)} compiled, "
+                f"  {format_bytes(e.memory_bytes or 0)} compiled, "
                 f"{format_flops(e.flops)} FLOPs, estimated "
                 f"{_format_time(e.time_s)} per step"
             )
@@ -544,7 +544,7 @@ class _Planner:
             )
         self.depths = frozenset(depths)
         self.per = depths[0] if len(self.depths) == 1 else 1
-        mix = _mix_builder() if self.per > 1 else None
+        mix = (lambda parts: ranges(*parts)) if self.per > 1 else None
         if len(self.depths) > 1:
             self.note(
                 f"stacks of different depths ({', '.join(map(str, depths))}) "
@@ -564,10 +564,10 @@ class _Planner:
         self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
         pick = self._choose(options, mix)
         pick = self._try_schedules(pick, self._price_schedules())
-        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
         if pick is None:
             table = [e for e, _ in self.compiled.values()]
             _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
+        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
         entry = self.compiled[pick.checkpoint][0]
         return self._result(entry, (), _pareto(points + [pick]))
 
@@ -788,11 +788,12 @@ class _Planner:
             if entry.report is None or c in self.priced:
                 continue
             host = entry.report.host_temp_bytes
+            memory = entry.report.total_bytes
             out.append(
                 FrontierPoint(
                     c,
-                    int(entry.memory_bytes if predicted is None else predicted),
-                    entry.memory_bytes,
+                    int(memory if predicted is None else predicted),
+                    memory,
                     entry.flops,
                     host,
                     self.time_s(entry.flops, host),
@@ -823,17 +824,6 @@ class _Planner:
         )
 
 
-# How the planner writes a mix of per-layer options, `((n1, c1), (n2, c2))`, as
-# one checkpoint: `eqx_remat.ranges(*parts)` (`None` would make the planner
-# compare uniform options only).
-def _MIX(parts: tuple) -> Checkpoint:
-    return ranges(*parts)
-
-
-def _mix_builder() -> Callable[[tuple], Checkpoint] | None:
-    return _MIX
-
-
 def _useful(c: Schedule, depth: int) -> bool:
     """Whether schedule `c` differs from a cheaper one at this depth."""
     if isinstance(c, every):
@@ -861,7 +851,9 @@ def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     return out
 
 
-def _raise_nothing_fits(table: Sequence[PlanEntry], budget: int, target: str):
+def _raise_nothing_fits(
+    table: Sequence[PlanEntry], budget: int, target: str
+) -> NoReturn:
     measured = [e for e in table if e.report is not None]
     if not measured:
         raise ValueError(
@@ -870,11 +862,12 @@ def _raise_nothing_fits(table: Sequence[PlanEntry], budget: int, target: str):
             "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
             + _table(table, None)
         )
-    best = min(measured, key=lambda e: e.memory_bytes)
+    best = min(measured, key=lambda e: e.memory_bytes or 0)
+    smallest = best.memory_bytes or 0  # compiled: never None
     raise ValueError(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
         f"[{target}]. The smallest achievable memory is "
-        f"{format_bytes(best.memory_bytes)} ({best.memory_bytes} bytes), with "
+        f"{format_bytes(smallest)} ({smallest} bytes), with "
         f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
     )
 
@@ -940,8 +933,8 @@ def _format_time(seconds: float) -> str:
 
 
 def _format_memory(e: PlanEntry) -> str:
-    if e.report is not None:
-        return format_bytes(e.memory_bytes)
     if e.memory_bytes is None:
         return "too large (XLA)"
+    if e.report is not None:
+        return format_bytes(e.memory_bytes)
     return f">= {format_bytes(e.memory_bytes)} (XLA)"

@@ -123,7 +123,7 @@ class ranges(Schedule):
         return sum(n for n, _ in self.parts)
 
     @property
-    def policy(self) -> None:  # type: ignore[override]
+    def policy(self) -> None:
         return None
 
     def _ranges(self) -> Iterator[tuple[int, int, int, Checkpoint]]:

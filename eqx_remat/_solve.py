@@ -239,7 +239,7 @@ def share_per_chip(args: tuple, chips: int) -> float:
     for x in jax.tree.leaves(args):
         sharding = getattr(x, "sharding", None)
         spec = getattr(sharding, "spec", None)
-        if not isinstance(x, jax.ShapeDtypeStruct) or not spec:
+        if not isinstance(x, jax.ShapeDtypeStruct) or sharding is None or not spec:
             continue
         first = spec[0]
         axes = (first,) if isinstance(first, str) else tuple(first or ())

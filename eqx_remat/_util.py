@@ -8,6 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import numpy as np
+from jaxtyping import PyTree
 
 
 def is_array_like(x: Any) -> bool:
@@ -15,7 +16,7 @@ def is_array_like(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-def split_args(args: tuple) -> tuple[Any, Any]:
+def split_args(args: tuple) -> tuple[PyTree, PyTree]:
     """`(dynamic, static)`: array-like leaves (arrays, `ShapeDtypeStruct`s) are
     dynamic; every other leaf (Python numbers, functions, a module's static
     fields) is static, as in `eqx.filter_jit`."""
@@ -33,7 +34,9 @@ def abstract(x: Any, *, keep_sharding: bool = False) -> jax.ShapeDtypeStruct:
     )
 
 
-def traceable(fn: Callable[..., Any], args: tuple) -> tuple[Callable, Any]:
+def traceable(
+    fn: Callable[..., Any], args: tuple
+) -> tuple[Callable[[PyTree], PyTree], PyTree]:
     """`(f, dynamic)` such that `f(dynamic)` is `fn(*args)` with only the
     array-like leaves of `args` as inputs, every one a `jax.ShapeDtypeStruct`,
     and only the array leaves of the output as outputs. What `residuals`,

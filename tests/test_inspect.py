@@ -714,7 +714,7 @@ def test_v5e_leaves_the_environment_as_it_was():
         reports = [er.memory_report(fn, x, target=t) for t in ("v5e", "v5e:2x4")]
         changed = set(os.environ.items()) ^ set(before.items())
         print("changed", sorted(changed))
-        print("targets", [r.target for r in reports], reports[0].flops)
+        print("targets", [r.target for r in reports], int(reports[0].flops))
         """
     )
     ours = {

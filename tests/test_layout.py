@@ -3,7 +3,8 @@
 (imports inside functions and under `if TYPE_CHECKING:` count: they dodge a cycle,
 they do not remove it); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
 and `benchmarks` use only the names `eqx_remat` exports, its public namespace and
-the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module.
+the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; and
+no function in `eqx_remat`, `zoo` or `benchmarks` is over 80 lines of code.
 
 Each check is a function returning what it found, so that the checks themselves
 are tested on small made-up packages (they can fail).
@@ -11,7 +12,9 @@ are tested on small made-up packages (they can fail).
 
 import ast
 import graphlib
+import io
 import textwrap
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "eqx_remat"
 INTERNAL = "internal"
 CLIENTS = ("zoo", "benchmarks")
+MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
 
 
 def _imports(path: Path):
@@ -153,6 +157,55 @@ def private_uses(client_dir: Path, public: set[str], internal: set[str]) -> list
     return out
 
 
+_FUNCTION = ast.FunctionDef | ast.AsyncFunctionDef
+_DOCUMENTED = ast.Module | ast.ClassDef | _FUNCTION
+
+
+def function_sizes(path: Path) -> list[tuple[str, int]]:
+    """`(line:name, n)` for each function of the file (methods and nested
+    functions too; `name` qualified by its classes and functions), where `n` is
+    its lines of code: from `def` to its last line, less blank lines, comment-only
+    lines and docstrings (its own and those of the classes and functions in it).
+    Decorators do not count."""
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    code = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    for node in ast.walk(tree):
+        if isinstance(node, _DOCUMENTED) and ast.get_docstring(node) is not None:
+            doc = node.body[0]
+            code.difference_update(range(doc.lineno, doc.end_lineno + 1))
+
+    sizes = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.ClassDef | _FUNCTION):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, _FUNCTION):
+                lines = code.intersection(range(child.lineno, child.end_lineno + 1))
+                sizes.append((f"{child.lineno}:{name[:-1]}", len(lines)))
+            visit(child, name)
+
+    visit(tree, "")
+    return sizes
+
+
+def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> list[str]:
+    """`package/file.py:line:name n` for each function of the packages under `root`
+    (every `.py` file, at any depth) with more than `limit` lines of code."""
+    return [
+        f"{path.relative_to(root)}:{where} {n}"
+        for package in packages
+        for path in sorted((root / package).rglob("*.py"))
+        for where, n in function_sizes(path)
+        if n > limit
+    ]
+
+
 # --- the repository -----------------------------------------------------------
 
 
@@ -171,6 +224,14 @@ def test_eqx_remat_never_imports_zoo_or_benchmarks():
 def test_clients_use_only_exported_names(client):
     public, internal = set(eqx_remat.__all__), set(eqx_remat.internal.__all__)
     assert private_uses(ROOT / client, public, internal) == []
+
+
+def test_no_function_is_over_80_lines_of_code():
+    packages = (PACKAGE, *CLIENTS)
+    sizes = function_sizes(ROOT / PACKAGE / "_engine.py")
+    assert len(sizes) > 10 and all(n > 0 for _, n in sizes), sizes  # parsed
+    found = long_functions(ROOT, packages, MAX_FUNCTION_LINES)
+    assert found == [], f"over {MAX_FUNCTION_LINES} lines of code: {found}"
 
 
 # --- the checks can fail ------------------------------------------------------
@@ -263,3 +324,50 @@ def test_private_uses_are_found(tmp_path):
         "_bad.py:7 er._plan",
         "_bad.py:7 er.internal.nope",
     ]
+
+
+def test_function_sizes_count_code_lines_only(tmp_path):
+    package = _package(
+        tmp_path,
+        "pkg",
+        {
+            "_a.py": '''
+                """The module's docstring."""
+
+
+                @decorator
+                def f(x):
+                    """A docstring
+                    over three
+                    lines."""
+                    # A comment.
+
+                    y = (x +  # a comment after code
+                         1)
+                    return y
+
+
+                class C:
+                    """A class."""
+
+                    def method(self):
+                        def inner():
+                            """Inner's docstring."""
+                            return 1
+
+                        return inner
+            ''',
+        },
+    )
+    # f: `def`, `y = (x +`, `1)`, `return y`; C.method: its `def`, inner's two
+    # lines of code, its `return`.
+    assert function_sizes(package / "_a.py") == [
+        ("6:f", 4),
+        ("20:C.method", 4),
+        ("21:C.method.inner", 2),
+    ]
+    assert long_functions(tmp_path, ("pkg",), 3) == [
+        "pkg/_a.py:6:f 4",
+        "pkg/_a.py:20:C.method 4",
+    ]
+    assert long_functions(tmp_path, ("pkg",), 4) == []

@@ -560,13 +560,7 @@ def test_a_function_that_differentiates_no_stack_is_an_error():
 
 # --- mixes of two options over the layers (needs layer ranges) -------------------
 
-needs_ranges = pytest.mark.skipif(
-    _plan._MIX is None,
-    reason="layer ranges (eqx_remat.ranges, issue 22 item 1) are not wired in",
-)
 
-
-@needs_ranges
 def test_mixes_fit_cost_less_between_uniform_options_and_are_predicted(tiny_table):
     # Halfway between the lightest two uniform options, and between the
     # heaviest two (None and the next).
@@ -589,7 +583,6 @@ def test_mixes_fit_cost_less_between_uniform_options_and_are_predicted(tiny_tabl
     assert cheaper >= 1, budgets
 
 
-@needs_ranges
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
@@ -610,7 +603,7 @@ def test_the_pick_beats_every_compiled_two_option_mix():
     for i, heavy in enumerate(options):
         for light in options[i + 1 :]:
             for n in range(1, TINY_DEPTH):
-                c = _plan._MIX(((n, heavy), (TINY_DEPTH - n, light)))
+                c = er.ranges((n, heavy), (TINY_DEPTH - n, light))
                 entries.append(_tiny_planner().measure(c))
     result = er.plan(
         TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=options, progress=False

@@ -30,7 +30,7 @@ def test_ranges_are_values():
     assert a.parts == ((2, None), (3, "dots"), (1, er.every(2, policy="nothing")))
     assert repr(er.ranges((2, None), (3, "dots"))) == "ranges((2, None), (3, 'dots'))"
     with pytest.raises(dataclasses_frozen_error()):
-        a.parts = ()  # type: ignore[misc]
+        a.parts = ()  # pyright: ignore[reportAttributeAccessIssue]  # frozen
     # Equal values do not recompile.
     f = jax.jit(
         lambda x, ck: er.scan_layers(make_layers(2, 3), x, checkpoint=ck),

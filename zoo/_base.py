@@ -32,7 +32,13 @@ class AbstractModel(eqx.Module):
     invalid `checkpoint` or `unroll` is a `ValueError` naming the model's class.
     """
 
-    ACTIVATION_NAMES: eqx.AbstractClassVar[tuple[str, ...]]
+    if typing.TYPE_CHECKING:
+        # Pyright does not read equinox's `AbstractClassVar` (`ClassVar` under
+        # another name) as a `ClassVar`, and would take the models' `ClassVar`s
+        # for overrides of an instance variable.
+        ACTIVATION_NAMES: typing.ClassVar[tuple[str, ...]]
+    else:
+        ACTIVATION_NAMES: eqx.AbstractClassVar[tuple[str, ...]]
     checkpoint: eqx.AbstractVar[eqx_remat.Checkpoint]
     unroll: eqx.AbstractVar[int | bool]
 

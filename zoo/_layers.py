@@ -116,6 +116,8 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
     """
     x32 = x.astype(jnp.float32)
     row = (1,) * (x.ndim - 1) + (-1,)
+    if norm.weight is None:  # `_norm` always gives the norm a weight
+        raise ValueError(f"_apply_norm expected a norm with a weight. Got {norm}.")
     weight = norm.weight.astype(jnp.float32).reshape(row)
     if isinstance(norm, eqx.nn.LayerNorm):
         mean = jnp.expand_dims(jnp.mean(x32, axis=-1), -1)

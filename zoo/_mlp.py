@@ -105,7 +105,8 @@ class MLP(AbstractModel):
         self.width_size = width_size
         self.depth = depth
         self.checkpoint = checkpoint
-        self.unroll = unroll
+        # Stored as an int by the field's converter, which pyright does not model.
+        self.unroll = unroll  # pyright: ignore[reportAttributeAccessIssue]
 
     @jax.named_scope("zoo.MLP")
     @jaxtyped(typechecker=beartype)

@@ -85,7 +85,8 @@ class ResidualChain(AbstractModel):
         self.width = width
         self.depth = depth
         self.checkpoint = checkpoint
-        self.unroll = unroll
+        # Stored as an int by the field's converter, which pyright does not model.
+        self.unroll = unroll  # pyright: ignore[reportAttributeAccessIssue]
 
     @jax.named_scope("zoo.ResidualChain")
     @jaxtyped(typechecker=beartype)

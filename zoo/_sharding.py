@@ -3,15 +3,19 @@ and the mesh helpers of the models (which mesh an array is on, gathering
 weights sharded over Explicit axes)."""
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.tree_util as jtu
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, ArrayLike, PyTree
 
 from eqx_remat.internal import is_array_like
+
+
+_T = TypeVar("_T")
 
 
 def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
@@ -28,14 +32,14 @@ def _explicit(mesh: Mesh | AbstractMesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
-def _explicit_mesh(x: Any) -> Any:
+def _explicit_mesh(x: ArrayLike) -> Mesh | AbstractMesh | None:
     """The mesh of `x`'s type if it has Explicit axes (sharding in types), else
     `None`."""
     mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
     return mesh if mesh is not None and _explicit(mesh) else None
 
 
-def _gathered(tree: Any) -> Any:
+def _gathered(tree: _T) -> _T:
     """`tree` with every array sharded over Explicit mesh axes gathered to
     replicated — what FSDP does with a layer's weights before using them, and what
     XLA's sharding propagation does by itself on Auto axes (there, and off a mesh,
@@ -65,7 +69,7 @@ def _embed(table: Array, tokens: Array) -> Array:
     return table.at[tokens].get(out_sharding=out)
 
 
-def _mesh_of(x: Array) -> Any:
+def _mesh_of(x: Array) -> Mesh | AbstractMesh | None:
     """The (abstract) mesh `x` is sharded on: from its type, else the mesh set with
     `jax.set_mesh`; `None` if neither has axes."""
     sharding = getattr(jax.typeof(x), "sharding", None)
@@ -140,7 +144,7 @@ def _shardings(
     def leaf_sharding(x):
         if not is_array_like(x):
             return x
-        spec = [None] * len(x.shape)
+        spec: list[str | None] = [None] * len(x.shape)
         dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
         if dim is not None:
             spec[dim] = axis

@@ -56,7 +56,7 @@ class _Block(eqx.Module):
         mlp: Mlp,
         use_bias: bool,
         *,
-        key,
+        key: PRNGKeyArray,
     ):
         qkey, okey, ikey, mkey, gkey = jr.split(key, 5)
         head_dim = d_model // num_heads
@@ -289,30 +289,16 @@ class Transformer(AbstractModel):
         JAX integer) and are stored as Python `int`s.
         """
         cls = "Transformer"
-        vocab_size, max_len, d_model, num_heads, num_layers = (
-            check_int(cls, name, value, 1)
-            for name, value in (
-                ("vocab_size", vocab_size),
-                ("max_len", max_len),
-                ("d_model", d_model),
-                ("num_heads", num_heads),
-                ("num_layers", num_layers),
-            )
-        )
+        vocab_size = check_int(cls, "vocab_size", vocab_size, 1)
+        max_len = check_int(cls, "max_len", max_len, 1)
+        d_model = check_int(cls, "d_model", d_model, 1)
+        num_heads = check_int(cls, "num_heads", num_heads, 1)
+        num_layers = check_int(cls, "num_layers", num_layers, 1)
         d_ff = 4 * d_model if d_ff is None else check_int(cls, "d_ff", d_ff, 1)
-        for name, value, choices in (
-            ("attention", attention, Attention),
-            ("norm", norm, Norm),
-            ("position", position, Position),
-            ("mlp", mlp, Mlp),
-        ):
-            check_choice(cls, name, value, choices)
+        _check_options(cls, attention, norm, position, mlp, tie_embeddings, use_bias)
         num_kv_heads = _check_heads(cls, d_model, num_heads, num_kv_heads, position)
         dropout = _check_dropout(cls, dropout)
         dtype = _check_dtype(cls, dtype)
-        for name, value in (("tie_embeddings", tie_embeddings), ("use_bias", use_bias)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{cls}: {name} must be a bool. Got {value!r}.")
 
         tkey, pkey, bkey, hkey = jr.split(key, 4)
         self.token_embedding = eqx.nn.Embedding(vocab_size, d_model, key=tkey)
@@ -360,7 +346,8 @@ class Transformer(AbstractModel):
         self.tie_embeddings = tie_embeddings
         self.use_bias = use_bias
         self.checkpoint = checkpoint
-        self.unroll = unroll
+        # Stored as an int by the field's converter, which pyright does not model.
+        self.unroll = unroll  # pyright: ignore[reportAttributeAccessIssue]
 
     @classmethod
     def llama(
@@ -482,7 +469,7 @@ class Transformer(AbstractModel):
             x = x + position_embedding.weight[:seq]
         x = x.astype(self.dtype)
         layer_keys = None
-        if training:
+        if training and key is not None:  # (`key is None` raised above)
             ekey, lkey = jr.split(key)
             x = self.embedding_dropout(x, key=ekey)
             layer_keys = jr.split(lkey, self.num_layers)
@@ -495,6 +482,29 @@ class Transformer(AbstractModel):
         else:
             logits = head(x)
         return logits.astype(jnp.float32)
+
+
+def _check_options(
+    cls: str,
+    attention: Any,
+    norm: Any,
+    position: Any,
+    mlp: Any,
+    tie_embeddings: Any,
+    use_bias: Any,
+) -> None:
+    """Raise a `ValueError` naming `cls` unless each option is one of its `Literal`
+    type's choices and each flag is a `bool`."""
+    for name, value, choices in (
+        ("attention", attention, Attention),
+        ("norm", norm, Norm),
+        ("position", position, Position),
+        ("mlp", mlp, Mlp),
+    ):
+        check_choice(cls, name, value, choices)
+    for name, value in (("tie_embeddings", tie_embeddings), ("use_bias", use_bias)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{cls}: {name} must be a bool. Got {value!r}.")
 
 
 def _check_heads(
