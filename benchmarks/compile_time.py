@@ -12,7 +12,7 @@ interleaved; the median is reported, with the ratio of the deepest to the
 shallowest.
 
     python benchmarks/compile_time.py
-    python benchmarks/compile_time.py --layers 4 16 64 --checkpoint None dots
+    python benchmarks/compile_time.py --depths 4 16 64 --checkpoint None dots
     python benchmarks/compile_time.py --quick     # tests
 """
 
@@ -33,11 +33,12 @@ LIMIT = 1.5  # the target, for None and every policy
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
     p.add_argument(
-        "--layers",
+        "--depths",
         type=C.positive_int,
         nargs="+",
         default=[4, 64],
-        help="depths to compare (default: %(default)s)",
+        metavar="N",
+        help="the depths to measure: transformer layers (default: %(default)s)",
     )
     p.add_argument(
         "--d-model", type=C.positive_int, default=128, help="(default: %(default)s)"
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = C.parse_args(_parser(), argv, "compile_time")
     specs = args.checkpoint or CHECKPOINTS
     if args.quick:
-        args.layers, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
+        args.depths, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
     seq, batch = (16, 2) if args.quick else (128, 4)
 
     def preset(n: int) -> M.TransformerPreset:
@@ -72,13 +73,13 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     console, times, t0 = C.Console(), {}, time.perf_counter()
-    with console.progress(args.repeats * len(specs) * len(args.layers)) as step:
+    with console.progress(args.repeats * len(specs) * len(args.depths)) as step:
         for r in range(args.repeats):
             for spec in specs:
-                for n in args.layers:
+                for n in args.depths:
                     step(f"round {r + 1}: {spec}, {n} layers")
                     times.setdefault((spec, n), []).append(seconds(preset(n), spec))
-    lo, hi = min(args.layers), max(args.layers)
+    lo, hi = min(args.depths), max(args.depths)
     rows = [
         {
             "checkpoint": s,
@@ -105,11 +106,12 @@ def main(argv: list[str] | None = None) -> dict:
     console.print(data["meta"]["describe"])
     console.table(
         f"Compile time, s (median) [{C.where_compiled(data)}]",
-        ["checkpoint", *(f"{n} layers" for n in args.layers), f"{hi} / {lo}"],
+        ["checkpoint", *(f"{n} layers" for n in args.depths), f"{hi} / {lo}"],
         [
-            [s, *(f"{med[(s, n)]:.2f}" for n in args.layers), C.fmt_ratio(ratios[s])]
+            [s, *(f"{med[(s, n)]:.2f}" for n in args.depths), C.fmt_ratio(ratios[s])]
             for s in specs
         ],
+        left=1,
     )
     t = data["targets"][0]
     console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")

@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         type=C.positive_int,
         nargs="+",
         default=list(DEPTHS),
-        help="depths D (default: %(default)s)",
+        metavar="N",
+        help="the depths to measure: chain layers D (default: %(default)s)",
     )
     p.add_argument(
         "--width", type=C.positive_int, default=32, help="(default: %(default)s)"
@@ -147,11 +148,12 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
         [
             [
                 s,
-                *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+                *(C.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1) for d in depths),
                 "n/a" if slopes[s] is None else f"{slopes[s]:.2f}",
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"FLOPs vs None {title}",
@@ -170,11 +172,13 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"Compile time, s (median) {title}",
         cols,
         [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in names],
+        left=1,
     )
 
 

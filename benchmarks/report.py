@@ -291,7 +291,7 @@ def summary(results: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--results",
@@ -304,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only print; do not write summary.md (default: off)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     if not args.results.is_dir():
         p.error(f"--results {args.results}: no such directory.")

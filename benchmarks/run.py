@@ -144,32 +144,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 # Tables and the plot.
 
 SWEEP = (
-    "preset",
     "impl",
     "checkpoint",
     "temp",
-    "vs None",
+    "/None",
     "FLOPs",
-    "vs None",
-    "step ms",
-    "vs None",
-    "peak (measured)",
-    "throughput",
+    "/None",
+    "ms",
+    "/None",
+    "peak",
+    "rate",
     "MFU",
     "HFU",
     "fits",
 )
+"""The sweep table's columns, one table per preset (`/None`: the ratio to
+`checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
+second); columns `n/a` in every row (the device's on a CPU) are not printed."""
+
+
+def _rate(r: dict) -> str:
+    tput = r.get("tokens_per_s") or r.get("examples_per_s")
+    if tput is None:
+        return "n/a"
+    unit = "tok/s" if "tokens_per_s" in r else "ex/s"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
+        if tput >= scale:
+            return f"{tput / scale:.3g}{prefix} {unit}"
+    return f"{tput:.2g} {unit}"
 
 
 def sweep_rows(rows: list[dict]) -> list[list[str]]:
+    """The cells of `SWEEP` for `rows` (all of one preset)."""
     out = []
     for r in rows:
-        tput = r.get("tokens_per_s") or r.get("examples_per_s")
-        unit = "tok/s" if "tokens_per_s" in r else "ex/s"
         step = r.get("step_s")
         out.append(
             [
-                r["group"],
                 r["impl"],
                 r["checkpoint"],
                 C.fmt_bytes(r.get("temp_bytes")),
@@ -184,7 +195,7 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
                     if r.get("aot_total_bytes")
                     else ""
                 ),
-                "n/a" if tput is None else f"{tput:.3g} {unit}",
+                _rate(r),
                 C.fmt_pct(r.get("mfu")),
                 C.fmt_pct(r.get("hfu")),
                 "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
@@ -200,12 +211,14 @@ def target_rows(targets: list[dict]) -> list[tuple]:
 
 def show(console: C.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
-        console.print(f"[bold]{n}[/]: {p['describe']}")
-    console.table(f"Sweep [{where}]", SWEEP, sweep_rows(data["rows"]))
+        rows = [r for r in data["rows"] if r["group"] == n]
+        console.table(
+            f"{n} [{where}]: {p['describe']}", SWEEP, sweep_rows(rows), left=2
+        )
     if data["peers"]:
         console.table(
             "Against peers (same weights)",
-            ("preset", "ours", "peer", "temp ours/peer", "time ours/peer", "loss Δ"),
+            ("preset", "ours", "peer", "temp/peer", "time/peer", "loss Δ"),
             [
                 (
                     p["group"],
@@ -219,7 +232,10 @@ def show(console: C.Console, data: dict, where: str) -> None:
             ],
         )
     console.table(
-        "Targets", ("", "target", "measured", "note"), target_rows(data["targets"])
+        "Targets",
+        ("", "target", "measured", "note"),
+        target_rows(data["targets"]),
+        left=4,
     )
 
 

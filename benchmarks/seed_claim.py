@@ -180,12 +180,12 @@ def show(console: C.Console, data: dict, real: bool) -> None:
         "config",
         "checkpoint",
         "temp/chip",
-        "temp+args+out/chip",
+        "total/chip",
         "fits",
-        "temp vs None",
-        "FLOPs vs None",
+        "temp/None",
+        "FLOPs/None",
     ]
-    cols += ["peak (measured)", "AOT estimate", "step vs None", "MFU"] if real else []
+    cols += ["peak", "AOT total", "time/None", "MFU"] if real else []
     out = []
     for r in data["rows"]:
         cells = [
@@ -205,7 +205,7 @@ def show(console: C.Console, data: dict, real: bool) -> None:
                 C.fmt_pct(r.get("mfu")),
             ]
         out.append(cells)
-    console.table(f"Seed claim [{where}]", cols, out)
+    console.table(f"Seed claim [{where}]", cols, out, left=2)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
     console.table(
