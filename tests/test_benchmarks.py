@@ -266,6 +266,7 @@ def _parsers() -> dict:
     from benchmarks import (
         compile_time,
         depth_scaling,
+        plan_sweep,
         report,
         run as sweep,
         seed_claim,
@@ -279,6 +280,7 @@ def _parsers() -> dict:
         "depth_scaling.py": depth_scaling._parser(),
         "compile_time.py": compile_time._parser(),
         "report.py": report._parser(),
+        "plan_sweep.py": plan_sweep._parser(),
         "train_lm.py": config.build_parser(train.__doc__),
     }
 
