@@ -266,6 +266,7 @@ def _parsers() -> dict:
     from benchmarks import (
         compile_time,
         depth_scaling,
+        plan_sweep,
         report,
         run as sweep,
         seed_claim,
@@ -279,6 +280,7 @@ def _parsers() -> dict:
         "depth_scaling.py": depth_scaling._parser(),
         "compile_time.py": compile_time._parser(),
         "report.py": report._parser(),
+        "plan_sweep.py": plan_sweep._parser(),
         "train_lm.py": config.build_parser(train.__doc__),
     }
 
@@ -528,6 +530,35 @@ def test_run_budget_quick(tmp_path):
     rows = json.loads((tmp_path / "plan-cpu.json").read_text())["rows"]
     assert {r["checkpoint"] for r in rows} == {"None", "recursive()"}
     assert sum(r["chosen"] for r in rows) == 1
+
+
+def test_plan_sweep_quick(tmp_path):
+    proc = run("plan_sweep.py", "--quick", "--budgets", "3", "--out", str(tmp_path))
+    data = check_files(tmp_path, "plan_sweep-cpu-quick")
+    rows = data["rows"]
+    (planning,) = [r for r in rows if r["kind"] == "planning"]
+    assert planning["budgets"] == 3 and planning["compiles"] >= 1
+    assert planning["seconds"] > 0 and planning["load_average"] >= 0
+    uniform = {r["checkpoint"]: r for r in rows if r["kind"] == "uniform"}
+    assert set(uniform) == {"None", "dots"}
+    picks = [r for r in rows if r["kind"] == "pick"]
+    budgets = [r["budget_bytes"] for r in picks]
+    # From the lightest option's compiled memory up to None's.
+    assert len(budgets) == 3 and budgets == sorted(budgets)
+    assert budgets[-1] == uniform["None"]["memory_bytes"]
+    for r in picks:
+        assert r["fits"] and r["compiled_bytes"] <= r["budget_bytes"], r
+    frontier = [r for r in rows if r["kind"] == "frontier"]
+    memories = [r["memory_bytes"] for r in frontier]
+    times = [r["time_s"] for r in frontier]
+    assert memories == sorted(memories) and times == sorted(times, reverse=True)
+    # Every planner target has a verdict, stored with its threshold.
+    names = [t["target"] for t in data["targets"]]
+    assert len(names) == 4 and len(set(names)) == 4, names
+    for t in data["targets"]:
+        assert t["preset"] == "transformer-tiny" and t["met"] in (True, False)
+        assert {"threshold", "value", "measured"} <= set(t)
+    assert "Picks" in proc.stdout and "Targets" in proc.stdout
 
 
 def test_report_reads_committed_results():
