@@ -1,15 +1,17 @@
 """What every benchmark script shares: the command line, the checkpoint spec
 syntax, and the output (rich tables, progress, JSON + CSV + PNG).
 
-One convention for every script (`_common.parser`):
+One convention for every script (`_common.parser`; benchmarks/README.md's
+"One command line" says which script takes which):
 
     --out DIR            where results go (default: benchmarks/runs/<script>-<date>/)
     --update-results     write into benchmarks/results/ (the committed results)
     --preset NAME ...    what to measure
-    --checkpoint SPEC ...  in the syntax of `parse_checkpoint`
+    --checkpoint SPEC ...  in the syntax of `parse_checkpoint` (every:4:dots, ...)
     --device auto|tpu|gpu|cpu, --distributed   (benchmarks/_device.py)
     --target v5e[:AxB]   compile for TPU v5e ahead of time instead of running
     --repeats N, --quick
+    --memory-limit SIZE, --isolate auto|always|never   (scripts that run steps)
 
 Every value is checked before any work starts (`error: ...`, exit status 2).
 Only process 0 of a multi-host run prints tables and writes files.
@@ -25,6 +27,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -238,8 +241,10 @@ def parser(
         nargs="+",
         type=_checked(_spec_type, "checkpoint"),
         metavar="SPEC",
-        help='checkpoints to compare, e.g. None dots "every(4, dots)" "nested(3)" '
-        '"recursive()" "binomial(log2)" (default: each preset\'s own list)',
+        help="checkpoints to compare, e.g. None dots every:4:dots nested:3 recursive "
+        "binomial:log2, or written as calls (quoted for the shell): "
+        "'every(4, dots)' 'ranges(4:dots, 12:None)' (default: each preset's own "
+        "list)",
     )
     if target:
         p.add_argument(
@@ -392,7 +397,7 @@ def meta(
     else:
         device = {"device": _device.device_kind(), "device_count": jax.device_count()}
     return {
-        "command": " ".join(["python", f"benchmarks/{args.script}.py", *args.argv]),
+        "command": shlex.join(["python", f"benchmarks/{args.script}.py", *args.argv]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "backend": args.platform,
         **device,
@@ -463,8 +468,8 @@ def write(
     return path
 
 
-def fmt_bytes(n: int | None) -> str:
-    return "n/a" if n is None else er.format_bytes(n)
+def fmt_bytes(n: int | None, digits: int = 2) -> str:
+    return "n/a" if n is None else er.format_bytes(n, digits=digits)
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -479,29 +484,70 @@ def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+WIDTH = 100
+"""The width tables are laid out for when the output is not a terminal."""
+
+
+def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[int]:
+    """The indices of the columns worth printing: not `n/a` (or empty) in every
+    row, as the device columns (measured peak, MFU, HFU) are on a CPU."""
+    return [
+        i
+        for i in range(len(columns))
+        if not rows or any(str(r[i]) not in ("n/a", "") for r in rows)
+    ]
+
+
+def rich_table(
+    title: str, columns: Sequence[str], rows: Sequence, left: int = 3
+) -> Any:
+    """A compact rich table (no all-`n/a` columns, light rules, the first `left`
+    columns left-aligned, the rest right-aligned) that fits a 100-column
+    terminal."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    keep = shown_columns(columns, rows)
+    t = Table(
+        title=escape(title),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for i in keep:
+        # Labels are never cut: rich wraps the figures' cells instead.
+        label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
+        t.add_column(
+            escape(columns[i]),
+            justify="left" if i < left else "right",
+            min_width=min(label, 24) or None,
+        )
+    for r in rows:
+        t.add_row(*[escape(str(r[i])) for i in keep])
+    return t
+
+
 class Console:
-    """rich output that only process 0 prints."""
+    """rich output that only process 0 prints (`WIDTH` columns wide when not a
+    terminal)."""
 
     def __init__(self) -> None:
         from rich.console import Console as Rich
 
         c = Rich()
-        self.rich = c if c.is_terminal else Rich(width=180)
+        self.rich = c if c.is_terminal else Rich(width=WIDTH)
 
     def print(self, *objects: Any, **kw: Any) -> None:
         if is_main():
             self.rich.print(*objects, **kw)
 
-    def table(self, title: str, columns: Sequence[str], rows: Sequence) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        t = Table(title=escape(title), title_justify="left")
-        for i, c in enumerate(columns):
-            t.add_column(escape(c), justify="left" if i < 3 else "right")
-        for r in rows:
-            t.add_row(*[escape(str(x)) for x in r])
-        self.print(t)
+    def table(
+        self, title: str, columns: Sequence[str], rows: Sequence, left: int = 3
+    ) -> None:
+        self.print(rich_table(title, columns, rows, left))
 
     def progress(self, total: int) -> Any:
         """A context manager giving `step(description)`, one bar per run."""
@@ -545,9 +591,10 @@ def plt() -> Any:
     return pyplot
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out, write (110 dpi) and close a figure: how every plot ends."""
-    fig.tight_layout()
+def save_figure(fig: Any, path: Path, rect: tuple | None = None) -> None:
+    """Lay out (within `rect` of the figure, default all of it), write (110 dpi)
+    and close a figure: how every plot ends."""
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt().close(fig)
 

@@ -1,4 +1,4 @@
-"""How the benchmarks measure (DESIGN.md, "How we measure").
+"""How the benchmarks measure (benchmarks/README.md, "How we measure").
 
 - Memory: the compiled step's `memory_analysis()` (deterministic); per chip on
   TPU v5e compiled ahead of time (`--target`); and, on an accelerator, the

@@ -99,6 +99,12 @@ class TransformerPreset(Preset):
     heads: int = 4
     dtype: str = "float32"
     shard_params: bool = False
+    # "gpt2": zoo.Transformer as it is; "llama": zoo.Transformer.llama (RMSNorm,
+    # rotary positions, SwiGLU, grouped-query attention).
+    block: str = "gpt2"
+    attention: str = "dot_product"  # or "flash": the Pallas TPU kernel (v5e)
+    d_ff: int | None = None  # the block's default when None
+    kv_heads: int | None = None  # "llama": the block's default when None
 
     CHECKPOINTS = (
         "None",
@@ -120,15 +126,27 @@ class TransformerPreset(Preset):
         return self.shard_params
 
     def describe(self) -> str:
+        kind = "zoo.Transformer" + (".llama" if self.block == "llama" else "")
         return (
-            f"zoo.Transformer vocab {self.vocab}, d_model {self.d_model}, "
+            f"{kind} vocab {self.vocab}, d_model {self.d_model}, "
             f"{self.heads} heads, {self.layers} layers, seq {self.seq}, "
             f"batch {self.batch}, {self.dtype}"
+            + (
+                f", {self.attention} attention"
+                if self.attention != "dot_product"
+                else ""
+            )
             + (", FSDP" if self.shard_params else "")
         )
 
     def make(self, checkpoint, key):
-        return zoo.Transformer(
+        make = zoo.Transformer.llama if self.block == "llama" else zoo.Transformer
+        extra = {"attention": self.attention} if self.block == "llama" else {}
+        if self.block == "llama" and self.kv_heads is not None:
+            extra["num_kv_heads"] = self.kv_heads
+        if self.d_ff is not None:
+            extra["d_ff"] = self.d_ff
+        return make(
             vocab_size=self.vocab,
             max_len=self.seq,
             d_model=self.d_model,
@@ -137,6 +155,7 @@ class TransformerPreset(Preset):
             dtype=jnp.dtype(self.dtype),
             checkpoint=checkpoint,
             key=key,
+            **extra,
         )
 
     def inputs(self, *, abstract=False):
@@ -146,7 +165,10 @@ class TransformerPreset(Preset):
         return jax.random.randint(jax.random.key(1), shape, 0, self.vocab, jnp.int32)
 
     def loss(self, model, tokens):
-        return cross_entropy(jax.vmap(model)(tokens), tokens)
+        # The flash kernel runs per chip under `jax.shard_map`: the batch axis of
+        # the vmap is the mesh's "data" axis.
+        axis = "data" if self.attention == "flash" else None
+        return cross_entropy(jax.vmap(model, spmd_axis_name=axis)(tokens), tokens)
 
     def per_step(self):
         return "tokens_per_s", self.batch * self.seq
@@ -300,6 +322,29 @@ PRESETS: dict[str, Preset] = {
     "v5e-fits": seed(batch=2, per_device=True, d_model=1024, layers=16, specs=_V5E),
     # ... and the seed claim's own (batch 32 on a v5e-8): only checkpointing fits.
     "v5e-tight": seed(batch=4, per_device=True, specs=(*_V5E, "offload_dots_no_batch")),
+    # The seed setting of the planner (issue 22): the seed claim's model with the
+    # Llama block and flash attention (batch 32 on a v5e-8, FSDP, bf16).
+    "seed-llama": seed(
+        block="llama",
+        attention="flash",
+        specs=("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch"),
+    ),
+    # MaxText's 16B model as its TPU v5e config trains it with remat_policy=full
+    # (MaxText/configs/v5e/16b.sh: global_parameter_scale=16, per_device_batch_size=6,
+    # max_target_length=2048, flash attention; base.yml's llama2 block, vocab 32000):
+    # d_model 4096, 32 layers, SwiGLU 28672, 64 heads of 128 in MaxText (attention
+    # 8192 wide); here 32 heads of 128 (the zoo's attention is d_model wide).
+    "maxtext-16b": seed(
+        block="llama",
+        attention="flash",
+        d_model=4096,
+        layers=32,
+        d_ff=28672,
+        kv_heads=32,
+        batch=6,
+        per_device=True,
+        specs=("nothing",),
+    ),
     # End-to-end smoke test (--quick).
     "transformer-tiny": TransformerPreset(
         batch=2, vocab=64, seq=16, d_model=32, heads=2, layers=2

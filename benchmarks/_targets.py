@@ -1,12 +1,13 @@
-"""DESIGN.md's targets, defined once as data: what is measured, the threshold,
-and on which presets. `run.py` evaluates them on a run's rows and stores the
-verdicts in its JSON; `report.py` only formats what the JSON says.
+"""The project's performance targets, defined once as data: what is measured,
+the threshold, and on which presets. `run.py` evaluates them on a run's rows and
+stores the verdicts in its JSON; `report.py` only formats what the JSON says.
 
 A verdict is `met: true/false`, or `null` where this run could not measure the
 figure (no timings when compiling for a TPU ahead of time).
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,11 @@ def _verdict(
     value: float | None,
     measured: str,
     why: str = "",
+    at_least: bool = False,
 ) -> dict[str, Any]:
+    met = (
+        None if value is None else bool(value >= limit if at_least else value <= limit)
+    )
     return {
         "name": f"{group}: {name}",
         "target": name,
@@ -45,7 +50,7 @@ def _verdict(
         "metric": metric,
         "threshold": limit,
         "value": value,
-        "met": None if value is None else bool(value <= limit),
+        "met": met,
         "measured": measured if value is not None else "not measured here",
         "why": why,
     }
@@ -181,6 +186,164 @@ TARGETS = (
 
 
 # --------------------------------------------------------------------------------------
+# The planner's sweep (plan_sweep.py): rows of kind "pick" (one per budget) and
+# "uniform" (one per uniform candidate).
+
+
+def _picks(rows: Rows, group: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["group"] == group and r.get("kind") == "pick"]
+
+
+def uniform_frontier(rows: Rows, group: str) -> list[dict[str, Any]]:
+    """The compiled uniform candidates that no other beats in both memory and
+    estimated time, least memory first."""
+    uniform = sorted(
+        (
+            r
+            for r in rows
+            if r["group"] == group and r.get("kind") == "uniform" and r["compiled"]
+        ),
+        key=lambda r: (r["memory_bytes"], r["time_s"]),
+    )
+    out: list[dict[str, Any]] = []
+    for r in uniform:
+        if not out or r["time_s"] < out[-1]["time_s"]:
+            out.append(r)
+    return out
+
+
+def between_uniform(rows: Rows, group: str, budget: int) -> bool:
+    """Whether `budget` lies strictly between the memories of two neighbours on
+    the uniform candidates' frontier (where a mix can cost less than both)."""
+    memories = [r["memory_bytes"] for r in uniform_frontier(rows, group)]
+    return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class PickFits:
+    """At every budget the planner's pick fits when compiled: the largest
+    compiled memory / budget is at most 1."""
+
+    on: Any
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        picks = _picks(rows, group)
+        if not picks:
+            return []
+        ratios = [
+            math.inf if not r["fits"] else r["compiled_bytes"] / r["budget_bytes"]
+            for r in picks
+        ]
+        worst = max(ratios)
+        misses = sum(not r["fits"] for r in picks)
+        measured = (
+            f"{len(picks) - misses} of {len(picks)} budgets; largest "
+            + ("n/a" if math.isinf(worst) else f"{worst:.3f}x")
+            + " of the budget"
+        )
+        name = "at every budget the pick fits when compiled"
+        return [_verdict(name, group, "memory_bytes", 1.0, worst, measured)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PickVsUniform:
+    """At every budget the pick's estimated step time is at most `at_most` x
+    that of the best uniform candidate that fits."""
+
+    on: Any
+    at_most: float = 1.0 + 1e-9
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        picks = [
+            r for r in _picks(rows, group) if r.get("best_uniform_time_s") is not None
+        ]
+        if not picks:
+            return []
+        ratios = [
+            (r["time_s"] / r["best_uniform_time_s"]) if r.get("time_s") else math.inf
+            for r in picks
+        ]
+        worst = max(ratios)
+        name = "pick's est. time <= best fitting uniform candidate's (every budget)"
+        measured = f"{worst:.3f}x at worst ({len(picks)} budgets)"
+        return [_verdict(name, group, "time_s", self.at_most, worst, measured)]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheaperBetween:
+    """At `at_least` of the budgets between uniform points (`between_uniform`),
+    the pick costs strictly less than the best uniform candidate that fits."""
+
+    on: Any
+    at_least: float = 0.5
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        between = [
+            r
+            for r in _picks(rows, group)
+            if between_uniform(rows, group, r["budget_bytes"])
+        ]
+        if not between:
+            return []
+        cheaper = [
+            r
+            for r in between
+            if r.get("time_s") is not None
+            and r["time_s"] < r["best_uniform_time_s"] * (1 - 1e-6)
+        ]
+        share = len(cheaper) / len(between)
+        gains = [1 - r["time_s"] / r["best_uniform_time_s"] for r in cheaper]
+        measured = f"{len(cheaper)} of {len(between)} budgets" + (
+            f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)"
+            if gains
+            else ""
+        )
+        name = (
+            f"pick strictly cheaper at >= {self.at_least:.0%} of the budgets "
+            "between uniform points"
+        )
+        return [
+            _verdict(
+                name, group, "time_s", self.at_least, share, measured, at_least=True
+            )
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictedWithin:
+    """Every compiled pick's predicted memory is within `rel` of its compiled
+    memory: the largest |predicted - compiled| / compiled."""
+
+    on: Any
+    rel: float = 0.05
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        picks = [
+            r
+            for r in _picks(rows, group)
+            if r.get("compiled_bytes") and r.get("predicted_bytes") is not None
+        ]
+        if not picks:
+            return []
+        errors = [
+            abs(r["predicted_bytes"] - r["compiled_bytes"]) / r["compiled_bytes"]
+            for r in picks
+        ]
+        worst = max(errors)
+        name = f"pick's predicted memory within {self.rel:.0%} of compiled"
+        measured = f"{100 * worst:.2f}% at worst ({len(picks)} picks)"
+        return [_verdict(name, group, "memory_bytes", self.rel, worst, measured)]
+
+
+PLAN_TARGETS = (
+    PickFits(M.Preset),
+    PickVsUniform(M.Preset),
+    CheaperBetween(M.Preset),
+    PredictedWithin(M.Preset),
+)
+
+
+# --------------------------------------------------------------------------------------
 
 _PAIR = {"temp_bytes": "temp_ratio", "flops": "flops_ratio", "step_s": "time_ratio"}
 
@@ -213,10 +376,13 @@ def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
     return out
 
 
-def evaluate(rows: Rows, presets: dict[str, M.Preset]) -> list[dict[str, Any]]:
-    """Every target on every preset it applies to, in `TARGETS`' order."""
+def evaluate(
+    rows: Rows, presets: dict[str, M.Preset], targets: Sequence = TARGETS
+) -> list[dict[str, Any]]:
+    """Every target (of `targets`, default `TARGETS`) on every preset it
+    applies to, in their order."""
     out = []
-    for t in TARGETS:
+    for t in targets:
         for name, preset in presets.items():
             if not _selects(t.on, name, preset):
                 continue

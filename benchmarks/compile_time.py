@@ -12,7 +12,7 @@ interleaved; the median is reported, with the ratio of the deepest to the
 shallowest.
 
     python benchmarks/compile_time.py
-    python benchmarks/compile_time.py --layers 4 16 64 --checkpoint None dots
+    python benchmarks/compile_time.py --depths 4 16 64 --checkpoint None dots
     python benchmarks/compile_time.py --quick     # tests
 """
 
@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from benchmarks import _common as C, _models as M
+from benchmarks import _common as C, _models as M, _plots as P
 
 
 CHECKPOINTS = ("None", "dots", "nothing", "every(2)", "recursive()", "binomial(3)")
@@ -33,11 +34,12 @@ LIMIT = 1.5  # the target, for None and every policy
 def _parser() -> argparse.ArgumentParser:
     p = C.parser(__doc__, repeats=3, target=False)
     p.add_argument(
-        "--layers",
+        "--depths",
         type=C.positive_int,
         nargs="+",
         default=[4, 64],
-        help="depths to compare (default: %(default)s)",
+        metavar="N",
+        help="the depths to measure: transformer layers (default: %(default)s)",
     )
     p.add_argument(
         "--d-model", type=C.positive_int, default=128, help="(default: %(default)s)"
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = C.parse_args(_parser(), argv, "compile_time")
     specs = args.checkpoint or CHECKPOINTS
     if args.quick:
-        args.layers, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
+        args.depths, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
     seq, batch = (16, 2) if args.quick else (128, 4)
 
     def preset(n: int) -> M.TransformerPreset:
@@ -72,13 +74,13 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     console, times, t0 = C.Console(), {}, time.perf_counter()
-    with console.progress(args.repeats * len(specs) * len(args.layers)) as step:
+    with console.progress(args.repeats * len(specs) * len(args.depths)) as step:
         for r in range(args.repeats):
             for spec in specs:
-                for n in args.layers:
+                for n in args.depths:
                     step(f"round {r + 1}: {spec}, {n} layers")
                     times.setdefault((spec, n), []).append(seconds(preset(n), spec))
-    lo, hi = min(args.layers), max(args.layers)
+    lo, hi = min(args.depths), max(args.depths)
     rows = [
         {
             "checkpoint": s,
@@ -105,11 +107,12 @@ def main(argv: list[str] | None = None) -> dict:
     console.print(data["meta"]["describe"])
     console.table(
         f"Compile time, s (median) [{C.where_compiled(data)}]",
-        ["checkpoint", *(f"{n} layers" for n in args.layers), f"{hi} / {lo}"],
+        ["checkpoint", *(f"{n} layers" for n in args.depths), f"{hi} / {lo}"],
         [
-            [s, *(f"{med[(s, n)]:.2f}" for n in args.layers), C.fmt_ratio(ratios[s])]
+            [s, *(f"{med[(s, n)]:.2f}" for n in args.depths), C.fmt_ratio(ratios[s])]
             for s in specs
         ],
+        left=1,
     )
     t = data["targets"][0]
     console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")
@@ -138,20 +141,39 @@ def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
+    """Per checkpoint: compile time at each depth, side by side (median; bars:
+    the fastest and slowest of its compiles)."""
     pyplot = C.plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
-    for spec in dict.fromkeys(r["checkpoint"] for r in data["rows"]):
-        pts = sorted(
-            (r["layers"], r["compile_s"])
-            for r in data["rows"]
-            if r["checkpoint"] == spec
+    rows = data["rows"]
+    specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    depths = sorted({r["layers"] for r in rows})
+    fig, ax = pyplot.subplots(figsize=(7.5, 4.5))
+    width = 0.8 / len(depths)
+    for j, d in enumerate(depths):
+        pts = [(specs.index(r["checkpoint"]), r) for r in rows if r["layers"] == d]
+        bars = [P.spread(r["times_s"], r["compile_s"], 1.0) for _, r in pts]
+        ax.bar(
+            [i + j * width for i, _ in pts],
+            [r["compile_s"] for _, r in pts],
+            width,
+            yerr=np.transpose(bars),
+            capsize=3,
+            label=f"{d} layers",
         )
-        ax.plot(*zip(*pts), marker="o", label=spec)
-    ax.set(xscale="log", xlabel="layers", ylabel="trace + lower + compile (s, median)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(data["meta"]["describe"], fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(specs))], specs)
+    ax.set_ylabel("trace + lower + compile (s)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    meta = data["meta"]
+    n = max(len(r["times_s"]) for r in rows)
+    P.suptitle(
+        fig,
+        f"Compile time of a training step against depth, per checkpoint (median; "
+        f"bars: {P.spread_name(n, 'compiles')})\n{meta['describe']}; "
+        f"{meta['device']}, {meta['cpu_count']} cores, jax "
+        f"{meta['versions']['jax']}, {meta['date']}",
+        fontsize=9,
+    )
     C.save_figure(fig, path)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks import _common as C, _measure as X, _models as M
+from benchmarks import _common as C, _measure as X, _models as M, _plots as P
 
 
 CHECKPOINTS = M.ChainPreset.CHECKPOINTS  # the sweep's chain checkpoints
@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         type=C.positive_int,
         nargs="+",
         default=list(DEPTHS),
-        help="depths D (default: %(default)s)",
+        metavar="N",
+        help="the depths to measure: chain layers D (default: %(default)s)",
     )
     p.add_argument(
         "--width", type=C.positive_int, default=32, help="(default: %(default)s)"
@@ -147,11 +148,12 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
         [
             [
                 s,
-                *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+                *(C.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1) for d in depths),
                 "n/a" if slopes[s] is None else f"{slopes[s]:.2f}",
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"FLOPs vs None {title}",
@@ -170,37 +172,66 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
             ]
             for s in names
         ],
+        left=1,
     )
     console.table(
         f"Compile time, s (median) {title}",
         cols,
         [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in names],
+        left=1,
     )
 
 
 def plot(data: dict, path: Path) -> None:
-    """Memory, FLOPs and compile time against D, log-log."""
+    """Against D: compiled temp memory (log-log), FLOPs relative to `None` and
+    compile time (with the fastest and slowest of its samples)."""
+    from matplotlib.ticker import FuncFormatter
+
     pyplot = C.plt()
-    fig, axes = pyplot.subplots(1, 3, figsize=(18, 5))
+    fig, axes = pyplot.subplots(1, 3, figsize=(15, 5))
+    base = {r["depth"]: r.get("flops") for r in data["rows"] if r["spec"] == "None"}
     for spec in dict.fromkeys(r["spec"] for r in data["rows"]):
         pts = sorted((r["depth"], r) for r in data["rows"] if r["spec"] == spec)
         ds = [d for d, _ in pts]
-        axes[0].loglog(
+        axes[0].plot(
             ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o", label=spec
         )
-        fl = [(d, r["flops"]) for d, r in pts if r.get("flops")]
-        if fl:
-            axes[1].loglog(*zip(*fl), marker="o", label=spec)
-        axes[2].semilogx(ds, [r["compile_s"] for _, r in pts], marker="o", label=spec)
+        fl = [(d, r["flops"] / base[d]) for d, r in pts if r.get("flops")]
+        axes[1].plot(*zip(*fl) if fl else ([], []), marker="o")
+        times = [r.get("compile_times_s") or [r["compile_s"]] for _, r in pts]
+        secs = [r["compile_s"] for _, r in pts]
+        bars = [P.spread(ts, s, 1.0) for ts, s in zip(times, secs)]
+        axes[2].errorbar(
+            ds, secs, yerr=np.transpose(bars), marker="o", capsize=2, elinewidth=0.8
+        )
+    n = max(len(r.get("compile_times_s") or ()) for r in data["rows"])
     for ax, label in zip(
         axes,
-        ("compiled temp memory (MiB)", "FLOPs per step", "trace + lower + compile (s)"),
+        (
+            "compiled temp memory (MiB)",
+            "FLOPs per step vs None",
+            "trace + lower + compile (s)",
+        ),
     ):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set(xlabel="depth D (layers)", ylabel=label)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{data['meta']['command']} — {data['meta']['describe']}", fontsize=9)
-    C.save_figure(fig, path)
+    P.scale_for(axes[0], "y", [r["temp_bytes"] / C.MiB for r in data["rows"]])
+    axes[1].set_ylim(bottom=0)
+    axes[2].set_ylim(bottom=0)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="lower center", ncols=8, fontsize=9
+    )
+    meta = data["meta"]
+    P.suptitle(
+        fig,
+        f"Gradient of a deep {meta['describe']} against its depth D, per "
+        f"checkpoint: memory, recomputation and compile time (median; bars: "
+        f"{P.spread_name(n, 'compiles')})\n{meta['device']}, "
+        f"{meta['cpu_count']} cores, jax {meta['versions']['jax']}, {meta['date']}",
+    )
+    C.save_figure(fig, path, rect=(0, 0.07, 1, 1))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ summary `summary.md` (every target verdict, which the top-level README quotes).
 
 Nothing is measured or judged here: every number and every verdict is read from
 the JSON files the other scripts wrote (`sweep-*.json`, `seed_claim.json`,
-`depth_scaling.json`, `compile_time.json`, `plan-*.json`).
+`depth_scaling.json`, `compile_time.json`, `plan-*.json`,
+`plan_sweep-*.json`).
 """
 
 import argparse
@@ -191,6 +192,54 @@ def plan(data: dict) -> str:
     return C.markdown_table(cols, rows)
 
 
+def plan_sweep(data: dict) -> str:
+    """The planner's sweep: the planning cost, then each budget's pick beside
+    the best uniform candidate that fits, then the targets."""
+    rows = data["rows"]
+    out = []
+    for r in rows:
+        if r["kind"] == "planning":
+            out.append(
+                f"- `{r['group']}`: {data['presets'][r['group']]['describe']}, "
+                f"{data['presets'][r['group']]['topology']}. Planning "
+                f"{r['budgets']} budgets: {r['compiles']} compiles, "
+                f"{r['seconds']:.0f} s, {r.get('cpu_seconds', 0):.0f} s of CPU "
+                f"(load average {r['load_average']:.1f} "
+                f"on a {data['meta']['cpu_count']}-core host)"
+            )
+    cols = [
+        "preset",
+        "budget",
+        "pick",
+        "compiled",
+        "predicted",
+        "est. time",
+        "best uniform that fits",
+        "its est. time",
+    ]
+    table = [
+        [
+            r["group"],
+            C.fmt_bytes(r["budget_bytes"]),
+            f"`{r['checkpoint']}`" if r["checkpoint"] else "nothing fits",
+            C.fmt_bytes(r.get("compiled_bytes")),
+            C.fmt_bytes(r.get("predicted_bytes")),
+            _ms(r.get("time_s")),
+            f"`{r['best_uniform']}`" if r["best_uniform"] else "-",
+            _ms(r["best_uniform_time_s"]),
+        ]
+        for r in rows
+        if r["kind"] == "pick"
+    ]
+    return (
+        "\n".join(out) + "\n\n" + C.markdown_table(cols, table) + "\n\n" + targets(data)
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
+
+
 SECTIONS = (
     ("CPU sweep", "sweep-cpu", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
     ("v5e sweep", "sweep-v5e", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
@@ -198,6 +247,8 @@ SECTIONS = (
     ("Depth scaling", "depth_scaling", depth),
     ("Compile time", "compile_time", compile_time),
     ("Planner", "plan-v5e", plan),
+    ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
+    ("Planner sweep, v5e", "plan_sweep-v5e_2x4", plan_sweep),
 )
 
 
@@ -240,7 +291,7 @@ def summary(results: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--results",
@@ -253,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only print; do not write summary.md (default: off)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     if not args.results.is_dir():
         p.error(f"--results {args.results}: no such directory.")

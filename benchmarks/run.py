@@ -9,8 +9,8 @@ same model written by hand with `lax.scan` + `jax.checkpoint`, in Flax linen, an
 2-level nested scan: same weights, so the losses agree. Reported: compiled memory,
 FLOPs (`eqx_remat.count_flops`), compile time, the median step time as a ratio to
 `None` measured in the same run and, on an accelerator, measured peak memory
-(each variant in its own process), throughput, MFU and HFU. DESIGN.md's targets
-are evaluated on the result (benchmarks/_targets.py).
+(each variant in its own process), throughput, MFU and HFU. The project's
+targets are evaluated on the result (benchmarks/_targets.py).
 
     python benchmarks/run.py                  # the sweep, on this machine's device
     python benchmarks/run.py --quick          # tiny, end to end (tests)
@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _common as C, _measure as X, _models as M, _targets as T
+from benchmarks import (
+    _common as C,
+    _measure as X,
+    _models as M,
+    _plots as P,
+    _targets as T,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,32 +150,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 # Tables and the plot.
 
 SWEEP = (
-    "preset",
     "impl",
     "checkpoint",
     "temp",
-    "vs None",
+    "/None",
     "FLOPs",
-    "vs None",
-    "step ms",
-    "vs None",
-    "peak (measured)",
-    "throughput",
+    "/None",
+    "ms",
+    "/None",
+    "peak",
+    "rate",
     "MFU",
     "HFU",
     "fits",
 )
+"""The sweep table's columns, one table per preset (`/None`: the ratio to
+`checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
+second); columns `n/a` in every row (the device's on a CPU) are not printed."""
+
+
+def _rate(r: dict) -> str:
+    tput = r.get("tokens_per_s") or r.get("examples_per_s")
+    if tput is None:
+        return "n/a"
+    unit = "tok/s" if "tokens_per_s" in r else "ex/s"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
+        if tput >= scale:
+            return f"{tput / scale:.3g}{prefix} {unit}"
+    return f"{tput:.2g} {unit}"
 
 
 def sweep_rows(rows: list[dict]) -> list[list[str]]:
+    """The cells of `SWEEP` for `rows` (all of one preset)."""
     out = []
     for r in rows:
-        tput = r.get("tokens_per_s") or r.get("examples_per_s")
-        unit = "tok/s" if "tokens_per_s" in r else "ex/s"
         step = r.get("step_s")
         out.append(
             [
-                r["group"],
                 r["impl"],
                 r["checkpoint"],
                 C.fmt_bytes(r.get("temp_bytes")),
@@ -184,7 +201,7 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
                     if r.get("aot_total_bytes")
                     else ""
                 ),
-                "n/a" if tput is None else f"{tput:.3g} {unit}",
+                _rate(r),
                 C.fmt_pct(r.get("mfu")),
                 C.fmt_pct(r.get("hfu")),
                 "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
@@ -200,12 +217,14 @@ def target_rows(targets: list[dict]) -> list[tuple]:
 
 def show(console: C.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
-        console.print(f"[bold]{n}[/]: {p['describe']}")
-    console.table(f"Sweep [{where}]", SWEEP, sweep_rows(data["rows"]))
+        rows = [r for r in data["rows"] if r["group"] == n]
+        console.table(
+            f"{n} [{where}]: {p['describe']}", SWEEP, sweep_rows(rows), left=2
+        )
     if data["peers"]:
         console.table(
             "Against peers (same weights)",
-            ("preset", "ours", "peer", "temp ours/peer", "time ours/peer", "loss Δ"),
+            ("preset", "ours", "peer", "temp/peer", "time/peer", "loss Δ"),
             [
                 (
                     p["group"],
@@ -219,53 +238,96 @@ def show(console: C.Console, data: dict, where: str) -> None:
             ],
         )
     console.table(
-        "Targets", ("", "target", "measured", "note"), target_rows(data["targets"])
+        "Targets",
+        ("", "target", "measured", "note"),
+        target_rows(data["targets"]),
+        left=4,
     )
 
 
+def _what(data: dict, cost: str) -> str:
+    """The figure's title: what was measured, where."""
+    meta = data["meta"]
+    jax_version = meta["versions"]["jax"]
+    if meta.get("target"):
+        where = (
+            f"compiled for TPU {meta['target']} on a CPU, not run; jax "
+            f"{jax_version}, {meta['date']}"
+        )
+        memory = "per-chip compiled temp memory"
+    else:
+        cores = f", {meta['cpu_count']} cores" if meta["backend"] == "cpu" else ""
+        where = f"{meta['device']}{cores}, jax {jax_version}, {meta['date']}"
+        memory = "compiled temp memory"
+    if cost == "time_ratio":
+        n = max(len(r.get("times_s") or ()) for r in data["rows"])
+        against = f"median step time vs None (bars: {P.spread_name(n)})"
+    else:
+        against = "FLOPs per step vs None (recomputation included)"
+    return f"Training step: {memory} against {against}\n{where}"
+
+
+def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
+    """One preset's panel: a point per implementation and checkpoint. Returns the
+    points to label (eqx_remat's) and the others, for `_plots.label_points`."""
+    rows = [
+        r
+        for r in data["rows"]
+        if r["group"] == group and r.get(cost) is not None and r.get("temp_bytes")
+    ]
+    unit, size = P.byte_unit([r["temp_bytes"] for r in rows])
+    labelled, others = [], []
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        pts = [r for r in rows if r["impl"] == impl]
+        xs = [r[cost] for r in pts]
+        ys = [r["temp_bytes"] / size for r in pts]
+        xerr = None
+        if cost == "time_ratio" and all(r.get("times_s") for r in pts):
+            bars = [P.spread(r["times_s"], r[cost], r["step_s"] / r[cost]) for r in pts]
+            xerr = [[lo for lo, _ in bars], [hi for _, hi in bars]]
+        ax.errorbar(
+            xs, ys, xerr=xerr, fmt="o", ms=5, capsize=2, elinewidth=0.8,
+            alpha=0.85, label=impl,
+        )  # fmt: skip
+        if impl == "eqx_remat":
+            labelled += [(x, y, r["checkpoint"]) for x, y, r in zip(xs, ys, pts)]
+        else:
+            others += list(zip(xs, ys))
+    describe = data["presets"][group]
+    describe = describe["describe"] if isinstance(describe, dict) else describe
+    P.panel_title(ax, group, describe)
+    ax.set(
+        xlabel="step time vs None" if cost == "time_ratio" else "FLOPs vs None",
+        ylabel=f"temp memory ({unit})",
+    )
+    P.scale_for(ax, "y", [p[1] for p in labelled + others])
+    ax.grid(alpha=0.3)
+    if len({r["impl"] for r in rows}) > 1:
+        ax.legend(fontsize=8.5)
+    return [labelled, others]
+
+
 def plot(data: dict, path: Path) -> None:
-    """Per preset: temp memory against time ratio (or FLOPs ratio), one marker
-    per implementation."""
+    """Per preset: compiled temp memory against step time (or FLOPs, where
+    nothing was timed), both as measured, relative to `None`; one colour per
+    implementation, eqx_remat's points labelled; step times with the fastest and
+    slowest of their samples."""
     pyplot = C.plt()
     groups = list(data["presets"])
     timed = any(r.get("time_ratio") is not None for r in data["rows"])
     cost = "time_ratio" if timed else "flops_ratio"
+    ncols = min(2, len(groups))
+    nrows = -(-len(groups) // ncols)
     fig, axes = pyplot.subplots(
-        1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False
+        nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows + 0.6), squeeze=False
     )
-    for ax, g in zip(axes[0], groups):
-        rows = [
-            r
-            for r in data["rows"]
-            if r["group"] == g and r.get(cost) is not None and r.get("temp_bytes")
-        ]
-        for impl in dict.fromkeys(r["impl"] for r in rows):
-            pts = [r for r in rows if r["impl"] == impl]
-            ax.scatter(
-                [r[cost] for r in pts],
-                [r["temp_bytes"] / C.MiB for r in pts],
-                label=impl,
-                s=40,
-                alpha=0.8,
-            )
-            for r in pts if impl == "eqx_remat" else ():
-                ax.annotate(
-                    r["checkpoint"],
-                    (r[cost], r["temp_bytes"] / C.MiB),
-                    fontsize=7,
-                    xytext=(4, 3),
-                    textcoords="offset points",
-                )
-        ax.set(
-            xlabel=f"{cost.replace('_', ' ')} (vs None)",
-            yscale="log",
-            ylabel="compiled temp memory (MiB)",
-            title=g,
-        )
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.suptitle(data["meta"]["command"], fontsize=9)
+    panels = [_plot_preset(ax, data, g, cost) for ax, g in zip(axes.flat, groups)]
+    for ax in axes.flat[len(groups) :]:
+        ax.remove()
+    P.suptitle(fig, _what(data, cost))
+    fig.tight_layout()
+    for ax, (labelled, others) in zip(axes.flat, panels):
+        P.label_points(ax, labelled, others)
     C.save_figure(fig, path)
 
 

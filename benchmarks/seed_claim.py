@@ -32,7 +32,13 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import _common as C, _measure as X, _models as M, _targets as T
+from benchmarks import (
+    _common as C,
+    _measure as X,
+    _models as M,
+    _plots as P,
+    _targets as T,
+)
 from benchmarks._device import resolve_device
 from benchmarks.run import measure
 
@@ -180,12 +186,12 @@ def show(console: C.Console, data: dict, real: bool) -> None:
         "config",
         "checkpoint",
         "temp/chip",
-        "temp+args+out/chip",
+        "total/chip",
         "fits",
-        "temp vs None",
-        "FLOPs vs None",
+        "temp/None",
+        "FLOPs/None",
     ]
-    cols += ["peak (measured)", "AOT estimate", "step vs None", "MFU"] if real else []
+    cols += ["peak", "AOT total", "time/None", "MFU"] if real else []
     out = []
     for r in data["rows"]:
         cells = [
@@ -205,7 +211,7 @@ def show(console: C.Console, data: dict, real: bool) -> None:
                 C.fmt_pct(r.get("mfu")),
             ]
         out.append(cells)
-    console.table(f"Seed claim [{where}]", cols, out)
+    console.table(f"Seed claim [{where}]", cols, out, left=2)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
     console.table(
@@ -223,12 +229,17 @@ def show(console: C.Console, data: dict, real: bool) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    """Per config and checkpoint: temp memory per chip (hatched: does not fit)."""
+    """Per config and checkpoint: temp memory per chip, on a linear axis; hatched
+    where it does not fit (for a program XLA refused to compile, the memory it
+    says the program needs)."""
+    from matplotlib.patches import Patch
+
     pyplot = C.plt()
     rows = [r for r in data["rows"] if r.get("temp_bytes") is not None]
     configs = list(dict.fromkeys(r["group"] for r in rows))
     specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
-    fig, ax = pyplot.subplots(figsize=(max(6, 0.5 * len(rows)), 4.5))
+    colours = {s: f"C{i}" for i, s in enumerate(specs)}
+    fig, ax = pyplot.subplots(figsize=(11, 5))
     width = 0.8 / max(1, len(specs))
     for j, s in enumerate(specs):
         pts = [(configs.index(r["group"]), r) for r in rows if r["checkpoint"] == s]
@@ -236,16 +247,34 @@ def plot(data: dict, path: Path) -> None:
             [i + j * width for i, _ in pts],
             [r["temp_bytes"] / C.GiB for _, r in pts],
             width,
-            label=s,
+            color=colours[s],
+            edgecolor="white",
+            linewidth=0.5,
         )
         for b, (_, r) in zip(bars, pts):
-            b.set_hatch("" if r["fits"] else "//")
-    ax.axhline(16, color="k", ls="--", lw=1, label="16 GiB (one v5e chip)")
-    ax.set_yscale("log")
+            if not r["fits"]:
+                b.set_hatch("///")
+    ax.axhline(16, color="k", ls="--", lw=1)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))], configs)
-    ax.set_ylabel("temp memory per chip (GiB, log)")
-    ax.set_title(f"{data['meta']['command']}; hatched = does not fit", fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("temp memory per chip (GiB)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    handles = [Patch(color=colours[s], label=s) for s in specs] + [
+        Patch(facecolor="white", edgecolor="0.3", hatch="///", label="does not fit"),
+        pyplot.Line2D([], [], color="k", ls="--", lw=1, label="16 GiB, one v5e chip"),
+    ]
+    ax.legend(handles=handles, fontsize=8.5, ncols=2)
+    meta = data["meta"]
+    how = "compiled for TPU v5e (not run)" if meta.get("target") else meta["device"]
+    first, preset = next(iter(data["presets"].items()))
+    others = "; each other config changes one thing" if len(configs) > 1 else ""
+    P.suptitle(
+        fig,
+        f"Per-chip temp memory of a zoo.Transformer training step, {how}, per "
+        f"configuration and checkpoint\n{first}: {preset['describe']}, "
+        f"{preset['topology']}{others}. Programs XLA refused: the memory it says "
+        f"they need. jax {meta['versions']['jax']}, {meta['date']}",
+    )
     C.save_figure(fig, path)
 
 

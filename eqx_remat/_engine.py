@@ -215,7 +215,6 @@ class Layers:
         self._offset = 0
         self._step = step
         policy = _to_jax_policy(policy)
-        self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -246,7 +245,7 @@ class Layers:
         new = copy.copy(self)
         new.depth = depth
         new._offset = self._offset + start
-        new._policy = policy = _to_jax_policy(policy)
+        policy = _to_jax_policy(policy)
         new._layer_fn = (
             self._step if policy is None else checkpointed(self._step, policy)
         )
@@ -317,17 +316,7 @@ class Layers:
 
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
-        if self._policy is None:
-            # The input's cotangent first, then the parameters' gradient: XLA
-            # may otherwise keep the layer's parameters (read for the input's
-            # cotangent) alive while their gradient is computed, one layer's
-            # parameters more (seen under jax.vmap with an (out, in) weight).
-            # Not under a policy, whose pullback would recompute twice.
-            *_, g_x = vjp(ct)
-            ct, g_x = lax.optimization_barrier((ct, g_x))
-            g_c, g_s, _ = vjp(ct)
-        else:
-            g_c, g_s, g_x = vjp(ct)
+        g_c, g_s, g_x = vjp(ct)
         gs = _set(gs, g_s, self._at(i))  # each layer is reversed exactly once
         gc = jtu.tree_map(lambda a, b: a + b, gc, g_c)
         return g_x, gs, gc

@@ -120,6 +120,10 @@ def memory_report(
       several chips where no argument has a sharding, a
       [`eqx_remat.ReplicatedArgumentsWarning`][] says that everything,
       the batch included, is replicated on every chip.
+    - `fn` is traced on that mesh (as under `jax.set_mesh`), so code that asks
+      what it is traced for sees the TPU: a zoo model with
+      `attention="flash"` (a Pallas TPU kernel) compiles for the target, also
+      when no argument carries a sharding.
     - XLA keeps intermediates in the chip's on-chip VMEM when they fit, and
       `temp_bytes` counts only HBM. A small program can therefore report
       `temp_bytes == 0`. To count every intermediate in HBM — to compare
@@ -168,6 +172,7 @@ def memory_report(
                 'or "v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
             )
         target = None
+    mesh = None
     if target is None:
         name = jax.default_backend()
     else:
@@ -176,7 +181,8 @@ def memory_report(
         dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
 
     f, _ = traceable(fn, args)
-    lowered = jax.jit(f).lower(dynamic)
+    with _on_mesh(mesh):
+        lowered = jax.jit(f).lower(dynamic)
     try:
         compiled = lowered.compile(dict(compiler_options or {}))
     except jax.errors.JaxRuntimeError as e:
@@ -187,7 +193,37 @@ def memory_report(
                 "how much it needs. Nothing else can be reported for it."
             )
         raise
-    return compiled_report(compiled, flops=count_flops(fn, *args), target=name)
+    with _on_mesh(mesh, abstract=True):
+        flops = count_flops(fn, *args)
+    return compiled_report(compiled, flops=flops, target=name)
+
+
+def traced_for(target: Any) -> contextlib.AbstractContextManager:
+    """A context in which functions are traced (not compiled) for `target`, as
+    `memory_report(..., target=target)` traces them: on a v5e target's abstract
+    mesh, so that code asking what it is traced for (zoo's flash attention)
+    sees the TPU. Nothing for `None` or a platform name."""
+    if target is None or target in _PLATFORMS:
+        return contextlib.nullcontext()
+    return _on_mesh(_v5e(target)[1], abstract=True)
+
+
+def _on_mesh(
+    mesh: Mesh | None, *, abstract: bool = False
+) -> contextlib.AbstractContextManager:
+    """`jax.set_mesh(mesh)`, or nothing for `None`: a target's function is traced
+    on the target's mesh, so that code asking what it is traced for
+    (`jax.sharding.get_abstract_mesh()`: zoo's flash attention, which needs a
+    TPU) sees the target's chips, also when no argument carries a sharding.
+
+    `abstract=True`: only the abstract mesh, for tracing without compiling
+    (`count_flops`, which computes small integer values eagerly, on the default
+    backend: the target's chips cannot run anything)."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    if abstract:
+        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+    return jax.set_mesh(mesh)
 
 
 def compiled_report(

@@ -29,6 +29,7 @@ from ._memory import (
     ReplicatedArgumentsWarning,
     _v5e,
     memory_report,
+    traced_for,
     warn_replicated,
 )
 from ._policies import save_names
@@ -435,7 +436,7 @@ def plan(
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
     planner = _Planner(fn, args, budget, target, _Progress(progress))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), traced_for(target):
         # Said once, by the planner; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         if candidates is not None:

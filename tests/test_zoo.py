@@ -19,14 +19,14 @@ import eqx_remat as er
 import zoo
 
 
-# Every policy name, a policy callable, name policies (on a tag, and on a name that
-# is not a tag: `save_names` saves nothing, `save_all_but_names` everything), and
-# every schedule, with and without inner policies, with uneven splits.
+# Every policy name, a policy callable, name policies (on each tag: the layer
+# input, which a checkpointed layer keeps anyway, and `linear`), and every
+# schedule, with and without inner policies, with uneven splits.
 CHECKPOINTS = [
     *sorted(er.POLICIES),
     jax.checkpoint_policies.dots_saveable,
-    er.save_names("untagged"),
-    er.save_all_but_names("untagged"),
+    er.save_names("layer_input"),
+    er.save_all_but_names("layer_input"),
     er.save_names("linear"),
     er.save_all_but_names("linear"),
     er.every(1),

@@ -83,7 +83,7 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
     fa = _flash_module()
     seq, heads, head_dim = q.shape
     mesh = _mesh_of(q)
-    platform = _platform(mesh)
+    platform = _platform(q)
     if platform != "tpu" and not _interpreting():
         raise ValueError(
             "zoo.Transformer(attention='flash') runs the Pallas TPU flash-attention "

@@ -1,0 +1,435 @@
+"""The planner's frontier: `eqx_remat.plan` at budgets swept from the smallest
+memory its options reach to `None`'s, each pick beside every uniform candidate.
+
+For each preset, the gradient of its loss (FSDP presets: the gradient kept
+sharded like the parameters) is planned at `--budgets` evenly spaced budgets,
+from the compiled memory of the lightest per-layer option to that of `None`
+(on TPU v5e at most one chip's 16 GiB), with one function object, so the
+planner reuses its own compilations as a user planning several budgets would;
+its compile count and wall time are recorded. Then the uniform candidates
+(the preset's checkpoints) are compiled with `plan(candidates=...)`, the same
+estimated step time. The targets (`_targets.PLAN_TARGETS`) are evaluated on
+the picks: each fits when compiled, costs no more than the best uniform
+candidate that fits, costs less at half or more of the budgets between uniform
+points, and was predicted within 5% of its compiled memory.
+
+    python benchmarks/plan_sweep.py                                 # transformer-s, CPU
+    python benchmarks/plan_sweep.py --target v5e:2x4 --preset seed-llama  # v5e AOT
+    python benchmarks/plan_sweep.py --quick                         # tiny (tests)
+
+The plot: memory against estimated step time; uniform candidates grey, the
+planner's frontier a line, the budgets dotted, the picks marked.
+"""
+
+import argparse
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+import eqx_remat as er
+import zoo
+from benchmarks import _common as C, _measure as X, _models as M, _targets as T
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=None)
+    p.add_argument(
+        "--budgets",
+        type=C.positive_int,
+        metavar="N",
+        default=10,
+        help="how many budgets, evenly spaced (default: %(default)s)",
+    )
+    return p
+
+
+def _step(preset: M.Preset, mesh: Any):
+    """The function planned: the gradient of the preset's loss with respect to
+    the model (kept sharded like the parameters under FSDP)."""
+    grad = eqx.filter_grad(preset.loss)
+    if mesh is None or not preset.fsdp:
+        return grad
+
+    def fsdp_grad(model, batch):
+        return zoo.shard(grad(model, batch), mesh, fsdp=True)
+
+    return fsdp_grad
+
+
+def _mesh_context(preset: M.Preset, mesh: Any):
+    # The flash kernel finds the mesh to shard_map over in the context.
+    if mesh is not None and getattr(preset, "attention", None) == "flash":
+        return jax.set_mesh(mesh)
+    return contextlib.nullcontext()
+
+
+def _point(p: er.FrontierPoint) -> dict[str, Any]:
+    return {
+        "checkpoint": C.checkpoint_label(p.checkpoint),
+        "predicted_bytes": p.predicted_bytes,
+        "compiled_bytes": p.compiled_bytes,
+        "memory_bytes": p.predicted_bytes
+        if p.compiled_bytes is None
+        else p.compiled_bytes,
+        "flops": p.flops,
+        "host_bytes": p.host_bytes,
+        "time_s": p.time_s,
+    }
+
+
+def _budgets(top: er.PlanResult, cap: int, n: int) -> list[int]:
+    """`n` budgets from the smallest compiled memory on the frontier of `top`
+    (the plan at `cap`: it compiles the lightest option) to `None`'s memory, or
+    `cap` where `None` needs more (or XLA refuses it)."""
+    compiled = [p.compiled_bytes for p in top.frontier if p.compiled_bytes]
+    none = [p.compiled_bytes for p in top.frontier if p.checkpoint is None]
+    high = min(cap, none[0]) if none and none[0] else cap
+    return budgets_between(min(compiled), high, n)
+
+
+def budgets_between(low: int, high: int, n: int) -> list[int]:
+    """`n` budgets evenly spaced from `low` to `high`, both included."""
+    if n == 1 or high <= low:
+        return [high]
+    return [int(round(b)) for b in np.linspace(low, high, n)]
+
+
+def _plan(fn, model, batch, budget, target) -> er.PlanResult | None:
+    """The planner's answer, or `None` where nothing fits the budget."""
+    try:
+        return er.plan(fn, model, batch, budget_bytes=budget, target=target)
+    except ValueError as e:
+        if "fits" not in str(e):
+            raise
+        return None
+
+
+def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
+    """Plan every budget (timed, compiles counted), then compile the uniform
+    candidates: the rows of one preset."""
+    mesh = X.mesh_for(args.target) if args.target else None
+    model = preset.build(abstract=True)
+    batch = preset.inputs(abstract=True)
+    if mesh is not None:
+        model = zoo.shard(model, mesh, fsdp=preset.fsdp)
+        batch = X.place_batch(batch, mesh)
+    fn = _step(preset, mesh)
+    cap = X.V5E_HBM if args.target else 2**50
+    rows: list[dict] = []
+    with _mesh_context(preset, mesh):
+        load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
+        console.print(f"[bold]{name}[/]: planning at {C.fmt_bytes(cap)} first")
+        top = _plan(fn, model, batch, cap, args.target)
+        if top is None:
+            raise SystemExit(f"{name}: nothing fits in {C.fmt_bytes(cap)}")
+        budgets = _budgets(top, cap, args.budgets)
+        results = []
+        for b in budgets:
+            if b == cap:  # planned already
+                results.append(top)
+                continue
+            console.print(f"[bold]{name}[/]: budget {C.fmt_bytes(b)}")
+            results.append(_plan(fn, model, batch, b, args.target))
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0  # every thread's: the compiler's too
+        load = (load0 + os.getloadavg()[0]) / 2
+        # In the order planned: later calls predict with more compiles behind them.
+        calls = ([] if cap in budgets else [top]) + results
+        console.print(
+            f"[bold]{name}[/]: planned {len(budgets)} budgets in {seconds:.0f} s "
+            f"({cpu:.0f} s of CPU, load average {load:.1f}), "
+            f"{sum(r.compiles for r in calls if r is not None)} compiles; "
+            "uniform candidates next"
+        )
+        specs = args.checkpoint or preset.checkpoints(
+            quick=args.quick, accelerator=bool(args.target)
+        )
+        cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
+        uniform = er.plan(
+            fn, model, batch, budget_bytes=cap, target=args.target, candidates=cands
+        ).table
+    planning = {
+        "group": name,
+        "kind": "planning",
+        "budgets": len(budgets),
+        "calls": len(calls),
+        "compiles": sum(r.compiles for r in calls if r is not None),
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "load_average": load,
+    }
+    rows.append(planning)
+    rows += [_uniform_row(name, e, cap) for e in uniform]
+    rows += [_pick_row(name, b, r, uniform) for b, r in zip(budgets, results)]
+    frontier = _pareto(calls)
+    rows += [{"group": name, "kind": "frontier", **_point(p)} for p in frontier]
+    return rows
+
+
+def _pareto(results) -> list[er.FrontierPoint]:
+    """The points of every call's frontier (compiled where one call compiled
+    it, else the latest call's prediction) that no other beats in both memory
+    and time, least memory first."""
+    points = {}
+    for r in results:
+        for p in r.frontier if r is not None else ():
+            old = points.get(p.checkpoint)
+            if (
+                old is None
+                or p.compiled_bytes is not None
+                or old.compiled_bytes is None
+            ):
+                points[p.checkpoint] = p
+
+    def memory(p):
+        return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+
+    out: list[er.FrontierPoint] = []
+    for p in sorted(points.values(), key=lambda p: (memory(p), p.time_s)):
+        if not out or p.time_s < out[-1].time_s:
+            out.append(p)
+    return out
+
+
+def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
+    host = e.report.host_temp_bytes if e.report is not None else 0
+    return {
+        "group": name,
+        "kind": "uniform",
+        "checkpoint": C.checkpoint_label(e.checkpoint),
+        "memory_bytes": e.memory_bytes,
+        "compiled": e.report is not None,
+        "fits": e.report is not None and e.memory_bytes <= cap,
+        "flops": e.flops,
+        "host_bytes": host,
+        "time_s": e.time_s,
+    }
+
+
+def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
+    fitting = [e for e in uniform if e.report is not None and e.memory_bytes <= budget]
+    best = min(fitting, key=lambda e: e.time_s) if fitting else None
+    row = {
+        "group": name,
+        "kind": "pick",
+        "budget_bytes": budget,
+        "best_uniform": None if best is None else C.checkpoint_label(best.checkpoint),
+        "best_uniform_time_s": None if best is None else best.time_s,
+    }
+    if result is None:
+        return row | {"checkpoint": None, "fits": False}
+    (point,) = [p for p in result.frontier if p.checkpoint == result.checkpoint] or [
+        None
+    ]
+    e = result.entry
+    return row | {
+        "checkpoint": C.checkpoint_label(result.checkpoint),
+        "compiled_bytes": e.memory_bytes,
+        "predicted_bytes": None if point is None else point.predicted_bytes,
+        "fits": e.report is not None and e.memory_bytes <= budget,
+        "flops": e.flops,
+        "host_bytes": e.report.host_temp_bytes if e.report is not None else 0,
+        "time_s": e.time_s,
+        "compiles": result.compiles,
+        "seconds": result.seconds,
+        "notes": list(result.notes),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = C.parse_args(_parser(), argv, "plan_sweep")
+    console = C.Console()
+    names = args.preset or (
+        ["transformer-tiny"]
+        if args.quick
+        else ["seed-llama"]
+        if args.target
+        else ["transformer-s"]
+    )
+    devices = X.mesh_for(args.target).size if args.target else 1
+    presets = {n: M.PRESETS[n].on(devices) for n in names}
+    t0 = time.perf_counter()
+    rows = []
+    for name, preset in presets.items():
+        rows += sweep_preset(args, name, preset, console)
+    for r in rows:
+        if r["kind"] == "pick":
+            r["between"] = T.between_uniform(rows, r["group"], r["budget_bytes"])
+    data = {
+        "meta": C.meta(args, seconds=time.perf_counter() - t0),
+        "presets": {
+            n: {"describe": p.describe(), "topology": args.target or args.platform}
+            for n, p in presets.items()
+        },
+        "rows": rows,
+    }
+    tag = (args.target or args.platform).replace(":", "_")
+    stem = f"plan_sweep-{tag}" + ("-quick" if args.quick else "")
+    if C.is_main():  # what was measured, before anything else can fail
+        C.write_json(args.out / f"{stem}.json", data)
+    data["targets"] = T.evaluate(rows, presets, T.PLAN_TARGETS)
+    path = C.write(args, stem, data, plot)
+    show(console, data, C.where(args, data))
+    console.print(f"results in {path}")
+    return data
+
+
+def show(console: C.Console, data: dict, where: str) -> None:
+    for n, p in data["presets"].items():
+        console.print(f"[bold]{n}[/]: {p['describe']}")
+    rows = data["rows"]
+    console.table(
+        f"Uniform candidates [{where}]",
+        ("preset", "checkpoint", "memory", "FLOPs", "host", "est. time", "compiled"),
+        [
+            (
+                r["group"],
+                r["checkpoint"],
+                C.fmt_bytes(r["memory_bytes"]),
+                C.fmt_flops(r["flops"]),
+                C.fmt_bytes(r["host_bytes"]) if r["host_bytes"] else "-",
+                _ms(r["time_s"]),
+                "yes" if r["compiled"] else "no (XLA: does not fit)",
+            )
+            for r in rows
+            if r["kind"] == "uniform"
+        ],
+    )
+    console.table(
+        f"Picks [{where}]",
+        (
+            "preset",
+            "budget",
+            "pick",
+            "compiled",
+            "predicted",
+            "est. time",
+            "best uniform",
+            "its time",
+            "compiles",
+        ),
+        [
+            (
+                r["group"],
+                C.fmt_bytes(r["budget_bytes"]),
+                r["checkpoint"] or "nothing fits",
+                C.fmt_bytes(r.get("compiled_bytes")),
+                C.fmt_bytes(r.get("predicted_bytes")),
+                _ms(r.get("time_s")),
+                r["best_uniform"] or "-",
+                _ms(r["best_uniform_time_s"]),
+                r.get("compiles", "-"),
+            )
+            for r in rows
+            if r["kind"] == "pick"
+        ],
+    )
+    for r in rows:
+        if r["kind"] == "planning":
+            console.print(
+                f"{r['group']}: planning {r['budgets']} budgets: {r['compiles']} "
+                f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
+                f"(load average {r['load_average']:.1f})"
+            )
+    console.table(
+        "Targets",
+        ("", "target", "measured"),
+        [
+            (
+                {True: "met", False: "NOT met", None: "n/a"}[t["met"]],
+                t["name"],
+                t["measured"],
+            )
+            for t in data["targets"]
+        ],
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
+
+
+def plot(data: dict, path: Path) -> None:
+    """Per preset: memory against estimated step time."""
+    pyplot = C.plt()
+    groups = list(data["presets"])
+    fig, axes = pyplot.subplots(
+        1, len(groups), figsize=(7 * len(groups), 4.6), squeeze=False
+    )
+    for ax, g in zip(axes[0], groups):
+        _plot_preset(ax, [r for r in data["rows"] if r["group"] == g], data, g)
+    C.save_figure(fig, path)
+
+
+def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
+    uniform = [r for r in rows if r["kind"] == "uniform" and r["compiled"]]
+    frontier = [r for r in rows if r["kind"] == "frontier"]
+    picks = [r for r in rows if r["kind"] == "pick" and r["checkpoint"]]
+    budgets = [r["budget_bytes"] for r in rows if r["kind"] == "pick"]
+    top = max([r["memory_bytes"] for r in uniform + frontier] + budgets)
+    unit, size = ("GiB", C.GiB) if top >= C.GiB else ("MiB", C.MiB)
+    for b in budgets:
+        ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
+    ax.scatter(
+        [r["memory_bytes"] / size for r in uniform],
+        [1e3 * r["time_s"] for r in uniform],
+        color="0.55",
+        s=28,
+        label="uniform candidates",
+        zorder=2,
+    )
+    # Points closer than 2% of the axes share one label ("None = everything").
+    xs = [r["memory_bytes"] / size for r in uniform]
+    ys = [1e3 * r["time_s"] for r in uniform]
+    dx, dy = 0.02 * (max(xs) - min(xs) or 1), 0.02 * (max(ys) - min(ys) or 1)
+    labels: dict[tuple, list[str]] = {}
+    for x, y, r in zip(xs, ys, uniform):
+        near = [k for k in labels if abs(k[0] - x) < dx and abs(k[1] - y) < dy]
+        labels.setdefault(near[0] if near else (x, y), []).append(r["checkpoint"])
+    for (x, y), names in labels.items():
+        ax.annotate(
+            " = ".join(names),
+            (x, y),
+            fontsize=7,
+            color="0.35",
+            xytext=(4, 3),
+            textcoords="offset points",
+        )
+    ax.plot(
+        [r["memory_bytes"] / size for r in frontier],
+        [1e3 * r["time_s"] for r in frontier],
+        color="tab:blue",
+        lw=1.6,
+        marker=".",
+        label="planner's frontier",
+        zorder=3,
+    )
+    ax.scatter(
+        [r["compiled_bytes"] / size for r in picks],
+        [1e3 * r["time_s"] for r in picks],
+        marker="*",
+        s=110,
+        color="tab:red",
+        label="pick at each budget (compiled)",
+        zorder=4,
+    )
+    ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
+    ax.set(
+        xlabel=f"device memory per chip ({unit}): args + outputs + temporaries",
+        ylabel="estimated step time (ms)",
+        title=f"{group}: {data['presets'][group]['describe']} "
+        f"[{data['presets'][group]['topology']}]",
+    )
+    ax.title.set_fontsize(8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+if __name__ == "__main__":
+    main()
