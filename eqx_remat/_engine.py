@@ -215,6 +215,7 @@ class Layers:
         self._offset = 0
         self._step = step
         policy = _to_jax_policy(policy)
+        self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -245,7 +246,7 @@ class Layers:
         new = copy.copy(self)
         new.depth = depth
         new._offset = self._offset + start
-        policy = _to_jax_policy(policy)
+        new._policy = policy = _to_jax_policy(policy)
         new._layer_fn = (
             self._step if policy is None else checkpointed(self._step, policy)
         )

@@ -283,7 +283,9 @@ def test_a_range_of_one_layer_keeps_what_longer_ranges_keep(c):
 
     uniform = temp(er.ranges((depth, c)))
     first = temp(er.ranges((1, c), (depth - 1, c)))
-    assert abs(first - uniform) <= 0.02 * uniform, (first, uniform)
+    assert first <= 1.02 * uniform, (first, uniform)
+    if c is not None:  # None recomputes nothing: out of a loop, XLA does better
+        assert first >= 0.98 * uniform, (first, uniform)
     # A last range's backward step follows its forward pass: never more.
     last = temp(er.ranges((depth - 1, c), (1, c)))
     assert last <= 1.02 * uniform, (last, uniform)
