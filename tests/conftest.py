@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 
@@ -28,3 +29,76 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The tests that take longest (each 11 s or more on the 2-core machine, measured
+# with `pytest --durations=60`): kept out of the README's test command so that it
+# stays within a few minutes, and run by CI right after it (`pytest -m heavy`).
+HEAVY = frozenset(
+    {
+        "tests/test_benchmarks.py::test_compile_time_quick",
+        "tests/test_benchmarks.py::test_depth_scaling_quick",
+        "tests/test_benchmarks.py::test_run_quick",
+        "tests/test_benchmarks.py::test_seed_claim_run_mode_on_cpu",
+        "tests/test_benchmarks.py::test_transformer_temp_memory_at_most_flax[None]",
+        "tests/test_benchmarks.py::test_transformer_temp_memory_at_most_flax[dots]",
+        "tests/test_benchmarks.py::test_transformer_temp_memory_at_most_flax[dots_no_batch]",
+        "tests/test_benchmarks.py::test_transformer_temp_memory_at_most_flax[everything]",
+        "tests/test_benchmarks.py::test_transformer_temp_memory_at_most_flax[nothing]",
+        "tests/test_binomial.py::test_gradients_and_evaluations",
+        "tests/test_binomial.py::test_memory_falls_and_evaluations_rise_as_slots_fall",
+        "tests/test_binomial.py::test_vmap_conventions",
+        "tests/test_docs.py::test_page_code_runs[api/eqx_remat/name_policies.md]",
+        "tests/test_docs.py::test_page_code_runs[api/eqx_remat/schedules.md]",
+        "tests/test_docs.py::test_page_code_runs[index.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/choosing-a-schedule.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/five-minutes.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/own-model.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/training.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/v5e-without-a-tpu.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/writing-a-schedule.md]",
+        "tests/test_inspect.py::test_v5e_flash_attention_with_unsharded_arguments",
+        "tests/test_plan.py::test_mixes_fit_cost_less_between_uniform_options_and_are_predicted",
+        "tests/test_plan.py::test_the_pick_fits_and_costs_no_more_than_the_best_uniform_candidate",
+        "tests/test_plan.py::test_v5e_prices_offloading_and_splits_by_the_batch_sharding",
+        "tests/test_ranges.py::test_gradients_equal_the_unchecked_ones",
+        "tests/test_schedules.py::test_count_flops_follows_the_evaluations_of_every_schedule[13]",
+        "tests/test_schedules.py::test_count_flops_follows_the_evaluations_of_every_schedule[5]",
+        "tests/test_schedules.py::test_forward_over_reverse_matches_unchecked[every(k=2, policy=None)]",  # noqa: E501
+        "tests/test_schedules.py::test_parameter_dominated_stack_never_exceeds_none[plain]",
+        "tests/test_schedules.py::test_scan_layers_gradients",
+        "tests/test_sharding.py::test_explicit_mesh_one_device[gpt2]",
+        "tests/test_sharding.py::test_explicit_mesh_one_device[llama]",
+        "tests/test_sharding.py::test_padded_segments_keep_memory_space_and_sharding",
+        "tests/test_sharding.py::test_sharded_gradients_equal_single_device_gradients",
+        "tests/test_train.py::test_fsdp_checkpoint_restores_into_its_shardings",
+        "tests/test_train.py::test_loss_decreases",
+        "tests/test_train.py::test_resume_with_other_run_options_fails",
+        "tests/test_train.py::test_sigterm_then_resume_is_bit_identical",
+        "tests/test_train.py::test_stop_after_then_extend_is_bit_identical",
+        "tests/test_train.py::test_switching_the_checkpoint_keeps_the_loss_curve",
+        "tests/test_transformer.py::test_attention_implementations_agree",
+        "tests/test_transformer.py::test_gqa_equals_repeated_heads",
+        "tests/test_transformer.py::test_gradients[dots]",
+        "tests/test_transformer.py::test_gradients_options_property",
+        "tests/test_transformer.py::test_gradients_property",
+        "tests/test_transformer.py::test_llama",
+        "tests/test_transformer.py::test_memory[dots-0.6]",
+        "tests/test_transformer.py::test_option_gradients[nothing-dot_product]",
+        "tests/test_transformer.py::test_option_gradients[nothing-flash]",
+        "tests/test_transformer.py::test_option_gradients[nothing-mqa]",
+        "tests/test_zoo.py::test_gradients_property",
+        "tests/test_zoo.py::test_mlp_gradients[offload_dots_no_batch]",
+        "tests/test_zoo.py::test_save_all_but_names_compiled_memory[Transformer-qkv_proj]",
+        "tests/test_zoo.py::test_unroll_keeps_gradients[None-Transformer]",
+        "tests/test_zoo.py::test_unroll_keeps_gradients[dots-MLP]",
+        "tests/test_zoo.py::test_unroll_keeps_gradients[dots-Transformer]",
+        "tests/test_zoo.py::test_unroll_keeps_gradients[recursive(policy=None)-Transformer]",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in HEAVY:
+            item.add_marker(pytest.mark.heavy)
