@@ -107,6 +107,16 @@ def _is_diff(x: Any) -> bool:
     return eqx.is_inexact_array(x)
 
 
+def stays_a_loop(length: int, unroll: int | bool) -> bool:
+    """Whether `lax.scan(..., length=length, unroll=unroll)` runs every iteration
+    inside an XLA while loop of two trips or more: it runs `length // unroll`
+    trips of `unroll` iterations and unrolls the remainder, and XLA removes a
+    loop of one trip."""
+    if isinstance(unroll, bool):
+        unroll = length if unroll else 1
+    return length >= 2 * unroll >= 2 and length % unroll == 0
+
+
 def _index(tree: Any, i: Any) -> Any:
     return jtu.tree_map(lambda x: lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
 
@@ -205,6 +215,7 @@ class Layers:
         self._offset = 0
         self._step = step
         policy = _to_jax_policy(policy)
+        self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
         self._stacked = stacked
@@ -235,7 +246,7 @@ class Layers:
         new = copy.copy(self)
         new.depth = depth
         new._offset = self._offset + start
-        policy = _to_jax_policy(policy)
+        new._policy = policy = _to_jax_policy(policy)
         new._layer_fn = (
             self._step if policy is None else checkpointed(self._step, policy)
         )
@@ -415,6 +426,9 @@ class Layers:
             vjp = jtu.tree_unflatten(layout.tree, leaves)
             return self._apply(i, vjp, cts)
 
+        if self._policy is not None and not stays_a_loop(length, self._unroll):
+            return self._apply_in_loop(start, length, saved, cts, backward, pad)
+
         def bwd_body(cts, t_saved):
             t, saved = t_saved
             i = start + t
@@ -427,6 +441,27 @@ class Layers:
         ts = jnp.arange(length, dtype=jnp.int32)
         cts, _ = lax.scan(bwd_body, cts, (ts, saved), reverse=True, unroll=self._unroll)
         return cts
+
+    def _apply_in_loop(self, start, length, saved, cts, backward, pad):
+        """`apply_segment` under a policy where its `lax.scan` would not stay
+        a loop (one layer, or unrolled): out of a loop, XLA runs the policy's
+        recomputation, which needs no cotangent, as early as the forward pass
+        and keeps all it computes until the backward step, as if nothing were
+        recomputed (optimization barriers do not stop it on the CPU). So the
+        backward steps run in a loop of at least two trips (one index more,
+        skipped, for a single layer), never unrolled."""
+        trips = max(length, 2)
+
+        def body(cts, t):
+            i = start + t
+            s = _index(saved, jnp.minimum(t, length - 1))
+            if not pad and trips == length:
+                return backward(i, s, cts), None
+            real = (t < length) & (i < self.depth) if pad else t < length
+            return lax.cond(real, backward, lambda i, s, cts: cts, i, s, cts), None
+
+        ts = jnp.arange(trips, dtype=jnp.int32)
+        return lax.scan(body, cts, ts, reverse=True)[0]
 
     # --- stored carries -----------------------------------------------------
 
