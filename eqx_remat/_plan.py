@@ -124,8 +124,9 @@ class FrontierPoint(NamedTuple):
       predicts (arguments + outputs + temporaries, as `memory_bytes`).
     - `compiled_bytes`: what compiling it gave, or `None` where it was not
       compiled.
-    - `flops`: the function's FLOPs under it (exact for uniform options and
-      schedules, [`eqx_remat.count_flops`][]; summed per layer for a mix).
+    - `flops`: the function's FLOPs under it (exact for uniform options,
+      schedules and the pick, [`eqx_remat.count_flops`][]; summed per layer
+      for another mix).
     - `host_bytes`: bytes per chip it offloads to host memory.
     - `time_s`: the estimated step time on one chip (see [`eqx_remat.plan`][]).
     """
@@ -564,6 +565,8 @@ class _Planner:
         hull = lower_hull(options)
         self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
         pick = self._choose(options, mix)
+        if pick is not None:
+            pick = self._cheapest_compiled(pick, options)
         pick = self._try_schedules(pick, self._price_schedules())
         if pick is None:
             table = [e for e, _ in self.compiled.values()]
@@ -724,7 +727,7 @@ class _Planner:
         entry = self.compiled.get(o.checkpoint, (None, None))[0]
         compiled = None if entry is None or entry.report is None else entry.memory_bytes
         host = self.per * o.host_bytes
-        return FrontierPoint(
+        point = FrontierPoint(
             o.checkpoint,
             int(self._predict(o) or self.per * o.bytes),
             compiled,
@@ -732,6 +735,9 @@ class _Planner:
             int(host),
             self.time_s(o.total_flops, host),
         )
+        if compiled is None:
+            return point
+        return point._replace(flops=entry.flops, time_s=entry.time_s)
 
     def _mix_point(self, c, n: int, heavy: Option, light: Option, predicted: Real):
         rest = self.per - n
@@ -781,6 +787,41 @@ class _Planner:
                     compiled_bytes=entry.memory_bytes,
                 )
         return pick
+
+    def _cheapest_compiled(self, pick: FrontierPoint, options) -> FrontierPoint:
+        """`pick` costed from its compiled, exact FLOP count; or, if a compiled
+        uniform option or schedule that fits costs less, that one (the
+        pricing by tracing was wrong somewhere: say so). Uniform options priced
+        below the pick's exact cost and predicted to fit are compiled first
+        (none are unless the pick's price was wrong)."""
+        entry = self.compiled[pick.checkpoint][0]
+        pick = pick._replace(flops=entry.flops, time_s=entry.time_s)
+        for o in options:
+            predicted = self._predict(o)
+            if (
+                o.checkpoint not in self.compiled
+                and self._uniform_point(o).time_s < pick.time_s
+                and predicted is not None
+                and predicted <= self.budget
+            ):
+                self.measure(o.checkpoint, predicted)
+        fitting = [
+            (e.time_s, e.flops, e.memory_bytes or 0, i, c)
+            for i, (c, (e, _)) in enumerate(self.compiled.items())
+            if e.fits and (c in self.priced or isinstance(c, Schedule))
+        ]
+        if not fitting or min(fitting)[0] >= pick.time_s:
+            return pick
+        c = min(fitting)[-1]
+        e = self.compiled[c][0]
+        self.note(
+            f"{_name(pick.checkpoint)} compiled to {format_flops(pick.flops)} "
+            f"FLOPs (est. {_format_time(pick.time_s)}): {_name(c)}, compiled and "
+            f"fitting, costs less ({_format_time(e.time_s)}); choosing it"
+        )
+        memory = e.memory_bytes
+        host = e.report.host_temp_bytes if e.report is not None else 0
+        return FrontierPoint(c, memory, memory, e.flops, host, e.time_s)
 
     def _compiled_points(self) -> list[FrontierPoint]:
         """Compiled schedules and mixes (the uniform options are priced)."""

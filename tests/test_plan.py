@@ -444,6 +444,31 @@ def test_the_cheapest_option_that_fits_is_one_compile():
     assert result.entry.time_s == min(p.time_s for p in result.frontier)
 
 
+def test_a_mispriced_pick_loses_to_a_compiled_uniform_option(tiny_table, monkeypatch):
+    # Price 'nothing' at half None's FLOPs (it recomputes the forward: it costs
+    # more): the solver picks it, its compile counts its FLOPs exactly, and the
+    # planner returns what really costs least among what fits.
+    true_price = _plan.price
+
+    def wrong_price(fn, args, checkpoint, depths):
+        device, host, flops, names = true_price(fn, args, checkpoint, depths)
+        if checkpoint == "nothing":
+            flops = true_price(fn, args, None, depths)[2] // 2
+        return device, host, flops, names
+
+    monkeypatch.setattr(_plan, "price", wrong_price)
+    monkeypatch.setattr(_plan, "_PRICES", type(_plan._PRICES)())  # price afresh
+    result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
+    by = {e.checkpoint: e for e in tiny_table}
+    assert by["nothing"].time_s > by[None].time_s
+    assert result.entry.fits and result.entry.report is not None
+    assert result.entry.time_s <= by[None].time_s * (1 + 1e-9), str(result)
+    assert result.checkpoint is None, str(result)
+    assert any("'nothing' compiled to" in n for n in result.notes), result.notes
+    (point,) = [p for p in result.frontier if p.checkpoint == result.checkpoint]
+    assert point.flops == by[None].flops and point.time_s == result.entry.time_s
+
+
 def test_nothing_fits_names_the_smallest_memory(tiny_table):
     # Below the arguments and outputs, which every checkpoint needs: no schedule
     # is worth compiling either.
