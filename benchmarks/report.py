@@ -248,7 +248,6 @@ SECTIONS = (
     ("Compile time", "compile_time", compile_time),
     ("Planner", "plan-v5e", plan),
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
-    ("Planner sweep, v5e", "plan_sweep-v5e_2x4", plan_sweep),
 )
 
 
