@@ -599,6 +599,15 @@ def save_figure(fig: Any, path: Path, rect: tuple | None = None) -> None:
     plt().close(fig)
 
 
+def show_targets(console: "Console", targets: Sequence[dict[str, Any]]) -> None:
+    """The table of target verdicts every measuring script ends with."""
+    mark = {True: "met", False: "NOT met", None: "n/a"}
+    rows = [
+        (mark[t["met"]], t["name"], t["measured"], t.get("why", "")) for t in targets
+    ]
+    console.table("Targets", ("", "target", "measured", "note"), rows, left=4)
+
+
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]

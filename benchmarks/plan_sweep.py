@@ -337,18 +337,7 @@ def show(console: C.Console, data: dict, where: str) -> None:
                 f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
                 f"(load average {r['load_average']:.1f})"
             )
-    console.table(
-        "Targets",
-        ("", "target", "measured"),
-        [
-            (
-                {True: "met", False: "NOT met", None: "n/a"}[t["met"]],
-                t["name"],
-                t["measured"],
-            )
-            for t in data["targets"]
-        ],
-    )
+    C.show_targets(console, data["targets"])
 
 
 def _ms(seconds: float | None) -> str:

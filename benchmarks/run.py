@@ -210,11 +210,6 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
     return out
 
 
-def target_rows(targets: list[dict]) -> list[tuple]:
-    mark = {True: "met", False: "NOT met", None: "n/a"}
-    return [(mark[t["met"]], t["name"], t["measured"], t["why"]) for t in targets]
-
-
 def show(console: C.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
         rows = [r for r in data["rows"] if r["group"] == n]
@@ -237,12 +232,7 @@ def show(console: C.Console, data: dict, where: str) -> None:
                 for p in data["peers"]
             ],
         )
-    console.table(
-        "Targets",
-        ("", "target", "measured", "note"),
-        target_rows(data["targets"]),
-        left=4,
-    )
+    C.show_targets(console, data["targets"])
 
 
 def _what(data: dict, cost: str) -> str:

@@ -214,18 +214,7 @@ def show(console: C.Console, data: dict, real: bool) -> None:
     console.table(f"Seed claim [{where}]", cols, out, left=2)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
-    console.table(
-        "Targets",
-        ("", "target", "measured"),
-        [
-            (
-                {True: "met", False: "NOT met", None: "n/a"}[t["met"]],
-                t["name"],
-                t["measured"],
-            )
-            for t in data["targets"]
-        ],
-    )
+    C.show_targets(console, data["targets"])
 
 
 def plot(data: dict, path: Path) -> None:
