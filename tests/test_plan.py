@@ -438,9 +438,12 @@ def test_the_pick_fits_and_costs_no_more_than_the_best_uniform_candidate(tiny_ta
         assert "frontier:" in str(result) and "est. time" in str(result)
 
 
-def test_the_cheapest_option_that_fits_is_one_compile():
+def test_the_cheapest_option_that_fits_needs_no_more_than_the_two_ends():
+    # The planner compiles the two ends of the hull (the cheapest and the
+    # lightest option: their base memory) and nothing else when the cheapest
+    # fits. Fewer when an earlier call of this process compiled them already.
     result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
-    assert result.checkpoint is None and result.compiles <= 1
+    assert result.checkpoint is None and result.compiles <= 2
     assert result.entry.time_s == min(p.time_s for p in result.frontier)
 
 
