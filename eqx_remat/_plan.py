@@ -735,7 +735,7 @@ class _Planner:
             int(host),
             self.time_s(o.total_flops, host),
         )
-        if compiled is None:
+        if entry is None or compiled is None:
             return point
         return point._replace(flops=entry.flops, time_s=entry.time_s)
 
@@ -819,7 +819,7 @@ class _Planner:
             f"FLOPs (est. {_format_time(pick.time_s)}): {_name(c)}, compiled and "
             f"fitting, costs less ({_format_time(e.time_s)}); choosing it"
         )
-        memory = e.memory_bytes
+        memory = e.memory_bytes or 0  # `fits`: compiled, so measured
         host = e.report.host_temp_bytes if e.report is not None else 0
         return FrontierPoint(c, memory, memory, e.flops, host, e.time_s)
 
