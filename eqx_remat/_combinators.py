@@ -168,13 +168,13 @@ def _apply(
     carry: Any,
     depth: int,
     checkpoint: Checkpoint,
-    unroll: SupportsIndex = 1,
+    unroll: int | bool = 1,
 ) -> Any:
-    """`for i in range(depth): carry = step(consts, stacked[i], carry)`."""
+    """`for i in range(depth): carry = step(consts, stacked[i], carry)`;
+    `unroll` already normalised by the caller (`_check_unroll`)."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     checkpoint = normalise_checkpoint(checkpoint)
-    unroll = _check_unroll(unroll)  # a Python value: `lax.scan` hashes it
     if isinstance(checkpoint, Schedule):
         return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
     body = lambda c, s: (step(consts, s, c), None)
