@@ -9,6 +9,7 @@ XLA's `HloCostAnalysis` does, so that on loop-free programs the two agree.
 
 import collections
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -476,7 +477,19 @@ _NUMPY: dict[str, Callable[..., Any]] = {
         )
     ],
     "dynamic_slice": _dynamic_slice,
+    "iota": lambda dtype, shape, dimension, **_: np.broadcast_to(
+        np.expand_dims(
+            np.arange(shape[dimension], dtype=dtype),
+            [d for d in range(len(shape)) if d != dimension],
+        ),
+        shape,
+    ),
 }
+
+
+@functools.cache
+def _cpu_mesh() -> jax.sharding.Mesh:
+    return jax.sharding.Mesh(np.array(jax.devices("cpu")[:1]), ("cpu",))
 
 
 def _evaluate(eqn, known: dict, needed: frozenset) -> None:
@@ -505,8 +518,12 @@ def _evaluate(eqn, known: dict, needed: frozenset) -> None:
             if out.shape == eqn.outvars[0].aval.shape:
                 known[eqn.outvars[0]] = out.astype(eqn.outvars[0].aval.dtype)
                 return
-    with jax.ensure_compile_time_eval():
-        outs = eqn.primitive.bind(*vals, **eqn.params)
+    # Computed on this machine's CPU whatever mesh is in context (a mesh of
+    # TPU v5e chips compiled for ahead of time has none to run on), and
+    # unsharded: where the value lives does not change it.
+    params = {**eqn.params, **({"sharding": None} if "sharding" in eqn.params else {})}
+    with jax.set_mesh(_cpu_mesh()), jax.ensure_compile_time_eval():
+        outs = eqn.primitive.bind(*vals, **params)
     outs = outs if eqn.primitive.multiple_results else [outs]
     for v, o in zip(eqn.outvars, outs):
         known[v] = np.asarray(o)

@@ -935,3 +935,21 @@ def test_residuals_nested_scans_multiply_layers():
     assert stacked and all(r.layers == 6 for r in stacked)
     assert all(r.layer_shape == (4,) for r in stacked)
     assert all(r.source.count("inside a scan") == 2 for r in stacked)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("schedule", [er.every(16), er.recursive()], ids=str)
+def test_count_flops_under_a_v5e_mesh_equals_without(schedule):
+    """Values that decide a schedule's branches are computed on this machine's
+    CPU, whatever mesh is in context: under a mesh of TPU v5e chips (compiled
+    for, never run) the count is the same as without one."""
+    layers = er.stack(
+        lambda k: _Tanh(eqx.nn.Linear(8, 8, key=k)),
+        jax.random.split(jax.random.key(0), 24),
+    )
+    x = jnp.ones((8,))
+    loss = lambda ls, x: er.scan_layers(ls, x, checkpoint=schedule).sum()
+    grad = eqx.filter_grad(loss)
+    expected = er.count_flops(grad, layers, x)
+    with jax.set_mesh(er.v5e_mesh("v5e:2x4")):
+        assert er.count_flops(grad, layers, x) == expected
