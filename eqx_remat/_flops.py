@@ -489,7 +489,14 @@ _NUMPY: dict[str, Callable[..., Any]] = {
 
 @functools.cache
 def _cpu_mesh() -> jax.sharding.Mesh:
-    return jax.sharding.Mesh(np.array(jax.devices("cpu")[:1]), ("cpu",))
+    """One device to compute branch-deciding values on: the CPU, or, where JAX
+    runs without its CPU backend (`JAX_PLATFORMS=cuda`, which initialises only
+    the platforms it names), the first local device of the default backend."""
+    try:
+        device = jax.devices("cpu")[0]
+    except RuntimeError:  # "Unknown backend cpu"
+        device = jax.local_devices()[0]
+    return jax.sharding.Mesh(np.array([device]), ("cpu",))
 
 
 def _evaluate(eqn, known: dict, needed: frozenset) -> None:
@@ -518,9 +525,9 @@ def _evaluate(eqn, known: dict, needed: frozenset) -> None:
             if out.shape == eqn.outvars[0].aval.shape:
                 known[eqn.outvars[0]] = out.astype(eqn.outvars[0].aval.dtype)
                 return
-    # Computed on this machine's CPU whatever mesh is in context (a mesh of
-    # TPU v5e chips compiled for ahead of time has none to run on), and
-    # unsharded: where the value lives does not change it.
+    # Computed on this machine's CPU (`_cpu_mesh`) whatever mesh is in context
+    # (a mesh of TPU v5e chips compiled for ahead of time has none to run on),
+    # and unsharded: where the value lives does not change it.
     params = {**eqn.params, **({"sharding": None} if "sharding" in eqn.params else {})}
     with jax.set_mesh(_cpu_mesh()), jax.ensure_compile_time_eval():
         outs = eqn.primitive.bind(*vals, **params)

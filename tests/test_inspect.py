@@ -953,3 +953,32 @@ def test_count_flops_under_a_v5e_mesh_equals_without(schedule):
     expected = er.count_flops(grad, layers, x)
     with jax.set_mesh(er.v5e_mesh("v5e:2x4")):
         assert er.count_flops(grad, layers, x) == expected
+
+
+def test_count_flops_without_a_cpu_backend_equals_with(monkeypatch):
+    """`JAX_PLATFORMS=cuda` initialises no CPU backend (`jax.devices("cpu")`
+    raises): a value that decides a branch is then computed on the default
+    backend's device, and the count is the same."""
+    from eqx_remat import _flops
+
+    def f(x):  # `rem` has no NumPy shortcut: JAX computes the branch index
+        return lax.cond(lax.rem(jnp.int32(7), 3) == 1, lambda x: x @ x, jnp.sin, x)
+
+    x = jnp.ones((4, 4))
+    _flops._cpu_mesh.cache_clear()
+    expected = er.count_flops(f, x)
+    assert int(expected) >= 2 * 4**3  # the matmul's branch, not sin's
+    devices = jax.devices
+
+    def no_cpu(backend=None):
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend: 'cpu' requested")
+        return devices(backend)
+
+    _flops._cpu_mesh.cache_clear()
+    monkeypatch.setattr(jax, "devices", no_cpu)
+    try:
+        assert er.count_flops(f, x) == expected
+        assert _flops._cpu_mesh().devices.item() == jax.local_devices()[0]
+    finally:
+        _flops._cpu_mesh.cache_clear()
