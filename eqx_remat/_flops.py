@@ -23,6 +23,7 @@ from ._jaxpr import (
     jaxpr_and_consts,
     open_jaxpr,
     producers,
+    scan_sizes,
     sub_jaxprs,
 )
 from ._util import traceable
@@ -698,14 +699,14 @@ def _count_cond(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:
 def _count_scan(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:
     p = eqn.params
     body, consts = jaxpr_and_consts(p["jaxpr"])
-    length, first_xs = p["length"], p["num_consts"] + p["num_carry"]
+    num_consts, num_carry = scan_sizes(eqn)
+    length, first_xs = p["length"], num_consts + num_carry
     # Carries change from one iteration to the next: never known.
     args = [
-        v if k < p["num_consts"] or k >= first_xs else None
-        for k, v in enumerate(eqn.invars)
+        v if k < num_consts or k >= first_xs else None for k, v in enumerate(eqn.invars)
     ]
     base = _bind(body, [None] * len(args), known, consts)
-    for k in range(p["num_consts"]):
+    for k in range(num_consts):
         x = _value(eqn.invars[k], known)
         if x is not None:
             base[body.invars[k]] = x

@@ -83,6 +83,18 @@ def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr | None:
     return None if param is None else eqn.params.get(param)
 
 
+def scan_sizes(eqn: JaxprEqn) -> tuple[int, int]:
+    """`(consts, carry)`: how many of a `scan` equation's inputs are constants
+    and how many carries (its body reads `[*consts, *carry, *xs]` and writes
+    `[*carry, *ys]`). jax < 0.11 gives them as the parameters `num_consts` and
+    `num_carry`; jax 0.11 packs the inputs' structure into `ft_in`."""
+    p = eqn.params
+    if "num_consts" in p:
+        return p["num_consts"], p["num_carry"]
+    consts, carry, _ = p["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def producers(jaxpr: Jaxpr) -> dict[Var, JaxprEqn]:
     """`{variable: the equation of jaxpr that computes it}`."""
     return {v: e for e in jaxpr.eqns for v in e.outvars}

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._jaxpr import CALLS, is_literal, open_jaxpr, producers
+from ._jaxpr import CALLS, is_literal, open_jaxpr, producers, scan_sizes
 from ._policies import _KEEP
 from ._util import format_bytes, traceable
 
@@ -142,9 +142,7 @@ def _range(eqn, v) -> str:
     found = _RANGE_SCOPE.findall(stack)
     if not found:
         return ""
-    carry = eqn.primitive.name == "scan" and (
-        eqn.outvars.index(v) < eqn.params["num_carry"]
-    )
+    carry = eqn.primitive.name == "scan" and (eqn.outvars.index(v) < scan_sizes(eqn)[1])
     return f", {'the output of' if carry else 'in'} {found[-1]}"
 
 
@@ -179,7 +177,8 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
     if prim == "scan":
         k = e.outvars.index(v)
         body = open_jaxpr(e.params["jaxpr"])
-        if k >= e.params["num_carry"]:
+        num_consts, num_carry = scan_sizes(e)
+        if k >= num_carry:
             inner = body.outvars[k]
             length = e.params["length"]
             inner_producer = producers(body)
@@ -191,8 +190,8 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
                 value = np.asarray(inner.val).item()
                 return f"the constant {value!r} of each layer, {scan}", None, length
             if inner in body.invars:
-                i = body.invars.index(inner) - e.params["num_consts"]
-                what = "the carry" if i < e.params["num_carry"] else "a per-layer input"
+                i = body.invars.index(inner) - num_consts
+                what = "the carry" if i < num_carry else "a per-layer input"
                 return f"{what} (each layer's input), {scan}", None, length
     if prim == "jit":
         return (

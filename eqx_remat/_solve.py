@@ -25,7 +25,7 @@ from ._checkpoint import Checkpoint, set_checkpoint
 from ._engine import Layers, Schedule
 from ._flops import count_flops
 from ._hardware import Hardware
-from ._jaxpr import is_literal, open_jaxpr, sub_jaxprs
+from ._jaxpr import is_literal, open_jaxpr, scan_sizes, sub_jaxprs
 from ._policies import _KEEP, offload_names, save_names
 from ._util import traceable
 
@@ -98,7 +98,7 @@ def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
     stacked = {}
     for e in jaxpr.eqns:
         if e.primitive.name == "scan" and e.params["length"] in depths:
-            for v in e.outvars[e.params["num_carry"] :]:
+            for v in e.outvars[scan_sizes(e)[1] :]:
                 stacked[v] = e
     seen = set()
     for e in jaxpr.eqns:

@@ -982,3 +982,25 @@ def test_count_flops_without_a_cpu_backend_equals_with(monkeypatch):
         assert _flops._cpu_mesh().devices.item() == jax.local_devices()[0]
     finally:
         _flops._cpu_mesh.cache_clear()
+
+
+def test_scan_sizes_reads_consts_and_carries_in_every_jax():
+    """A `scan` equation's constants and carries, whether jax gives their
+    counts as parameters (< 0.11) or packs them into `ft_in` (0.11)."""
+    from eqx_remat._jaxpr import scan_sizes
+
+    w = jnp.ones((3, 3))
+
+    def f(c1, c2, xs):
+        def body(carry, x):
+            a, b = carry
+            return (a @ w + x, b + 1), a.sum()
+
+        return lax.scan(body, (c1, c2), xs)
+
+    jaxpr = jax.make_jaxpr(f)(jnp.ones(3), jnp.int32(0), jnp.ones((5, 3)))
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    consts, carry = scan_sizes(eqn)
+    assert (consts, carry) == (1, 2)  # w; (a, b)
+    assert len(eqn.invars) == consts + carry + 1  # and xs
+    assert len(eqn.outvars) == carry + 1  # the carries, then the ys
