@@ -92,14 +92,15 @@ class VsNone:
 @dataclasses.dataclass(frozen=True)
 class VsPeer:
     """Ours / a peer's `metric`, for every pair with peers of `impl` (only our
-    schedules of kind `schedule`, if given), at most `at_most`."""
+    schedules of kind `schedule`, if given), at most `at_most`. `cpu_note` is
+    said beside the verdict when the group's rows were measured on a CPU."""
 
     on: Any
     impl: str
     metric: str
     at_most: float
     schedule: str | None = None
-    why: str = ""
+    cpu_note: str = ""
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
         pairs = [
@@ -118,12 +119,10 @@ class VsPeer:
             for p in pairs
             if p[_PAIR[self.metric]] is not None
         )
+        on_cpu = any(r.get("device_kind") == "cpu" for r in rows if r["group"] == group)
+        why = self.cpu_note if on_cpu else ""
         return (
-            [
-                _verdict(
-                    name, group, self.metric, self.at_most, worst, measured, self.why
-                )
-            ]
+            [_verdict(name, group, self.metric, self.at_most, worst, measured, why)]
             if pairs
             else []
         )
@@ -174,8 +173,8 @@ TARGETS = (
     VsNone(M.TransformerPreset, "dots", "flops", 1.10),
     VsPeer(M.TransformerPreset, "hand-written", "temp_bytes", 1.02),
     VsPeer(M.TransformerPreset, "flax", "temp_bytes", 1.00),
-    VsPeer(M.TransformerPreset, "hand-written", "step_s", 1.05, why=NOISY),
-    VsPeer(M.TransformerPreset, "flax", "step_s", 1.05, why=NOISY),
+    VsPeer(M.TransformerPreset, "hand-written", "step_s", 1.05, cpu_note=NOISY),
+    VsPeer(M.TransformerPreset, "flax", "step_s", 1.05, cpu_note=NOISY),
     VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
     VsPeer(M.ChainPreset, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
     VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 1.00, "binomial"),

@@ -21,7 +21,14 @@ import pytest
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common as C, _device, _measure as X, _models as M, _peers
+from benchmarks import (
+    _common as C,
+    _device,
+    _measure as X,
+    _models as M,
+    _peers,
+    _targets as T,
+)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -566,3 +573,18 @@ def test_report_reads_committed_results():
         pytest.skip("no committed results")
     stdout = run("report.py", "--results", str(BENCH / "results"), "--no-write").stdout
     assert "### CPU sweep" in stdout and "### Summary" in stdout
+
+
+def test_step_time_verdicts_note_cpu_noise_only_for_cpu_rows():
+    """The step-time verdicts against peers say that CPU timings are noisy when
+    the rows were measured on a CPU, and say nothing of a CPU for the same rows
+    measured on a GPU."""
+    data = json.loads((C.RESULTS / "sweep-cpu.json").read_text())
+    presets = {n: M.PRESETS[n] for n in data["presets"]}
+
+    def notes(rows):
+        return {t["why"] for t in T.evaluate(rows, presets) if t["metric"] == "step_s"}
+
+    assert notes(data["rows"]) == {T.NOISY}
+    gpu = [{**r, "device_kind": "NVIDIA H100 80GB HBM3"} for r in data["rows"]]
+    assert notes(gpu) == {""}
