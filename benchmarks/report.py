@@ -243,6 +243,11 @@ def _ms(seconds: float | None) -> str:
 SECTIONS = (
     ("CPU sweep", "sweep-cpu", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
     ("v5e sweep", "sweep-v5e", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
+    (
+        "GPU sweep, NVIDIA H100",
+        "sweep-cuda",
+        lambda d: "\n\n".join([sweep(d), peers(d), targets(d)]),
+    ),
     ("Seed claim", "seed_claim", seed),
     ("Depth scaling", "depth_scaling", depth),
     ("Compile time", "compile_time", compile_time),
