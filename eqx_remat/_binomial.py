@@ -147,6 +147,10 @@ class binomial(Schedule):
         (_, cts), _ = lax.scan(body, (saved, cts), xs)
         return cts
 
+    def kept(self, depth: int) -> tuple[int, int]:
+        """The stored carries and the working one; one layer reversed at a time."""
+        return min(self.slots, depth) + 1, 1
+
     def evaluations(self, depth: int) -> int:
         """`F(depth, slots) + 1`, the fewest possible (see above)."""
         return optimal_evaluations(depth, self.slots)

@@ -562,6 +562,16 @@ class Schedule(abc.ABC):
         `depth`)."""
         del depth
 
+    def kept(self, depth: int) -> tuple[int, int] | None:
+        """What this schedule holds at once for a stack of `depth` layers, as
+        `(carries, layers)`: the most layer inputs it stores at once, and the
+        most layers whose residuals (what the inner `policy` saves) it holds at
+        once in the backward pass. `None` where a schedule does not say (the
+        default). [`eqx_remat.plan`][] uses it to skip compiling a schedule
+        that cannot fit a budget."""
+        del depth
+        return None
+
     @abc.abstractmethod
     def evaluations(self, depth: int) -> int:
         """The number of layer evaluations for a stack of `depth` layers: calls

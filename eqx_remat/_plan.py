@@ -360,15 +360,18 @@ def plan(
        FLOP/s, plus what it offloads, out and back over the host link.
     3. compiles the cheapest option (`None`) and the lightest, for the base
        memory (compiled memory = base + `D` × the option's bytes per layer);
-    4. picks the cheapest mix the model predicts to fit: `n` layers of a
-       heavier, cheaper option and `D - n` of a lighter one, as
-       `eqx_remat.ranges((n, heavy), (D - n, light))` (a uniform option when
-       `n` is 0), `n` as large as the budget allows. With real layer counts
-       the best pair is two neighbours on the lower convex hull; with whole
-       layers rounding can favour another pair, so every pair of options on
-       the Pareto front is tried (no compile);
+    4. picks the cheapest mix the model predicts to fit: `D - n` layers of a
+       lighter option and, above them, `n` of a heavier, cheaper one, as
+       `eqx_remat.ranges((D - n, light), (n, heavy))` (a uniform option when
+       `n` is 0), `n` as large as the budget allows. The heavy layers go last
+       because they are reversed first, while everything saved is still held:
+       there, the option that recomputes less needs less working memory.
+       With real layer counts the best pair is two neighbours on the lower
+       convex hull; with whole layers rounding can favour another pair, so
+       every pair of options on the Pareto front is tried (no compile);
     5. compiles what the pick depends on: its two options, uniform (their base
-       memory is then exact; the base of a mix is the larger of the two), then
+       memory is then exact; a mix needs the larger of its two phases: the
+       heavy layers reversed beside everything saved, then the light ones), then
        the mix itself. A mix that does not fit when compiled is retried with
        as many fewer heavy layers as the compiled excess says, and said so, in
        `notes` and on stderr; the pick changes as the compiles teach;
@@ -707,7 +710,7 @@ class _Planner:
         the most heavy layers worth trying next)`, stepping by as many layers
         as the compiled excess says."""
         light, heavy, n = best.light, best.heavy, best.n
-        c = mix(((n, heavy.checkpoint), (self.per - n, light.checkpoint)))
+        c = mix(((self.per - n, light.checkpoint), (n, heavy.checkpoint)))
         point = self._mix_point(c, n, heavy, light, best.predicted)
         entry = self.measure(c, point.predicted_bytes)
         if entry.fits:
@@ -778,8 +781,15 @@ class _Planner:
         ):
             return pick  # every checkpoint needs the arguments and outputs
         if cheaper:
-            self.say(f"{len(cheaper)} whole-stack schedules may cost less: compiling")
+            self.say(f"{len(cheaper)} whole-stack schedules may cost less")
         for s in cheaper:
+            floor = self._floor(s.checkpoint)
+            if floor > self.budget:
+                self.say(
+                    f"not compiled: {_name(s.checkpoint)} needs at least "
+                    f"{format_bytes(int(floor))}"
+                )
+                continue
             entry = self.measure(s.checkpoint)
             if entry.fits:
                 return s._replace(
@@ -787,6 +797,24 @@ class _Planner:
                     compiled_bytes=entry.memory_bytes,
                 )
         return pick
+
+    def _floor(self, c: Schedule) -> float:
+        """Less memory than schedule `c` can need (0 where unknown): the least
+        base memory of a compiled uniform option, the carries `c` stores, and
+        the residuals of all but one of the layers it holds at once (the last
+        one's may be freed while it is reversed)."""
+        kept = c.kept(self.per)
+        bases = [
+            self._base(o)
+            for k, o in self.priced.items()
+            if k in self.compiled and self.compiled[k][0].report is not None
+        ]
+        if kept is None or len(self.depths) > 1 or not bases:
+            return 0.0
+        carries, layers = kept
+        nothing = self.priced["nothing"]
+        inner = self.priced.get(c.policy, nothing)
+        return min(bases) + carries * nothing.bytes + (layers - 1) * inner.bytes
 
     def _cheapest_compiled(self, pick: FrontierPoint, options) -> FrontierPoint:
         """`pick` costed from its compiled, exact FLOP count; or, if a compiled

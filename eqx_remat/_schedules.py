@@ -81,6 +81,11 @@ class _UniformSplit(Schedule):
 
         return level(0, 0, 0, cts, slots)[0]
 
+    def kept(self, depth: int) -> tuple[int, int]:
+        """The carry buffer's slots, and one leaf segment's layers."""
+        splits, leaf = self._split(depth)
+        return 1 + sum(n - 1 for n in splits), leaf
+
     def evaluations(self, depth: int) -> int:
         """The forward pass, the re-runs that store each child segment's input,
         and, with an inner policy on segments of more than one layer, the

@@ -231,6 +231,19 @@ def heavy_count(
     return int(min(depth, math.floor(room / step + 1e-9)))
 
 
+def mix_memory(
+    base_light: Real, base_heavy: Real, depth: int, n: int, light: Option, heavy: Option
+) -> float:
+    """Predicted memory of `depth - n` layers of `light` followed by `n` of
+    `heavy`: the larger of the two phases of the backward pass. First the
+    heavy layers are reversed, with everything saved still held and the
+    heavy option's working memory (`base_heavy`); then the light ones, with
+    the heavy layers' residuals freed and the light option's working memory
+    (`base_light`, larger: it recomputes more)."""
+    rest = (depth - n) * light.bytes
+    return max(base_heavy + n * heavy.bytes + rest, base_light + rest)
+
+
 def share_per_chip(args: tuple, chips: int) -> float:
     """The part of the activations one chip holds: `1 / k` when an argument
     (the batch) is split `k` ways along its first axis, else 1 (everything
@@ -276,9 +289,15 @@ def best_mix(
     budget: Real,
     limit: Callable[[Option, Option], int] | None = None,
 ) -> Mix | None:
-    """The cheapest mix of at most two options whose predicted memory, `max
-    (base(light), base(heavy)) + n · heavy.bytes + (depth - n) · light.bytes`,
-    is within `budget`; `None` when no option fits on every layer.
+    """The cheapest mix of at most two options whose predicted memory is
+    within `budget`; `None` when no option fits on every layer.
+
+    A mix runs `depth - n` layers of `light`, then `n` of `heavy` (the layers
+    reversed first: see `mix_memory`), and is predicted to need
+    `mix_memory(...)`. A mix never has one layer of `None`: a range of one
+    layer without checkpoint is not a loop, XLA schedules it with its
+    neighbours, and what it needs is not what its per-layer price says (on
+    the CPU less, on TPU v5e sometimes more).
 
     With real layer counts the optimum mixes two neighbours of the lower convex
     hull; with whole layers, rounding `n` down can make another pair better
@@ -292,11 +311,12 @@ def best_mix(
             continue
         mixes = [Mix(light, light, 0, base(light) + depth * light.bytes, 0.0)]
         for heavy in front[i + 1 :]:  # heavier and cheaper
-            b = max(base(light), base(heavy))
-            n = heavy_count(budget, b, depth, light, heavy)
+            n = heavy_count(budget, base(heavy), depth, light, heavy)
             n = n if limit is None else min(n, limit(light, heavy))
+            if n == 1 and heavy.checkpoint is None:
+                continue  # not a loop: see above
             if 0 < n < depth:
-                mem = b + n * heavy.bytes + (depth - n) * light.bytes
+                mem = mix_memory(base(light), base(heavy), depth, n, light, heavy)
                 mixes.append(Mix(light, heavy, n, mem, 0.0))
         for m in mixes:
             m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)

@@ -300,11 +300,17 @@ def _option(name, nbytes, time, host=0.0):
 
 def _exhaustive(options, base, depth, budget):
     """The least cost over every mix of two options (n layers of one, the rest
-    of the other; uniform options included), by brute force."""
+    of the other; uniform options included; never one layer of `None`), by
+    brute force."""
     best = None
     for a in options:
         for b in options:
             for n in range(depth + 1):
+                ones = (n == 1 and a.checkpoint is None) or (
+                    depth - n == 1 and b.checkpoint is None
+                )
+                if ones and 0 < n < depth and a is not b:
+                    continue
                 if base + n * a.bytes + (depth - n) * b.bytes <= budget:
                     cost = n * a.time + (depth - n) * b.time
                     best = cost if best is None else min(best, cost)
@@ -343,6 +349,16 @@ def test_rounding_to_whole_layers_can_beat_hull_neighbours():
     assert _solve.lower_hull([a, b, c]) == [a, b, c]
     got = _solve.best_mix([a, b, c], lambda o: 0.0, 2, 3)
     assert (got.light, got.heavy, got.n, got.cost) == (a, c, 1, 10)
+
+
+def test_a_mix_never_has_one_layer_without_checkpoint():
+    # One layer of None would be the cheapest fit (A on 3 layers, None on 1),
+    # but a one-layer range of None is no loop, and its memory is not its price.
+    a, none = _option("A", 0, 10), _option(None, 2, 0)
+    got = _solve.best_mix([a, none], lambda o: 0.0, 4, 2)
+    assert (got.light, got.n, got.cost) == (a, 0, 40)
+    got = _solve.best_mix([a, none], lambda o: 0.0, 4, 4)
+    assert (got.light, got.heavy, got.n, got.cost) == (a, none, 2, 20)
 
 
 def test_lower_hull_drops_dominated_and_non_convex_options():
@@ -641,3 +657,22 @@ def test_the_pick_beats_every_compiled_two_option_mix():
         fitting = [e for e in entries if e.memory_bytes <= budget]
         assert pick.entry.fits
         assert pick.entry.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [er.every(2), er.every(2, "dots"), er.nested(2), er.recursive(), er.binomial(2)],
+    ids=str,
+)
+def test_a_schedule_compiles_to_no_less_than_its_floor(tiny_options, schedule):
+    # The planner does not compile a schedule whose floor is over the budget:
+    # the floor must be at most what the schedule compiles to, and more than
+    # the least base memory (it counts the carries the schedule stores).
+    planner = _tiny_planner()
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    planner.priced = {o.checkpoint: o for o in tiny_options}
+    for c in UNIFORM:
+        planner.measure(c)
+    floor = planner._floor(schedule)
+    least = min(planner._base(planner.priced[c]) for c in UNIFORM)
+    assert least < floor <= planner.measure(schedule).memory_bytes
