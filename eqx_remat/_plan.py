@@ -481,6 +481,7 @@ class _Planner:
         self.compiled: dict[Any, tuple[PlanEntry, float | None]] = {}
         self.notes: list[str] = []
         self.compiles = 0
+        self.mixes: dict[Any, tuple[Checkpoint, Checkpoint, int, int]] = {}
         if not known:
             self.note(
                 f"this device's figures are unknown; priced as {self.hw.kind} "
@@ -548,6 +549,7 @@ class _Planner:
                 "no checkpointed stack."
             )
         self.depths = frozenset(depths)
+        self.mixes = self._cached("mixes", dict)  # shared by later calls
         self.per = depths[0] if len(self.depths) == 1 else 1
         mix = (lambda parts: ranges(*parts)) if self.per > 1 else None
         if len(self.depths) > 1:
@@ -651,6 +653,8 @@ class _Planner:
             if c in self.priced and (entry.report is not None or c == o.checkpoint):
                 v = self.priced[c]
                 memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
+                if c == o.checkpoint and entry.report is None:
+                    return max([memory - self.per * v.bytes, *self._learnt(o)])
                 if c == o.checkpoint:
                     return memory - self.per * v.bytes
                 known.append((v.bytes, memory - self.per * v.bytes))
@@ -663,6 +667,18 @@ class _Planner:
             return (below or above)[-1 if below else 0][1]
         (b0, m0), (b1, m1) = below[-1], above[0]
         return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
+
+    def _learnt(self, heavy: Option) -> list[float]:
+        """The base memory of `heavy`'s layers in each compiled mix where they
+        are the heavy ones (this call's and earlier calls' for the same
+        function): what that mix compiled to, less what its layers save. For an
+        option XLA refused on every layer, whose base it gave only a lower
+        bound of."""
+        return [
+            memory - n * heavy.bytes - (self.per - n) * self.priced[light].bytes
+            for light, h, n, memory in self.mixes.values()
+            if h == heavy.checkpoint and light in self.priced
+        ]
 
     def _predict(self, o: Option) -> float | None:
         """Predicted memory of `o` on every layer, or `None` before anything
@@ -713,6 +729,9 @@ class _Planner:
         c = mix(((self.per - n, light.checkpoint), (n, heavy.checkpoint)))
         point = self._mix_point(c, n, heavy, light, best.predicted)
         entry = self.measure(c, point.predicted_bytes)
+        if entry.report is not None:
+            memory = entry.report.total_bytes
+            self.mixes[c] = (light.checkpoint, heavy.checkpoint, n, memory)
         if entry.fits:
             return point._replace(compiled_bytes=entry.memory_bytes), n
         excess = (entry.memory_bytes or self.budget + 1) - self.budget
@@ -805,9 +824,11 @@ class _Planner:
         one's may be freed while it is reversed)."""
         kept = c.kept(self.per)
         bases = [
-            self._base(o)
+            b
             for k, o in self.priced.items()
             if k in self.compiled and self.compiled[k][0].report is not None
+            for b in [self._base(o)]
+            if b is not None
         ]
         if kept is None or len(self.depths) > 1 or not bases:
             return 0.0

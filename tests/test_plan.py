@@ -676,3 +676,26 @@ def test_a_schedule_compiles_to_no_less_than_its_floor(tiny_options, schedule):
     floor = planner._floor(schedule)
     least = min(planner._base(planner.priced[c]) for c in UNIFORM)
     assert least < floor <= planner.measure(schedule).memory_bytes
+
+
+def test_an_option_refused_on_every_layer_learns_its_base_from_compiled_mixes(
+    tiny_options,
+):
+    # Where XLA refuses an option on every layer, it gives only a lower bound
+    # of its memory; a compiled mix with it on its heavy layers tells more.
+    planner = _tiny_planner()
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    planner.priced = {o.checkpoint: o for o in tiny_options}
+    for c in UNIFORM:
+        planner.measure(c)
+    none, dots = planner.priced[None], planner.priced["dots"]
+    entry = planner.compiled[None][0]
+    refused = entry._replace(report=None, memory_bytes=entry.memory_bytes // 4)
+    planner.compiled[None] = (refused, None)
+    lower = planner._base(none)
+    assert lower == entry.memory_bytes // 4 - TINY_DEPTH * none.bytes
+    mix = er.ranges((2, "dots"), (2, None))
+    memory = planner.measure(mix).memory_bytes
+    planner.mixes[mix] = ("dots", None, 2, memory)
+    learnt = memory - 2 * none.bytes - 2 * dots.bytes
+    assert learnt > lower and planner._base(none) == learnt
