@@ -334,11 +334,38 @@ class PredictedWithin:
         return [_verdict(name, group, "memory_bytes", self.rel, worst, measured)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanningCost:
+    """Planning every budget of the sweep takes at most `compiles` full
+    compiles and `seconds` of wall time (on the machine that ran it)."""
+
+    on: Any
+    compiles: int = 30
+    seconds: float = 600.0
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        runs = [r for r in rows if r["group"] == group and r["kind"] == "planning"]
+        if not runs:
+            return []
+        (r,) = runs
+        worst = max(r["compiles"] / self.compiles, r["seconds"] / self.seconds)
+        name = (
+            f"{r['budgets']} budgets planned in <= {self.compiles} compiles and "
+            f"<= {self.seconds / 60:.0f} minutes"
+        )
+        measured = (
+            f"{r['compiles']} compiles, {r['seconds']:.0f} s "
+            f"(load average {r['load_average']:.1f})"
+        )
+        return [_verdict(name, group, "compiles", 1.0, worst, measured)]
+
+
 PLAN_TARGETS = (
     PickFits(M.Preset),
     PickVsUniform(M.Preset),
     CheaperBetween(M.Preset),
     PredictedWithin(M.Preset),
+    PlanningCost(M.Preset),
 )
 
 

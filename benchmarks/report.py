@@ -253,6 +253,7 @@ SECTIONS = (
     ("Compile time", "compile_time", compile_time),
     ("Planner", "plan-v5e", plan),
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
+    ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
 )
 
 

@@ -40,6 +40,7 @@ from ._solve import (
     Real,
     best_mix,
     lower_hull,
+    mix_memory,
     option_time,
     per_layer_options,
     prefix_options,
@@ -680,6 +681,22 @@ class _Planner:
             if h == heavy.checkpoint and light in self.priced
         ]
 
+    def _margin(self) -> float:
+        """What compiled mixes needed beyond what the model, with all it has
+        learnt since, predicts for them (0 if none needed more): XLA's memory is
+        not exactly linear in the layers, and a mix that compiled over its
+        prediction is evidence that the next one will too."""
+        errors = [0.0]
+        for light, heavy, n, memory in self.mixes.values():
+            lo, hi = self.priced.get(light), self.priced.get(heavy)
+            base_lo = None if lo is None else self._base(lo)
+            base_hi = None if hi is None else self._base(hi)
+            if lo is None or hi is None or base_lo is None or base_hi is None:
+                continue
+            predicted = mix_memory(base_lo, base_hi, self.per, n, lo, hi)
+            errors.append(memory - predicted)
+        return max(errors)
+
     def _predict(self, o: Option) -> float | None:
         """Predicted memory of `o` on every layer, or `None` before anything
         was compiled (the base is unknown)."""
@@ -704,6 +721,7 @@ class _Planner:
                 self.per,
                 self.budget,
                 lambda light, heavy: limits.get((light, heavy), most),
+                self._margin(),
             )
             if best is None:
                 return None

@@ -288,6 +288,7 @@ def best_mix(
     depth: int,
     budget: Real,
     limit: Callable[[Option, Option], int] | None = None,
+    margin: float = 0.0,
 ) -> Mix | None:
     """The cheapest mix of at most two options whose predicted memory is
     within `budget`; `None` when no option fits on every layer.
@@ -303,7 +304,9 @@ def best_mix(
     hull; with whole layers, rounding `n` down can make another pair better
     (by less than one layer's cost), so every pair of Pareto options is
     tried: `K²` pairs for `K` options, no compile. `limit(light, heavy)`
-    bounds `n` (what compiling a mix taught)."""
+    bounds `n` (what compiling a mix taught); `margin` is added to the
+    prediction of every mix of two options (what compiled mixes needed beyond
+    theirs)."""
     front = pareto(options)
     best: Mix | None = None
     for i, light in enumerate(front):
@@ -311,12 +314,13 @@ def best_mix(
             continue
         mixes = [Mix(light, light, 0, base(light) + depth * light.bytes, 0.0)]
         for heavy in front[i + 1 :]:  # heavier and cheaper
-            n = heavy_count(budget, base(heavy), depth, light, heavy)
+            n = heavy_count(budget - margin, base(heavy), depth, light, heavy)
             n = n if limit is None else min(n, limit(light, heavy))
             if n == 1 and heavy.checkpoint is None:
                 continue  # not a loop: see above
             if 0 < n < depth:
                 mem = mix_memory(base(light), base(heavy), depth, n, light, heavy)
+                mem += margin
                 mixes.append(Mix(light, heavy, n, mem, 0.0))
         for m in mixes:
             m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)

@@ -699,3 +699,28 @@ def test_an_option_refused_on_every_layer_learns_its_base_from_compiled_mixes(
     planner.mixes[mix] = ("dots", None, 2, memory)
     learnt = memory - 2 * none.bytes - 2 * dots.bytes
     assert learnt > lower and planner._base(none) == learnt
+
+
+def test_what_a_compiled_mix_needed_beyond_its_prediction_is_added_to_the_next(
+    tiny_options,
+):
+    planner = _tiny_planner()
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    planner.priced = {o.checkpoint: o for o in tiny_options}
+    for c in UNIFORM:
+        planner.measure(c)
+    assert planner._margin() == 0.0  # nothing compiled yet
+    nothing, dots = planner.priced["nothing"], planner.priced["dots"]
+    model = _solve.mix_memory(
+        planner._base(nothing), planner._base(dots), TINY_DEPTH, 2, nothing, dots
+    )
+    planner.mixes["one"] = ("nothing", "dots", 2, model + 1000)
+    planner.mixes["two"] = ("nothing", "dots", 2, model - 5000)  # less: no margin
+    assert planner._margin() == pytest.approx(1000)
+    options = [nothing, dots]
+    budget = model + 500  # fits by the model, not with the margin
+    plain = _solve.best_mix(options, planner._base, TINY_DEPTH, budget)
+    tighter = _solve.best_mix(
+        options, planner._base, TINY_DEPTH, budget, margin=planner._margin()
+    )
+    assert plain.n >= 2 and tighter.n < 2
