@@ -659,6 +659,17 @@ def test_the_pick_beats_every_compiled_two_option_mix():
         assert pick.entry.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9)
 
 
+def _calibrated_planner(tiny_options):
+    """A planner of the tiny model with its options priced and every uniform
+    policy compiled (once: later calls take them from the cache)."""
+    planner = _tiny_planner()
+    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
+    planner.priced = {o.checkpoint: o for o in tiny_options}
+    for c in UNIFORM:
+        planner.measure(c)
+    return planner
+
+
 @pytest.mark.parametrize(
     "schedule",
     [er.every(2), er.every(2, "dots"), er.nested(2), er.recursive(), er.binomial(2)],
@@ -668,11 +679,7 @@ def test_a_schedule_compiles_to_no_less_than_its_floor(tiny_options, schedule):
     # The planner does not compile a schedule whose floor is over the budget:
     # the floor must be at most what the schedule compiles to, and more than
     # the least base memory (it counts the carries the schedule stores).
-    planner = _tiny_planner()
-    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
-    planner.priced = {o.checkpoint: o for o in tiny_options}
-    for c in UNIFORM:
-        planner.measure(c)
+    planner = _calibrated_planner(tiny_options)
     floor = planner._floor(schedule)
     least = min(planner._base(planner.priced[c]) for c in UNIFORM)
     assert least < floor <= planner.measure(schedule).memory_bytes
@@ -683,11 +690,7 @@ def test_an_option_refused_on_every_layer_learns_its_base_from_compiled_mixes(
 ):
     # Where XLA refuses an option on every layer, it gives only a lower bound
     # of its memory; a compiled mix with it on its heavy layers tells more.
-    planner = _tiny_planner()
-    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
-    planner.priced = {o.checkpoint: o for o in tiny_options}
-    for c in UNIFORM:
-        planner.measure(c)
+    planner = _calibrated_planner(tiny_options)
     none, dots = planner.priced[None], planner.priced["dots"]
     entry = planner.compiled[None][0]
     refused = entry._replace(report=None, memory_bytes=entry.memory_bytes // 4)
@@ -704,11 +707,7 @@ def test_an_option_refused_on_every_layer_learns_its_base_from_compiled_mixes(
 def test_what_a_compiled_mix_needed_beyond_its_prediction_is_added_to_the_next(
     tiny_options,
 ):
-    planner = _tiny_planner()
-    planner.depths, planner.per = frozenset({TINY_DEPTH}), TINY_DEPTH
-    planner.priced = {o.checkpoint: o for o in tiny_options}
-    for c in UNIFORM:
-        planner.measure(c)
+    planner = _calibrated_planner(tiny_options)
     assert planner._margin() == 0.0  # nothing compiled yet
     nothing, dots = planner.priced["nothing"], planner.priced["dots"]
     model = _solve.mix_memory(
