@@ -59,6 +59,14 @@ def test_flash_attention_stays_per_device_under_every_schedule():
     run_sharded_check("flash_specs")
 
 
+def test_fsdp_gathers_one_layer_of_weights_not_the_activations():
+    """On 8 devices with Auto axes, the compiled FSDP gradient step of a bf16
+    Llama under `"nothing"` all-gathers only weights: one layer's (its matrices
+    in bf16) or those outside the stack, never a layer's input over the whole
+    batch."""
+    run_sharded_check("gathers")
+
+
 @pytest.mark.slow
 def test_sharded_training():
     """On 8 devices, `benchmarks/train_lm.py --mesh fsdp:8`, resumed as

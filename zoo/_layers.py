@@ -2,9 +2,10 @@
 the rotary position embedding."""
 
 import math
-from typing import Literal, SupportsIndex
+from typing import Any, Literal, SupportsIndex, TypeVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jax import lax
@@ -12,6 +13,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqx_remat.internal import check_int
 
+
+_T = TypeVar("_T")
 
 # The norms: `"layer"` (LayerNorm, weight and bias), `"rms"` (RMSNorm, weight).
 Norm = Literal["layer", "rms"]
@@ -84,6 +87,20 @@ class Dense(eqx.Module):
         if self.bias is not None:
             y = y + self.bias.astype(x.dtype).reshape((1,) * (y.ndim - 1) + (-1,))
         return y
+
+
+def _dense_in(tree: _T, dtype: Any) -> _T:
+    """`tree` with the arrays of its `Dense` layers cast to `dtype`, as `Dense`
+    casts them in its product anyway (the same values): done before a layer's
+    weights are gathered (FSDP, `_gathered`), they are gathered in the compute
+    dtype, not in float32."""
+
+    def cast(m):
+        if not isinstance(m, Dense):
+            return m
+        return jax.tree.map(lambda a: a.astype(dtype), m)
+
+    return jax.tree.map(cast, tree, is_leaf=lambda m: isinstance(m, Dense))
 
 
 def _matmul_t(x: Array, weight: Array) -> Array:

@@ -40,20 +40,32 @@ def _explicit_mesh(x: ArrayLike) -> Mesh | AbstractMesh | None:
 
 
 def _gathered(tree: _T) -> _T:
-    """`tree` with every array sharded over Explicit mesh axes gathered to
-    replicated — what FSDP does with a layer's weights before using them, and what
-    XLA's sharding propagation does by itself on Auto axes (there, and off a mesh,
-    arrays are returned unchanged)."""
+    """`tree` with every array on a mesh of more than one device gathered to
+    replicated: what FSDP does with a layer's weights before using them. On
+    Explicit mesh axes the array is resharded (its type changes); on Auto axes
+    it is constrained to be replicated. Without that constraint XLA's sharding
+    propagation may keep the weights split and gather the activations over the
+    batch instead: the MLP of a Llama block (d_model 4096, MLP 28672) on 256 TPU
+    v5e chips gathered the whole batch's layer inputs, 24 GiB a chip. Off a
+    mesh, and on Auto axes of one device or outside `jax.jit`, and on Manual
+    axes (inside `jax.shard_map`), arrays are returned unchanged."""
 
     def gather(x):
         if not eqx.is_array(x):
             return x
-        mesh = _explicit_mesh(x)
-        spec = jax.typeof(x).sharding.spec if mesh is not None else ()
-        if mesh is None or all(p is None for p in spec):
+        sharding = getattr(jax.typeof(x), "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is None or not mesh.axis_names:
             return x
         replicated = NamedSharding(mesh, PartitionSpec())
-        return jax.sharding.reshard(x, replicated)
+        if _explicit(mesh):
+            if all(p is None for p in sharding.spec):
+                return x
+            return jax.sharding.reshard(x, replicated)
+        auto = all(t == AxisType.Auto for t in mesh.axis_types)
+        if auto and math.prod(mesh.axis_sizes) > 1 and isinstance(x, jax.core.Tracer):
+            return jax.lax.with_sharding_constraint(x, replicated)
+        return x  # one device, outside `jax.jit`, or Manual axes (`jax.shard_map`)
 
     return jax.tree.map(gather, tree)
 

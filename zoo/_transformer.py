@@ -16,7 +16,7 @@ from eqx_remat.internal import check_int
 
 from ._attention import Attention, attend
 from ._base import AbstractModel, as_unroll, check_choice
-from ._layers import Dense, Norm, _apply_norm, _matmul_t, _norm, _rope
+from ._layers import Dense, Norm, _apply_norm, _dense_in, _matmul_t, _norm, _rope
 from ._sharding import _embed, _gathered
 
 
@@ -80,7 +80,9 @@ class _Block(eqx.Module):
         self.mlp = mlp
 
     def __call__(self, x: Array, key: Array | None = None) -> Array:
-        self = _gathered(self)  # on Explicit mesh axes: this layer's weights whole
+        # On a mesh: this layer's weights whole (FSDP gathers one layer at a time),
+        # the matrices in the compute dtype.
+        self = _gathered(_dense_in(self, x.dtype))
         seq, d_model = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
         head_dim = d_model // heads
@@ -455,13 +457,16 @@ class Transformer(AbstractModel):
                 f"Transformer has dropout={self.dropout}: pass key=... to __call__, "
                 "or turn dropout off with equinox.nn.inference_mode(model)."
             )
-        # On Explicit mesh axes, the weights outside the scan are gathered whole.
+        # On a mesh, the weights outside the scan are gathered whole.
         token_embedding, position_embedding, final_norm, head = _gathered(
-            (
-                self.token_embedding,
-                self.position_embedding,
-                self.final_norm,
-                self.head,
+            _dense_in(
+                (
+                    self.token_embedding,
+                    self.position_embedding,
+                    self.final_norm,
+                    self.head,
+                ),
+                self.dtype,
             )
         )
         x = _embed(token_embedding.weight, tokens)
