@@ -305,18 +305,27 @@ _NEEDED = (
     re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
     re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
 )
+# And what it says one device has.
+_AVAILABLE = (
+    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
+)
 _XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
+    for pattern in patterns:
+        match = pattern.search(message)
+        if match is not None:
+            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
+    return None
 
 
 def needed_bytes(message: str) -> int | None:
     """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
     (the error `memory_report` raises when a program does not fit in one
     device), or `None` where the message gives no figure."""
-    for pattern in _NEEDED:
-        match = pattern.search(message)
-        if match is not None:
-            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
-    return None
+    return _xla_bytes(message, _NEEDED)
 
 
 def plan(
@@ -519,6 +528,14 @@ class _Planner:
 
     def _entry(self, c: Checkpoint, report, flops: int) -> PlanEntry:
         if isinstance(report, str):  # XLA: does not fit in one device
+            available = _xla_bytes(report, _AVAILABLE)
+            if available is not None and available < self.budget:
+                self.note(
+                    f"the budget, {format_bytes(self.budget)}, is more than one "
+                    f"device holds: XLA says {format_bytes(available)}; planning "
+                    "for that"
+                )
+                self.budget = available
             t = self.time_s(flops, 0)
             return PlanEntry(c, needed_bytes(report), flops, False, None, report, t)
         memory = report.total_bytes

@@ -244,6 +244,9 @@ def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on(monkeypatch):
     assert all(e.fits and e.error is None for e in result.table[1:])
     assert result.checkpoint is not None
     assert ">= 16.00 GiB (XLA)" in str(result)
+    # A budget over what XLA says one device holds is planned for the device.
+    assert result.budget_bytes == int(15.75 * 2**30)
+    assert any("XLA says 15.75 GiB" in n for n in result.notes), result.notes
     # Every candidate refused: a ValueError that says so, with the table.
     with pytest.raises(ValueError, match="XLA refused to compile every one"):
         er.plan(grad, MODEL, X, budget_bytes="1TiB", candidates=[None])
