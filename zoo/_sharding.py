@@ -59,7 +59,7 @@ def _gathered(tree: _T) -> _T:
             return x
         replicated = NamedSharding(mesh, PartitionSpec())
         if _explicit(mesh):
-            if all(p is None for p in sharding.spec):
+            if all(p is None for p in getattr(sharding, "spec", ())):
                 return x
             return jax.sharding.reshard(x, replicated)
         auto = all(t == AxisType.Auto for t in mesh.axis_types)
