@@ -254,6 +254,7 @@ SECTIONS = (
     ("Planner", "plan-v5e", plan),
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
     ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
+    ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),
 )
 
 
