@@ -561,7 +561,7 @@ def test_plan_sweep_quick(tmp_path):
     assert memories == sorted(memories) and times == sorted(times, reverse=True)
     # Every planner target has a verdict, stored with its threshold.
     names = [t["target"] for t in data["targets"]]
-    assert len(names) == 4 and len(set(names)) == 4, names
+    assert len(names) == 5 and len(set(names)) == 5, names
     for t in data["targets"]:
         assert t["preset"] == "transformer-tiny" and t["met"] in (True, False)
         assert {"threshold", "value", "measured"} <= set(t)
