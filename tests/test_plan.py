@@ -643,28 +643,31 @@ def test_mixes_fit_cost_less_between_uniform_options_and_are_predicted(tiny_tabl
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="after main's one-pullback engine, a first range of one layer under "
-    "None compiles about 5% below the per-layer cost of longer None ranges "
-    "(seen: 12.9 MB vs 13.5 MB on a 4-layer transformer), and at one budget the "
-    "pick ('dots', 6.750e-05 s) misses a compiled mix at 6.670e-05 s that fits. "
-    "Ranges of one layer under a policy match longer ranges.",
+    reason="a known limit of the planner's memory model: on this 4-layer model a "
+    "mix with heavier layers last can compile a little below 'nothing' "
+    "alone (seen: 'nothing' 278176 B, the pick at that budget, 8.02e-05 s; a "
+    "fitting mix 7.70e-05 s), and the model, which predicts a mix at least at "
+    "its light option's memory, does not see it.",
 )
 def test_the_pick_beats_every_compiled_two_option_mix():
-    """Every mix of two of None, "dots" and "nothing" over the layers, compiled:
-    at each budget the planner's pick costs no more than the cheapest of them
-    that fits."""
+    """Every mix of two of None, "dots" and "nothing" over the layers that the
+    planner proposes (the heavier last, never one layer of None), compiled: at
+    each budget the planner's pick costs no more than the cheapest of them that
+    fits. Budgets from the lightest uniform option's memory up: below it, the
+    planner's model sees no mix that fits and turns to schedules."""
     options = (None, "dots", "nothing")
     entries = []
     for i, heavy in enumerate(options):
         for light in options[i + 1 :]:
-            for n in range(1, TINY_DEPTH):
-                c = er.ranges((n, heavy), (TINY_DEPTH - n, light))
+            for n in range(2 if heavy is None else 1, TINY_DEPTH):
+                c = er.ranges((TINY_DEPTH - n, light), (n, heavy))
                 entries.append(_tiny_planner().measure(c))
     result = er.plan(
         TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=options, progress=False
     )
     entries += list(result.table)
-    memories = sorted(e.memory_bytes for e in entries)
+    lightest = min(e.memory_bytes for e in result.table)
+    memories = sorted(e.memory_bytes for e in entries if e.memory_bytes >= lightest)
     for budget in memories[:: max(1, len(memories) // 6)]:
         pick = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
         fitting = [e for e in entries if e.memory_bytes <= budget]
