@@ -671,10 +671,10 @@ class _Planner:
             if c in self.priced and (entry.report is not None or c == o.checkpoint):
                 v = self.priced[c]
                 memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
-                if c == o.checkpoint and entry.report is None:
-                    return max([memory - self.per * v.bytes, *self._learnt(o)])
                 if c == o.checkpoint:
-                    return memory - self.per * v.bytes
+                    base = memory - self.per * v.bytes
+                    refused = entry.report is None
+                    return max([base, *self._learnt(o)]) if refused else base
                 known.append((v.bytes, memory - self.per * v.bytes))
         if not known:
             return None
