@@ -321,7 +321,8 @@ def best_mix(
             if 0 < n < depth:
                 mem = mix_memory(base(light), base(heavy), depth, n, light, heavy)
                 mem += margin
-                mixes.append(Mix(light, heavy, n, mem, 0.0))
+                if mem <= budget:  # `n` bounds the first phase, not the second
+                    mixes.append(Mix(light, heavy, n, mem, 0.0))
         for m in mixes:
             m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)
             if best is None or (m.cost, m.predicted) < (best.cost, best.predicted):
