@@ -37,10 +37,11 @@ from ._ranges import ranges
 from ._schedules import every, nested, recursive
 from ._solve import (
     Option,
+    Predict,
     Real,
     best_mix,
+    linear,
     lower_hull,
-    mix_memory,
     option_time,
     per_layer_options,
     prefix_options,
@@ -672,9 +673,7 @@ class _Planner:
                 v = self.priced[c]
                 memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
                 if c == o.checkpoint:
-                    base = memory - self.per * v.bytes
-                    refused = entry.report is None
-                    return max([base, *self._learnt(o)]) if refused else base
+                    return memory - self.per * v.bytes
                 known.append((v.bytes, memory - self.per * v.bytes))
         if not known:
             return None
@@ -686,33 +685,45 @@ class _Planner:
         (b0, m0), (b1, m1) = below[-1], above[0]
         return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
 
-    def _learnt(self, heavy: Option) -> list[float]:
-        """The base memory of `heavy`'s layers in each compiled mix where they
-        are the heavy ones (this call's and earlier calls' for the same
-        function): what that mix compiled to, less what its layers save. For an
-        option XLA refused on every layer, whose base it gave only a lower
-        bound of."""
-        return [
-            memory - n * heavy.bytes - (self.per - n) * self.priced[light].bytes
-            for light, h, n, memory in self.mixes.values()
-            if h == heavy.checkpoint and light in self.priced
-        ]
-
-    def _margin(self) -> float:
-        """What compiled mixes needed beyond what the model, with all it has
-        learnt since, predicts for them (0 if none needed more): XLA's memory is
-        not exactly linear in the layers, and a mix that compiled over its
-        prediction is evidence that the next one will too."""
-        errors = [0.0]
+    def _predictor(self) -> Predict:
+        """The memory of a mix as the planner predicts it now: the model
+        (`mix_memory`, from each option's base), corrected by what compiled
+        mixes (this call's and earlier calls' for the same function) taught.
+        XLA's memory is not exactly the model's: per layer it may keep more or
+        less than the option's price, and an option XLA refused on every layer
+        has only a lower bound for a base. So where mixes of the same two
+        options were compiled, the model's error is a line through their
+        counts (a constant for one count); for another pair with the same
+        heavy option, its largest error there; for any other pair, the largest
+        excess of any compiled mix over the model (none if no mix needed
+        more): evidence that the next mix will need it too."""
+        bases = {c: self._base(o) or 0.0 for c, o in self.priced.items()}
+        model = linear(lambda o: bases[o.checkpoint], self.per)
+        errors: dict[tuple, dict[int, float]] = {}
         for light, heavy, n, memory in self.mixes.values():
-            lo, hi = self.priced.get(light), self.priced.get(heavy)
-            base_lo = None if lo is None else self._base(lo)
-            base_hi = None if hi is None else self._base(hi)
-            if lo is None or hi is None or base_lo is None or base_hi is None:
-                continue
-            predicted = mix_memory(base_lo, base_hi, self.per, n, lo, hi)
-            errors.append(memory - predicted)
-        return max(errors)
+            if light in self.priced and heavy in self.priced:
+                lo, hi = self.priced[light], self.priced[heavy]
+                error = memory - float(model(lo, hi, np.array(n)))
+                at = errors.setdefault((light, heavy), {})
+                at[n] = max(error, at.get(n, -math.inf))
+        margin = max([0.0] + [e for at in errors.values() for e in at.values()])
+
+        def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
+            memory = model(light, heavy, n)
+            if light == heavy:
+                return memory
+            at = errors.get((light.checkpoint, heavy.checkpoint))
+            if at:
+                return np.asarray(memory + _line(n, at))
+            same = [
+                e
+                for (_, h), at in errors.items()
+                if h == heavy.checkpoint
+                for e in at.values()
+            ]
+            return np.asarray(memory + (max(same) if same else margin))
+
+        return predict
 
     def _predict(self, o: Option) -> float | None:
         """Predicted memory of `o` on every layer, or `None` before anything
@@ -734,11 +745,10 @@ class _Planner:
         for _ in range(4 * len(options) + 8):
             best = best_mix(
                 options,
-                lambda o: self._base(o) or 0.0,
+                self._predictor(),
                 self.per,
                 self.budget,
                 lambda light, heavy: limits.get((light, heavy), most),
-                self._margin(),
             )
             if best is None:
                 return None
@@ -948,6 +958,21 @@ class _Planner:
             self.compiles,
             seconds,
         )
+
+
+def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:
+    """The values `at` (count: value) at the counts `n`, joined by straight
+    lines and extended beyond them along the first and the last (a constant
+    for one count)."""
+    ns = sorted(at)
+    values = [at[k] for k in ns]
+    out = np.interp(n, ns, values)
+    if len(ns) > 1:
+        first = (values[1] - values[0]) / (ns[1] - ns[0])
+        last = (values[-1] - values[-2]) / (ns[-1] - ns[-2])
+        out = np.where(n < ns[0], values[0] + (n - ns[0]) * first, out)
+        out = np.where(n > ns[-1], values[-1] + (n - ns[-1]) * last, out)
+    return np.asarray(out)
 
 
 def _useful(c: Schedule, depth: int) -> bool:

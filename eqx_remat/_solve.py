@@ -216,32 +216,38 @@ def _cross(a: Option, b: Option, c: Option) -> float:
     )
 
 
-def heavy_count(
-    budget: Real, base: Real, depth: int, light: Option, heavy: Option
-) -> int:
-    """The most layers of `heavy` (the rest `light`) whose predicted memory,
-    `base + n · heavy.bytes + (depth - n) · light.bytes`, is within `budget`;
-    between 0 and `depth`."""
-    step = heavy.bytes - light.bytes
-    room = budget - base - depth * light.bytes
-    if room < 0:
-        return 0
-    if step <= 0:
-        return depth
-    return int(min(depth, math.floor(room / step + 1e-9)))
-
-
 def mix_memory(
-    base_light: Real, base_heavy: Real, depth: int, n: int, light: Option, heavy: Option
-) -> float:
+    base_light: Real,
+    base_heavy: Real,
+    depth: int,
+    n: Any,
+    light: Option,
+    heavy: Option,
+) -> Any:
     """Predicted memory of `depth - n` layers of `light` followed by `n` of
-    `heavy`: the larger of the two phases of the backward pass. First the
-    heavy layers are reversed, with everything saved still held and the
-    heavy option's working memory (`base_heavy`); then the light ones, with
-    the heavy layers' residuals freed and the light option's working memory
-    (`base_light`, larger: it recomputes more)."""
+    `heavy` (`n` a count or an array of counts): the larger of the two phases
+    of the backward pass. First the heavy layers are reversed, with everything
+    saved still held and the heavy option's working memory (`base_heavy`);
+    then the light ones, with the heavy layers' residuals freed and the light
+    option's working memory (`base_light`, larger: it recomputes more)."""
     rest = (depth - n) * light.bytes
-    return max(base_heavy + n * heavy.bytes + rest, base_light + rest)
+    return np.maximum(base_heavy + n * heavy.bytes + rest, base_light + rest)
+
+
+Predict = Callable[[Option, Option, np.ndarray], np.ndarray]
+"""`predict(light, heavy, n)`: predicted memory of `depth - n` layers of
+`light` then `n` of `heavy`, for an array of counts `n` (`light` on every
+layer where `n` is 0)."""
+
+
+def linear(base: Callable[[Option], float], depth: int) -> Predict:
+    """The planner's model before it has compiled a mix: a base per option
+    plus what each layer keeps (`mix_memory`)."""
+
+    def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
+        return np.asarray(mix_memory(base(light), base(heavy), depth, n, light, heavy))
+
+    return predict
 
 
 def share_per_chip(args: tuple, chips: int) -> float:
@@ -284,45 +290,46 @@ class Mix(NamedTuple):
 
 def best_mix(
     options: Sequence[Option],
-    base: Callable[[Option], float],
+    predict: Predict,
     depth: int,
     budget: Real,
     limit: Callable[[Option, Option], int] | None = None,
-    margin: float = 0.0,
 ) -> Mix | None:
     """The cheapest mix of at most two options whose predicted memory is
     within `budget`; `None` when no option fits on every layer.
 
     A mix runs `depth - n` layers of `light`, then `n` of `heavy` (the layers
     reversed first: see `mix_memory`), and is predicted to need
-    `mix_memory(...)`. A mix never has one layer of `None`: a range of one
-    layer without checkpoint is not a loop, XLA schedules it with its
+    `predict(light, heavy, n)`. A mix never has one layer of `None`: a range
+    of one layer without checkpoint is not a loop, XLA schedules it with its
     neighbours, and what it needs is not what its per-layer price says (on
     the CPU less, on TPU v5e sometimes more).
 
     With real layer counts the optimum mixes two neighbours of the lower convex
     hull; with whole layers, rounding `n` down can make another pair better
     (by less than one layer's cost), so every pair of Pareto options is
-    tried: `K²` pairs for `K` options, no compile. `limit(light, heavy)`
-    bounds `n` (what compiling a mix taught); `margin` is added to the
-    prediction of every mix of two options (what compiled mixes needed beyond
-    theirs)."""
+    tried, at every count (`K²·depth` predictions for `K` options, no
+    compile): the heavier option is the cheaper, so the most heavy layers that
+    fit are the best of a pair. `limit(light, heavy)` bounds `n` (what
+    compiling a mix taught)."""
     front = pareto(options)
+    counts = np.arange(1, depth)
     best: Mix | None = None
     for i, light in enumerate(front):
-        if base(light) + depth * light.bytes > budget:
+        uniform = float(predict(light, light, np.zeros(1))[0])
+        if uniform > budget:
             continue
-        mixes = [Mix(light, light, 0, base(light) + depth * light.bytes, 0.0)]
+        mixes = [Mix(light, light, 0, uniform, 0.0)]
         for heavy in front[i + 1 :]:  # heavier and cheaper
-            n = heavy_count(budget - margin, base(heavy), depth, light, heavy)
-            n = n if limit is None else min(n, limit(light, heavy))
-            if n == 1 and heavy.checkpoint is None:
-                continue  # not a loop: see above
-            if 0 < n < depth:
-                mem = mix_memory(base(light), base(heavy), depth, n, light, heavy)
-                mem += margin
-                if mem <= budget:  # `n` bounds the first phase, not the second
-                    mixes.append(Mix(light, heavy, n, mem, 0.0))
+            memory = predict(light, heavy, counts)
+            ok = memory <= budget
+            if limit is not None:
+                ok &= counts <= limit(light, heavy)
+            if heavy.checkpoint is None:
+                ok &= counts != 1  # not a loop: see above
+            if ok.any():
+                k = int(np.flatnonzero(ok)[-1])
+                mixes.append(Mix(light, heavy, int(counts[k]), float(memory[k]), 0.0))
         for m in mixes:
             m = m._replace(cost=m.n * m.heavy.time + (depth - m.n) * m.light.time)
             if best is None or (m.cost, m.predicted) < (best.cost, best.predicted):
