@@ -254,6 +254,9 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
 # Compilations are cached across calls: planning the same function for another
 # budget compiles nothing.
 _CACHE: collections.OrderedDict = collections.OrderedDict()
+# A call compiles at most this many mixes that do not fit, then chooses among
+# uniform options (each compile of a large model on TPU v5e takes minutes).
+_MIX_TRIES = 6
 _CACHE_SIZE = 512
 # And so are the planner's traces (stacks, prices).
 _PRICES: collections.OrderedDict = collections.OrderedDict()
@@ -383,9 +386,14 @@ def plan(
     5. compiles what the pick depends on: its two options, uniform (their base
        memory is then exact; a mix needs the larger of its two phases: the
        heavy layers reversed beside everything saved, then the light ones), then
-       the mix itself. A mix that does not fit when compiled is retried with
-       as many fewer heavy layers as the compiled excess says, and said so, in
-       `notes` and on stderr; the pick changes as the compiles teach;
+       the mix itself. What a compiled mix needed beyond the prediction (or
+       short of it) corrects the next predictions: for mixes of the same two
+       options, along a line through the counts compiled; for other mixes, by
+       the largest excess seen. These corrections are kept for later calls
+       with the same function. A mix that does not fit when compiled is
+       retried with as many fewer heavy layers as the compiled excess says,
+       and said so, in `notes` and on stderr; the pick changes as the
+       compiles teach;
     6. compares the pick with the whole-stack schedules of
        [`eqx_remat.DEFAULT_CANDIDATES`][] that cost less (their FLOPs are
        counted; they are compiled only when they could win).
@@ -692,8 +700,8 @@ class _Planner:
         XLA's memory is not exactly the model's: per layer it may keep more or
         less than the option's price, and an option XLA refused on every layer
         has only a lower bound for a base. So where mixes of the same two
-        options were compiled, the model's error is a line through their
-        counts (a constant for one count); for another pair with the same
+        options were compiled, the model's error is interpolated over their
+        counts (see `_line`); for another pair with the same
         heavy option, its largest error there; for any other pair, the largest
         excess of any compiled mix over the model (none if no mix needed
         more): evidence that the next mix will need it too."""
@@ -742,13 +750,20 @@ class _Planner:
         # Without layer ranges, no mixes: at most 0 layers of a heavier option.
         limits: dict[tuple, int] = {}
         most = self.per if mix is not None else 0
+        failed = 0
         for _ in range(4 * len(options) + 8):
+            if most and failed == _MIX_TRIES:
+                most = 0
+                self.note(
+                    f"{failed} mixes did not fit when compiled: XLA's memory is "
+                    "not the model's here; choosing among uniform options"
+                )
             best = best_mix(
                 options,
                 self._predictor(),
                 self.per,
                 self.budget,
-                lambda light, heavy: limits.get((light, heavy), most),
+                lambda light, heavy: min(limits.get((light, heavy), most), most),
             )
             if best is None:
                 return None
@@ -764,6 +779,7 @@ class _Planner:
             if point is not None:
                 return point
             limits[(best.light, best.heavy)] = fewer
+            failed += 1
         raise AssertionError("plan: the search for a mix did not settle")
 
     def _try_mix(self, best, mix) -> tuple[FrontierPoint | None, int]:
@@ -961,17 +977,18 @@ class _Planner:
 
 
 def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:
-    """The values `at` (count: value) at the counts `n`, joined by straight
-    lines and extended beyond them along the first and the last (a constant
-    for one count)."""
+    """The values `at` (count: value) at the counts `n`: joined by straight
+    lines between the counts, and beyond them extended from the nearest
+    along the least-squares slope of all of them (a constant for one count:
+    XLA's memory is not monotone in the count, and the slope of the two
+    nearest can be anything)."""
     ns = sorted(at)
     values = [at[k] for k in ns]
     out = np.interp(n, ns, values)
     if len(ns) > 1:
-        first = (values[1] - values[0]) / (ns[1] - ns[0])
-        last = (values[-1] - values[-2]) / (ns[-1] - ns[-2])
-        out = np.where(n < ns[0], values[0] + (n - ns[0]) * first, out)
-        out = np.where(n > ns[-1], values[-1] + (n - ns[-1]) * last, out)
+        slope = float(np.polyfit(ns, values, 1)[0])
+        out = np.where(n < ns[0], values[0] + (n - ns[0]) * slope, out)
+        out = np.where(n > ns[-1], values[-1] + (n - ns[-1]) * slope, out)
     return np.asarray(out)
 
 

@@ -766,3 +766,28 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(tiny_options):
     tighter = _solve.best_mix([nothing, dots], predict, TINY_DEPTH, budget)
     assert (plain.light, plain.heavy, plain.n) == (nothing, dots, 3)
     assert tighter.n < 3 and tighter.predicted <= budget
+
+
+def test_after_mixes_that_do_not_fit_the_planner_chooses_among_uniform_options(
+    monkeypatch,
+):
+    # A model of memory that says every mix needs nothing: each mix it picks
+    # compiles over the budget. After `_MIX_TRIES` of them the planner stops
+    # mixing, says so, and picks the best uniform option that fits.
+    real = _plan._Planner._predictor
+
+    def optimistic(self):
+        predict = real(self)
+        return lambda light, heavy, n: predict(light, heavy, n) * (light == heavy)
+
+    monkeypatch.setattr(_plan._Planner, "_predictor", optimistic)
+    monkeypatch.setattr(_plan, "_MIX_TRIES", 1)
+    monkeypatch.setattr(_plan, "_PRICES", collections.OrderedDict())
+    nothing, dots = (
+        _tiny_planner().measure(c).memory_bytes for c in ("nothing", "dots")
+    )
+    budget = (nothing + dots) // 2
+    result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+    assert any("1 mixes did not fit when compiled" in n for n in result.notes)
+    assert any("was predicted to fit" in n for n in result.notes)
+    assert result.entry.fits and not isinstance(result.checkpoint, er.ranges)
