@@ -388,9 +388,11 @@ def plan(
        heavy layers reversed beside everything saved, then the light ones), then
        the mix itself. What a compiled mix needed beyond the prediction (or
        short of it) corrects the next predictions: for mixes of the same two
-       options, along a line through the counts compiled; for other mixes, by
-       the largest excess seen. These corrections are kept for later calls
-       with the same function. A mix that does not fit when compiled is
+       options, interpolated over the counts compiled; for other mixes with
+       the same heavy option, by its largest error; for the rest, by the
+       largest excess seen. These corrections are kept for later calls with
+       the same function; after 6 mixes that do not fit in one call, it
+       chooses among uniform options. A mix that does not fit when compiled is
        retried with as many fewer heavy layers as the compiled excess says,
        and said so, in `notes` and on stderr; the pick changes as the
        compiles teach;
