@@ -205,7 +205,7 @@ def show(console: C.Console, data: dict, real: bool) -> None:
             r["checkpoint"],
             C.fmt_bytes(r.get("temp_bytes")),
             C.fmt_bytes(r.get("total_bytes")),
-            "yes" if r["fits"] else f"no {r.get('error', '')[:50]}",
+            "yes" if r["fits"] else "no (XLA refuses)" if r.get("error") else "no",
             C.fmt_ratio(r.get("temp_ratio")),
             C.fmt_ratio(r.get("flops_ratio")),
         ]
