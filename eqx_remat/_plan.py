@@ -502,7 +502,8 @@ class _Planner:
         self.compiled: dict[Any, tuple[PlanEntry, float | None]] = {}
         self.notes: list[str] = []
         self.compiles = 0
-        self.mixes: dict[Any, tuple[Checkpoint, Checkpoint, int, int]] = {}
+        # Each compiled mix, `ranges((D - n, light), (n, heavy))`: its memory.
+        self.mixes: dict[ranges, int] = {}
         if not known:
             self.note(
                 f"this device's figures are unknown; priced as {self.hw.kind} "
@@ -703,20 +704,23 @@ class _Planner:
         less than the option's price, and an option XLA refused on every layer
         has only a lower bound for a base. So where mixes of the same two
         options were compiled, the model's error is interpolated over their
-        counts (see `_line`); for another pair with the same
-        heavy option, its largest error there; for any other pair, the largest
-        excess of any compiled mix over the model (none if no mix needed
-        more): evidence that the next mix will need it too."""
+        counts (see `_line`); for another pair with the same heavy option, its
+        largest error there; for any other pair, the largest excess of any
+        compiled mix over the model (none if no mix needed more): evidence
+        that the next mix will need it too."""
         bases = {c: self._base(o) or 0.0 for c, o in self.priced.items()}
         model = linear(lambda o: bases[o.checkpoint], self.per)
-        errors: dict[tuple, dict[int, float]] = {}
-        for light, heavy, n, memory in self.mixes.values():
+        errors: dict[tuple, dict[int, float]] = {}  # (light, heavy): {n: error}
+        for c, memory in self.mixes.items():
+            (_, light), (n, heavy) = c.parts
             if light in self.priced and heavy in self.priced:
                 lo, hi = self.priced[light], self.priced[heavy]
                 error = memory - float(model(lo, hi, np.array(n)))
-                at = errors.setdefault((light, heavy), {})
-                at[n] = max(error, at.get(n, -math.inf))
-        margin = max([0.0] + [e for at in errors.values() for e in at.values()])
+                errors.setdefault((light, heavy), {})[n] = error
+        by_heavy: dict[Checkpoint, float] = {}
+        for (_, heavy), at in errors.items():
+            by_heavy[heavy] = max(by_heavy.get(heavy, -math.inf), *at.values())
+        margin = max([0.0, *by_heavy.values()])
 
         def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
             memory = model(light, heavy, n)
@@ -725,13 +729,7 @@ class _Planner:
             at = errors.get((light.checkpoint, heavy.checkpoint))
             if at:
                 return np.asarray(memory + _line(n, at))
-            same = [
-                e
-                for (_, h), at in errors.items()
-                if h == heavy.checkpoint
-                for e in at.values()
-            ]
-            return np.asarray(memory + (max(same) if same else margin))
+            return np.asarray(memory + by_heavy.get(heavy.checkpoint, margin))
 
         return predict
 
@@ -793,8 +791,7 @@ class _Planner:
         point = self._mix_point(c, n, heavy, light, best.predicted)
         entry = self.measure(c, point.predicted_bytes)
         if entry.report is not None:
-            memory = entry.report.total_bytes
-            self.mixes[c] = (light.checkpoint, heavy.checkpoint, n, memory)
+            self.mixes[c] = entry.report.total_bytes
         if entry.fits:
             return point._replace(compiled_bytes=entry.memory_bytes), n
         excess = (entry.memory_bytes or self.budget + 1) - self.budget

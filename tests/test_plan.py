@@ -723,7 +723,7 @@ def test_an_option_refused_on_every_layer_is_predicted_from_compiled_mixes(
     memory = planner.measure(mix).memory_bytes
     error = memory - float(model(dots, none, np.array(2)))
     assert error > 0  # the lower bound under-predicts
-    planner.mixes[mix] = ("dots", None, 2, memory)
+    planner.mixes[mix] = memory
     predict = planner._predictor()
     assert float(predict(dots, none, np.array(2))) == pytest.approx(memory)
     n = np.array([2, 3])
@@ -744,9 +744,8 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(tiny_options):
     for pair in ((nothing, dots), (dots, none), (nothing, none)):
         np.testing.assert_allclose(predict(*pair, counts), model(*pair, counts))
     at = {n: float(model(nothing, dots, np.array(n))) for n in (1, 3)}
-    planner.mixes["one"] = ("nothing", "dots", 1, at[1] + 1000)
-    planner.mixes["two"] = ("nothing", "dots", 3, at[3] - 3000)  # less
-    planner.mixes["again"] = ("nothing", "dots", 3, at[3] - 5000)  # the larger
+    planner.mixes[er.ranges((3, "nothing"), (1, "dots"))] = at[1] + 1000
+    planner.mixes[er.ranges((1, "nothing"), (3, "dots"))] = at[3] - 3000  # less
     predict = planner._predictor()
     np.testing.assert_allclose(
         predict(nothing, dots, counts) - model(nothing, dots, counts),
@@ -759,7 +758,7 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(tiny_options):
         np.testing.assert_allclose(predict(o, o, np.zeros(1)), [compiled])
     # The solver takes the correction: where the model fits 3 layers of "dots"
     # over "nothing", a compiled excess of 1000 bytes fits fewer.
-    planner.mixes = {"one": ("nothing", "dots", 3, at[3] + 1000)}
+    planner.mixes = {er.ranges((1, "nothing"), (3, "dots")): at[3] + 1000}
     predict = planner._predictor()
     budget = at[3] + 500
     plain = _solve.best_mix([nothing, dots], model, TINY_DEPTH, budget)
