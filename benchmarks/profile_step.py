@@ -109,8 +109,8 @@ def _measures(args, spec):
         "temp_bytes": memory.temp_size_in_bytes,
         "saved_bytes": sum(r.nbytes for r in saved),
         "saved_arrays": len(saved),
-        "xla_bytes_accessed": cost.get("bytes accessed"),
-        "xla_flops": cost.get("flops"),
+        "xla_bytes_accessed": int(cost.get("bytes accessed", 0)),
+        "xla_flops": int(cost.get("flops", 0)),
         "flops": int(er.count_flops(step, params, tokens)),
     }
     return row, compiled, (params, tokens)
