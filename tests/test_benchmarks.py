@@ -612,3 +612,19 @@ def test_step_time_verdicts_note_cpu_noise_only_for_cpu_rows():
     assert notes(data["rows"]) == {T.NOISY}
     gpu = [{**r, "device_kind": "NVIDIA H100 80GB HBM3"} for r in data["rows"]]
     assert notes(gpu) == {""}
+
+
+def test_profile_step_quick(tmp_path):
+    """`profile_step.py --quick --trace` runs end to end and writes one row per
+    checkpoint; what it saves across the stack shrinks from `None` to
+    `"nothing"` (bytes only: nothing here is timed against anything)."""
+    from benchmarks import profile_step
+
+    profile_step.main(["--quick", "--trace", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "profile_step.json").read_text())
+    rows = {r["checkpoint"]: r for r in data["rows"]}
+    assert list(rows) == ["None", "dots", "nothing"]
+    saved = [rows[c]["saved_bytes"] for c in rows]
+    assert saved[0] > saved[1] > saved[2] > 0
+    for r in rows.values():
+        assert r["cpu_s"] > 0 and r["page_faults"] >= 0 and r["profile_s"]

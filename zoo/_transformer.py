@@ -16,7 +16,16 @@ from eqx_remat.internal import check_int
 
 from ._attention import Attention, attend
 from ._base import AbstractModel, as_unroll, check_choice
-from ._layers import Dense, Norm, _apply_norm, _dense_in, _matmul_t, _norm, _rope
+from ._layers import (
+    Dense,
+    Norm,
+    _apply_norm,
+    _dense_in,
+    _gelu,
+    _matmul_t,
+    _norm,
+    _rope,
+)
 from ._sharding import _embed, _gathered
 
 
@@ -112,7 +121,7 @@ class _Block(eqx.Module):
             h = _apply_norm(self.mlp_norm, x)
             up = checkpoint_name(self.mlp_in(h), "mlp_hidden")
             if self.mlp_gate is None:
-                hidden = jax.nn.gelu(up)
+                hidden = _gelu(up)
             else:
                 gate = checkpoint_name(self.mlp_gate(h), "mlp_gate")
                 hidden = jax.nn.silu(gate) * up
