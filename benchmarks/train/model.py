@@ -3,14 +3,16 @@ AdamW, a `TrainState` that holds everything a resumed run needs, and where its
 arrays live (`Placement`)."""
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import optax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import eqx_remat
 import zoo
@@ -29,6 +31,15 @@ class Placement(NamedTuple):
 
     def batch(self, tree):
         return zoo.shard_batch(tree, self.mesh)
+
+    def batch_from(
+        self, read: Callable[[slice], np.ndarray], shape: tuple[int, ...]
+    ) -> jax.Array:
+        """The global batch of `shape`, split over the mesh like `batch`, from
+        `read(rows)`: each process reads only the rows of its own devices."""
+        spec = PartitionSpec("data", *[None] * (len(shape) - 1))
+        sharding = NamedSharding(self.mesh, spec)
+        return jax.make_array_from_callback(shape, sharding, lambda i: read(i[0]))
 
 
 def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement | None:
