@@ -25,26 +25,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def process_env(port: int, n: int, i: int, devices: int) -> dict[str, str]:
-    """The environment of process `i` of `n`: the coordinator's address and this
-    process's count and id (JAX's variable for the address; `JAX_NUM_PROCESSES`
-    and `JAX_PROCESS_ID` for the rest, read by `benchmarks/_device.py` and by
-    `tests/_multihost_check.py`), `devices` CPU devices, the repository first on
-    the path."""
-    env = dict(os.environ)
+DISTRIBUTED_ENV = (
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_BIND_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+)
+
+
+def process_env(
+    port: int, n: int, i: int, devices: int, *, coordinator: bool = True
+) -> dict[str, str]:
+    """The environment of process `i` of `n`: `devices` CPU devices, the
+    repository first on the path and, with `coordinator`, the coordinator's
+    address and this process's count and id (JAX's variables for the address;
+    `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` for the rest, read by
+    `benchmarks/_device.py` and by `tests/_multihost_check.py`)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     flag = f"--xla_force_host_platform_device_count={devices}"
     kept = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env |= {
         "XLA_FLAGS": " ".join([*kept, flag]),
         "JAX_PLATFORMS": "cpu",
-        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-        "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{port}",
-        "JAX_NUM_PROCESSES": str(n),
-        "JAX_PROCESS_ID": str(i),
         "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
         ),
     }
+    if coordinator:
+        env |= {
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{port}",
+            "JAX_NUM_PROCESSES": str(n),
+            "JAX_PROCESS_ID": str(i),
+        }
     return env
 
 
@@ -68,13 +81,17 @@ class Group:
 
     def __init__(
         self,
-        argv: Callable[[int], Sequence[str]],
+        argv: Callable[..., Sequence[str]],
         *,
         n: int = 2,
         devices: int = 2,
         timeout: float = 300,
         cwd: Path = ROOT,
+        flags: bool = False,
     ) -> None:
+        """`argv(i)`: the command line of process `i` (after `python`); with
+        `flags`, `argv(i, port)` and no coordinator in the environment: the
+        command line says it."""
         self.port = free_port()
         self.deadline = time.monotonic() + timeout
         self.start = time.monotonic()
@@ -88,8 +105,8 @@ class Group:
             self.logs.append((out, err))
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, *argv(i)],
-                    env=process_env(self.port, n, i, devices),
+                    [sys.executable, *(argv(i, self.port) if flags else argv(i))],
+                    env=process_env(self.port, n, i, devices, coordinator=not flags),
                     cwd=cwd,
                     stdout=out,
                     stderr=err,
@@ -161,7 +178,7 @@ class Group:
         return done
 
 
-def run(argv: Callable[[int], Sequence[str]], **kwargs) -> list[Finished]:
+def run(argv: Callable[..., Sequence[str]], **kwargs) -> list[Finished]:
     """Start the processes and wait for all of them (see `Group`)."""
     return Group(argv, **kwargs).finish()
 

@@ -214,6 +214,26 @@ def test_a_dying_process_ends_the_run(victim, tmp_path):
         assert "another process of the run has stopped or died" in survivor.stderr
 
 
+@pytest.mark.slow
+def test_a_mesh_without_every_process_is_refused(tmp_path):
+    """`--mesh dp:2` on 2 processes of 2 devices would leave process 1 out: every
+    process stops with the same `error:` line, status 2, before any step. (The
+    processes find each other from the flags alone, not the environment.)"""
+    argv = [*TRAIN, *TINY, *DISTRIBUTED, "--mesh", "dp:2", "--save-dir", str(tmp_path)]
+
+    def with_flags(i: int, port: int) -> list[str]:
+        address = ["--coordinator-address", f"127.0.0.1:{port}"]
+        return [*argv, *address, "--num-processes", "2", "--process-id", str(i)]
+
+    done = mh.run(with_flags, timeout=120, flags=True)
+    for f in done:
+        assert f.returncode == 2, f.tail()
+        assert (
+            "train_lm.py: error: --mesh dp:2: with 2 processes the mesh must span "
+            "all 4 devices. Use --mesh auto, dp or fsdp."
+        ) in f.stderr
+
+
 # --------------------------------------------------------------- the command line
 
 

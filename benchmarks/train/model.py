@@ -44,6 +44,14 @@ class Placement(NamedTuple):
 
 def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement | None:
     """The `Placement` of `--mesh` (`config.mesh_spec`'s value), or `None`."""
+    processes = jax.process_count()
+    if spec is None or (spec[1] is not None and spec[1] != jax.device_count()):
+        if processes > 1:  # a process outside the mesh would have nothing to do
+            given = "none" if spec is None else f"{spec[0]}:{spec[1]}"
+            raise UsageError(
+                f"--mesh {given}: with {processes} processes the mesh must span "
+                f"all {jax.device_count()} devices. Use --mesh auto, dp or fsdp."
+            )
     if spec is None:
         return None
     strategy, n = spec
