@@ -206,24 +206,27 @@ def distributed_settings(
     address (one machine) binds only to that address."""
     env = os.environ
     values: dict[str, Any] = {}
+    named: dict[str, str] = {}  # where each value came from, for messages
     for flag, var, parse in (
         ("coordinator_address", COORDINATOR_ENV, _address),
         ("num_processes", NUM_PROCESSES_ENV, _positive),
         ("process_id", PROCESS_ID_ENV, _non_negative),
     ):
         value = getattr(args, flag, None)
+        named[flag] = "argument --" + flag.replace("_", "-")
         if value is None and env.get(var):
+            named[flag] = f"environment variable {var}"
             try:
                 value = parse(env[var])
             except argparse.ArgumentTypeError as e:
-                parser.error(f"environment variable {var}: {e}")
+                parser.error(f"{named[flag]}: {e}")
         if value is not None:
             values[flag] = value
     n, i = values.get("num_processes"), values.get("process_id")
     if n is not None and i is not None and not i < n:
         parser.error(
-            f"argument --process-id: expected 0 to {n - 1} (--num-processes {n}). "
-            f"Got {i}."
+            f"{named['process_id']}: expected 0 to {n - 1} "
+            f"({named['num_processes']} is {n}). Got {i}."
         )
     address = values.get("coordinator_address")
     if address is not None and "JAX_COORDINATOR_BIND_ADDRESS" not in env:

@@ -249,7 +249,8 @@ def test_a_mesh_without_every_process_is_refused(tmp_path):
         ),
         (
             ["--distributed", "--num-processes", "2", "--process-id", "2"],
-            "argument --process-id: expected 0 to 1 (--num-processes 2). Got 2.",
+            "argument --process-id: expected 0 to 1 (argument --num-processes is "
+            "2). Got 2.",
         ),
         (["--num-processes", "0"], "argument --num-processes: expected a positive "),
         (["--process-id", "-1"], "argument --process-id: expected an integer >= 0."),
@@ -314,6 +315,31 @@ def test_bad_environment_variable_names_it(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "error: environment variable JAX_NUM_PROCESSES: expected a positive " in err
     assert "integer. Got 'two'." in err
+    with pytest.raises(SystemExit):
+        env = {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "5"}
+        _settings(["--distributed"], monkeypatch, **env)
+    assert (
+        "error: environment variable JAX_PROCESS_ID: expected 0 to 1 (environment "
+        "variable JAX_NUM_PROCESSES is 2). Got 5."
+    ) in capsys.readouterr().err
+
+
+def test_distributed_with_nothing_to_find_the_processes_is_an_error(
+    monkeypatch, capsys
+):
+    """On a machine where JAX detects no cluster, `--distributed` alone stops
+    with one `error:` line that says which flags to give, status 2."""
+    from benchmarks import train as train_lm
+
+    for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit) as e:
+        train_lm.main(["--distributed", "--device", "cpu", "--num-processes", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "train_lm.py: error: --distributed: coordinator_address should be " in err
+    assert "give --coordinator-address, --process-id (or $JAX_COORDINATOR_" in err
+    assert "Traceback" not in err
 
 
 # ---------------------------------------------------------------- run.py
