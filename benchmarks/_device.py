@@ -74,8 +74,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         "--num-processes",
         metavar="N",
         type=_positive,
-        help=f"how many processes (default: ${NUM_PROCESSES_ENV}, else "
-        "auto-detected)",
+        help=f"how many processes (default: ${NUM_PROCESSES_ENV}, else auto-detected)",
     )
     group.add_argument(
         "--process-id",

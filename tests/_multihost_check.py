@@ -82,9 +82,7 @@ def loss(model, x):
 
 
 def mesh():
-    return jax.make_mesh(
-        (jax.device_count(),), ("data",), axis_types=(AxisType.Auto,)
-    )
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
 
 
 def local_batch(x: np.ndarray, m) -> jax.Array:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import multihost_helpers as mh
 import numpy as np
 import pytest
 
-import multihost_helpers as mh
 from benchmarks import _device
 
 
@@ -157,9 +157,7 @@ def test_two_processes_train_like_one(two_process_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_then_resume_is_bit_identical(
-    two_process_run, tmp_path
-):
+def test_sigterm_to_one_process_then_resume_is_bit_identical(two_process_run, tmp_path):
     """SIGTERM to process 1 alone: both processes stop after the same step, save
     it together and exit 0 (process 0 says so). `--resume` on 2 processes ends
     where the uninterrupted run ended: the same losses, the same bytes in every
