@@ -21,6 +21,7 @@ the test to compare across processes and with one process; it prints `ok` last.
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -190,9 +191,18 @@ def main() -> None:
     )
     jax.config.update("jax_numpy_rank_promotion", "raise")
     jax.config.update("jax_numpy_dtype_promotion", "strict")
-    assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
-    {"grads": check_grads, "inspect": check_inspect}[check](out)
-    multihost_utils.sync_global_devices(f"{check} done")
+    try:
+        assert jax.process_count() == 2, jax.process_count()
+        assert jax.device_count() == 4, jax.devices()
+        {"grads": check_grads, "inspect": check_inspect}[check](out)
+        multihost_utils.sync_global_devices(f"{check} done")
+    except BaseException:
+        # Exit at once: JAX's orderly shutdown would wait for the other process,
+        # itself waiting for this one (at a barrier, in a collective). Gone, this
+        # process ends the other too, and the test sees the failure now.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     print("ok", flush=True)
 
 
