@@ -659,13 +659,14 @@ def test_progress_on_stderr_only_when_asked(capsys, tiny_table):
     assert re.search(r"compiles?, \d+\.\d s", err), err
     er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress="verbose")
     err = capsys.readouterr().err
-    assert "priced 'dots'" in err and "lower convex hull" in err, err
+    assert "compiled: 'dots'" in err and "lower convex hull" in err, err
     er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
     er.plan(GRAD, MODEL, X, budget_bytes="1TiB", candidates=[None], progress=False)
     assert capsys.readouterr().err == ""
     er.plan(GRAD, MODEL, X, budget_bytes="1TiB", candidates=[None])
     assert "plan: compiling 1 candidates" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="progress"):
+    # A ValueError; under the tests' runtime type checker, its TypeError first.
+    with pytest.raises((ValueError, TypeError), match="progress"):
         er.plan(GRAD, MODEL, X, budget_bytes="1TiB", progress="loud")
 
 
