@@ -767,9 +767,9 @@ class _Planner:
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
                 continue
-            cached = CACHE.get(self.fn, self._k("time", c), lambda: None)
-            if cached is not None:
-                self.timings[c] = cached
+            key = self._k("time", c)
+            if CACHE.has(self.fn, key):
+                self.timings[c] = CACHE.get(self.fn, key, lambda: None)
             else:
                 new.append(c)
         if not new:
@@ -796,7 +796,8 @@ class _Planner:
         for c, t in zip(new, timings):
             t = t._replace(seconds=t.seconds * scale)
             self.timings[c] = t
-            CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
+            if self.key is not None:
+                CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
         self.say(
             f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
             f"warm-up, {time.perf_counter() - start:.1f} s (their compiles took "
