@@ -179,8 +179,12 @@ def test_residuals_with_prng_keys():
 
 @pytest.mark.parametrize(
     "pol",
-    ["offload_dots_no_batch", er.offload_names("h")],
-    ids=["offload_dots_no_batch", "offload_names"],
+    [
+        "offload_dots_no_batch",
+        er.offload_names("h"),
+        er.save_and_offload_names(offload=("h",)),
+    ],
+    ids=["offload_dots_no_batch", "offload_names", "save_and_offload_names"],
 )
 def test_offloading_under_second_order(pol):
     w = jnp.ones((4, 4)) / 4 + jnp.eye(4)
@@ -195,8 +199,11 @@ def test_offloading_under_second_order(pol):
     hvp = lambda pol: jax.jvp(lambda x: jax.grad(f)(x, pol), (x,), (x,))[1]
     assert jnp.allclose(hvp(pol), hvp(None), rtol=1e-5, atol=1e-6)
     # Reverse-over-reverse raises a clear error while tracing.
-    with pytest.raises(NotImplementedError, match="grad of grad.*not supported"):
+    with pytest.raises(NotImplementedError, match="grad of grad.*not supported") as e:
         jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
+    # The message names every offloading policy, the one raising included.
+    for name in ("offload_names", "save_and_offload_names", "offload_dots_no_batch"):
+        assert name in str(e.value)
 
 
 # --- name policies whose names tag nothing ---------------------------------------
