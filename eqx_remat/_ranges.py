@@ -130,6 +130,15 @@ class ranges(Schedule):
     def policy(self) -> None:
         return None
 
+    def policies(self) -> tuple[Any, ...]:
+        """Each part's policy: a policy part's own, a schedule part's
+        `policies()`."""
+        return tuple(
+            p
+            for _, c in self.parts
+            for p in (c.policies() if isinstance(c, Schedule) else (c,))
+        )
+
     def _ranges(self) -> Iterator[tuple[int, int, int, Checkpoint]]:
         """`(k, start, count, checkpoint)` for each range."""
         start = 0

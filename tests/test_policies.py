@@ -267,6 +267,20 @@ def test_name_policy_with_a_name_that_tags_nothing_raises(make, place):
         _trace_transformer_grad(place(make("qkv_projj", "mlp_hiden"), 3))
 
 
+@pytest.mark.parametrize("place", PLACEMENTS.values(), ids=PLACEMENTS.keys())
+def test_a_name_that_tags_nothing_raises_on_the_forward_pass(place):
+    """The same typo fails at the same point wherever the policy is: tracing
+    the forward pass alone, not only its gradient (a schedule applies its
+    inner policy, and a range its policy, in the backward pass)."""
+    model = zoo.Transformer(16, 8, 8, 2, 3, key=jax.random.key(0))
+    tokens = jnp.arange(8) % 16
+    forward = eqx.filter_make_jaxpr(lambda m, t: m(t))
+    forward(er.set_checkpoint(model, place(er.save_names("qkv_proj"), 3)), tokens)
+    bad = er.set_checkpoint(model, place(er.save_names("qkv_projj"), 3))
+    with pytest.raises(ValueError, match=r"Got 'qkv_projj', which tags nothing"):
+        forward(bad, tokens)
+
+
 if hasattr(er, "save_and_offload_names"):
 
     def test_save_and_offload_names_checks_both_name_sets():
