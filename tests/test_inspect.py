@@ -901,6 +901,7 @@ def test_residuals_take_shape_dtype_structs_modules_and_scalars():
     assert sum(r.nbytes for r in concrete) > 0
 
 
+@pytest.mark.heavy
 def test_residuals_look_inside_scans(capsys):
     import zoo
 

@@ -463,6 +463,7 @@ def _two_tags_loss(w, x, pol):
     return jax.lax.scan(lambda c, w: (f(c, w), None), x, w)[0].sum()
 
 
+@pytest.mark.heavy
 def test_save_and_offload_names_saves_offloads_and_recomputes_by_name():
     w = jnp.ones((4, 64, 64)) / 64  # every(2) divides the depth: no padding
     x = jnp.ones((16, 64))

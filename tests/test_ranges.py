@@ -200,6 +200,7 @@ def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
     assert model.checkpoint == ck
 
 
+@pytest.mark.heavy
 def test_second_order_through_ranges():
     # grad of grad, and forward-over-reverse (float64, tight), through
     # per-layer ranges and a schedule range.

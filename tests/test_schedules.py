@@ -412,6 +412,7 @@ def _treeverse_grad(checkpoints):
     return jax.grad(loss)
 
 
+@pytest.mark.heavy
 def test_recursive_memory_beats_treeverse():
     # Residual tanh layers, width 128, batch 4096, f32 (2 MiB per carry).
     mem = {}
@@ -425,6 +426,7 @@ def test_recursive_memory_beats_treeverse():
     assert mem[1024][0] <= 1.6 * mem[64][0]
 
 
+@pytest.mark.heavy
 def test_recursive_memory_grows_logarithmically():
     carry = 4096 * 128 * 4
     mem = [

@@ -292,6 +292,7 @@ def test_bf16_activations():
     assert 0 < max_rel_error(grads(model, TOKENS), grads(tiny(3), TOKENS)) < 0.1
 
 
+@pytest.mark.heavy
 def test_dtype_none_follows_the_default_float_type():
     """`dtype=None` is JAX's default float type, as in Equinox: float32, and
     float64 under x64, where everything (parameters, norms, softmax, logits)
@@ -335,6 +336,7 @@ def test_memory(ck, ratio):
     assert lm_temp_bytes(ck, 0.0) <= ratio * lm_temp_bytes(None, 0.0)
 
 
+@pytest.mark.heavy
 def test_memory_dropout():
     """Dropout masks are recomputed, not saved: "nothing" with dropout costs at most
     15% more temp memory than without."""
@@ -537,6 +539,7 @@ def test_llama():
     assert _forward(tied, TOKENS).shape == (2, 7, 16)
 
 
+@pytest.mark.heavy
 def test_swiglu_tags_both_hidden_projections():
     """`mlp_gate` and `mlp_hidden` each name a `(seq, d_ff)` projection of the
     SwiGLU MLP: saving either one saves one more stacked array than "nothing"."""

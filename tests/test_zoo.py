@@ -166,6 +166,7 @@ def test_residual_chain_deep_gradients(ck):
     assert_same_gradients(chain(2000), x, ck)
 
 
+@pytest.mark.heavy
 def test_residual_chain_recursive_saves_memory():
     """D = 1024: bisection keeps O(log D) carries instead of D layers' residuals."""
     x = jnp.zeros((4, 64))
