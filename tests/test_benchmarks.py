@@ -195,6 +195,25 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
         assert noise not in proc.stderr, proc.stderr
 
 
+def test_sweep_explains_its_columns_and_its_strict_targets():
+    """run.py's legend names every column its tables print, and the strict
+    form of a target that has a relaxed twin says so beside its verdict."""
+    from benchmarks import _targets as T, run as sweep
+
+    for column in set(sweep.SWEEP) - {"impl", "checkpoint"}:
+        assert f"{column} = " in sweep.LEGEND or f"{column} / " in sweep.LEGEND
+    rows = json.loads((ROOT / "benchmarks/results/sweep-cpu.json").read_text())["rows"]
+
+    class Preset:
+        def layer_param_bytes(self):
+            return 0
+
+    (strict,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-params", Preset())
+    assert "relaxed one below" in strict["why"], strict
+    (other,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-s", Preset())
+    assert other["why"] == ""
+
+
 def test_peak_flops_by_device_kind():
     assert _device.peak_flops_per_chip("TPU v5 lite") == 197e12
     assert _device.peak_flops_per_chip("TPU v6 lite") == 918e12
