@@ -304,7 +304,11 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         )  # fmt: skip
         if impl == "eqx_remat":
             labelled += [(x, y, r["checkpoint"]) for x, y, r in zip(xs, ys, pts)]
-        else:
+        elif len(pts) <= 3:  # a peer's few points (the chains'): named
+            labelled += [
+                (x, y, f"{impl} ({r['checkpoint']})") for x, y, r in zip(xs, ys, pts)
+            ]
+        else:  # a peer beside every policy: its colour, in the legend
             others += list(zip(xs, ys))
     describe = data["presets"][group]
     describe = describe["describe"] if isinstance(describe, dict) else describe
@@ -314,6 +318,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         ylabel=f"temp memory ({unit})",
     )
     P.scale_for(ax, "y", [p[1] for p in labelled + others])
+    P.zero_based_if_narrow(ax, "y", [p[1] for p in labelled + others])
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
         ax.legend(fontsize=8.5)
