@@ -514,6 +514,7 @@ class _Tagged(eqx.Module):
     importlib.util.find_spec("libtpu") is None,
     reason="needs libtpu: pip install 'eqx-remat[tpu]'",
 )
+@pytest.mark.heavy
 def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
     # Compiled for TPU v5e, where host memory is real (the CPU has one memory
     # and reports no host bytes). Every intermediate in HBM (no VMEM), so that

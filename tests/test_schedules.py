@@ -249,6 +249,7 @@ def test_parameter_dominated_stack_never_exceeds_none(vmapped):
         assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
 
 
+@pytest.mark.heavy
 def test_vmap_costs_at_most_one_layer_more_on_a_parameter_dominated_chain():
     # zoo.ResidualChain (eqx.nn.Linear: an (out, in) weight), width 512, depth
     # 16, batch 2 under jax.vmap. Under vmap the weight gradient of a layer is a
@@ -440,6 +441,7 @@ def test_recursive_memory_grows_logarithmically():
     assert plain > 10 * mem[2]
 
 
+@pytest.mark.heavy
 def test_no_schedule_uses_more_memory_than_none_under_vmap():
     # The Equinox convention: per-example layers, vmap over the batch, grad outside.
     layers, _ = _residual_stack(64, 128, 1)
