@@ -395,7 +395,13 @@ def meta(
             "device_count": row.get("device_count"),
         }
     else:
-        device = {"device": _device.device_kind(), "device_count": jax.device_count()}
+        device = {
+            "device": _device.device_kind(),
+            "device_count": jax.device_count(),
+            # Several with --distributed: the figures are process 0's, of the
+            # program every process ran together (memory per device).
+            "process_count": jax.process_count(),
+        }
     return {
         "command": shlex.join(["python", f"benchmarks/{args.script}.py", *args.argv]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -59,6 +59,38 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         "run the same command on every host; only process 0 prints and writes) "
         "(default: off)",
     )
+    group = parser.add_argument_group(
+        "multi-process (with --distributed; auto-detected on a TPU slice, Slurm, "
+        "Open MPI)"
+    )
+    group.add_argument(
+        "--coordinator-address",
+        metavar="HOST:PORT",
+        type=_address,
+        help="process 0's address and a free port, the same on every process "
+        f"(default: ${COORDINATOR_ENV}, else auto-detected)",
+    )
+    group.add_argument(
+        "--num-processes",
+        metavar="N",
+        type=_positive,
+        help=f"how many processes (default: ${NUM_PROCESSES_ENV}, else auto-detected)",
+    )
+    group.add_argument(
+        "--process-id",
+        metavar="I",
+        type=_non_negative,
+        help=f"this process, 0 to N - 1 (default: ${PROCESS_ID_ENV}, else "
+        "auto-detected)",
+    )
+    group.add_argument(
+        "--heartbeat-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=100,
+        help="a process silent this long is taken as dead, and the run stops on "
+        "every process (default: %(default)s, as JAX's)",
+    )
 
 
 def _installed(module: str) -> bool:
@@ -111,7 +143,12 @@ def select_device(
     if not initialise:
         return platform
     if getattr(args, "distributed", False):
-        jax.distributed.initialize()
+        initialize_distributed(args, parser, platform)
+    else:
+        for flag in _DISTRIBUTED_FLAGS:
+            if getattr(args, flag, None) is not None:
+                name = "--" + flag.replace("_", "-")
+                parser.error(f"argument {name}: needs --distributed.")
     try:
         jax.devices()
     except Exception as e:  # RuntimeError, or an AssertionError inside jax
@@ -121,6 +158,107 @@ def select_device(
             "to take what the machine has."
         )
     return platform
+
+
+# JAX reads the coordinator's address from `JAX_COORDINATOR_ADDRESS` (and the
+# address it binds to from `JAX_COORDINATOR_BIND_ADDRESS`), but in jax 0.10.2 not
+# the process count or id: those two are read here, under the same prefix.
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
+PROCESS_ID_ENV = "JAX_PROCESS_ID"
+_DISTRIBUTED_FLAGS = ("coordinator_address", "num_processes", "process_id")
+
+
+def _address(text: str) -> str:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT with a port in 1..65535. Got {text!r}."
+        )
+    return text.strip()
+
+
+def _int_at_least(least: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = least - 1
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected {what}. Got {text!r}.")
+        return n
+
+    return parse
+
+
+_positive = _int_at_least(1, "a positive integer")
+_non_negative = _int_at_least(0, "an integer >= 0")
+
+
+def distributed_settings(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, Any]:
+    """The keyword arguments of `jax.distributed.initialize` for `--distributed`:
+    each of the coordinator's address, the process count and this process's id
+    from its flag, else its environment variable, else left to JAX's
+    auto-detection (a TPU slice, Slurm, Open MPI). A coordinator on a loopback
+    address (one machine) binds only to that address."""
+    env = os.environ
+    values: dict[str, Any] = {}
+    named: dict[str, str] = {}  # where each value came from, for messages
+    for flag, var, parse in (
+        ("coordinator_address", COORDINATOR_ENV, _address),
+        ("num_processes", NUM_PROCESSES_ENV, _positive),
+        ("process_id", PROCESS_ID_ENV, _non_negative),
+    ):
+        value = getattr(args, flag, None)
+        named[flag] = "argument --" + flag.replace("_", "-")
+        if value is None and env.get(var):
+            named[flag] = f"environment variable {var}"
+            try:
+                value = parse(env[var])
+            except argparse.ArgumentTypeError as e:
+                parser.error(f"{named[flag]}: {e}")
+        if value is not None:
+            values[flag] = value
+    n, i = values.get("num_processes"), values.get("process_id")
+    if n is not None and i is not None and not i < n:
+        parser.error(
+            f"{named['process_id']}: expected 0 to {n - 1} "
+            f"({named['num_processes']} is {n}). Got {i}."
+        )
+    address = values.get("coordinator_address")
+    if address is not None and "JAX_COORDINATOR_BIND_ADDRESS" not in env:
+        host = address.rpartition(":")[0].strip("[]")
+        if host == "localhost" or host.startswith("127.") or host == "::1":
+            values["coordinator_bind_address"] = address
+    values["heartbeat_timeout_seconds"] = getattr(args, "heartbeat_timeout", 100)
+    return values
+
+
+def initialize_distributed(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, platform: str
+) -> None:
+    """`jax.distributed.initialize` with `distributed_settings`; on the CPU, with
+    gloo collectives (processes on one machine, e.g. to check a setup before
+    paying for a slice). What JAX cannot settle is a `parser.error` naming the
+    flags."""
+    import jax
+
+    settings = distributed_settings(args, parser)
+    if platform == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(**settings)
+    except (ValueError, TypeError) as e:
+        missing = [
+            f"--{f.replace('_', '-')}" for f in _DISTRIBUTED_FLAGS if f not in settings
+        ]
+        parser.error(
+            f"--distributed: {e} This is not a machine where JAX detects its "
+            f"processes: give {', '.join(missing) or 'every multi-process flag'} "
+            f"(or ${COORDINATOR_ENV}, ${NUM_PROCESSES_ENV}, ${PROCESS_ID_ENV})."
+        )
 
 
 def is_main_process() -> bool:

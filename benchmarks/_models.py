@@ -303,7 +303,9 @@ PRESETS: dict[str, Preset] = {
     "chain-params-novmap": ChainPreset(
         batch=1, width=512, layers=16, vmap=False, specs=ALL
     ),
-    # Heavier CPU presets.
+    # Heavier CPU presets. transformer-s 2x wider, 2x longer (8x the FLOPs):
+    # where a FLOP-ranked planner got the order of its options wrong (issue 28).
+    "transformer-w": TransformerPreset(batch=4, seq=256, d_model=256),
     "transformer-m": TransformerPreset(
         batch=8, vocab=1024, seq=256, d_model=256, heads=8, layers=12
     ),

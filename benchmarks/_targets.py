@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from . import _models as M
 
 
@@ -367,12 +369,147 @@ class PlanningCost:
         return [_verdict(name, group, "compiles", 1.0, worst, measured)]
 
 
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of `xs` and `ys` (ties share their mean
+    rank); `None` for fewer than 3 points or a constant side."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: Sequence[float]) -> np.ndarray:
+        v = np.asarray(v, dtype=float)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for value in np.unique(v):  # ties: their mean rank
+            r[v == value] = r[v == value].mean()
+        return r
+
+    a, b = ranks(xs), ranks(ys)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def between_measured(timed: Rows, budget: int) -> bool:
+    """Whether `budget` lies strictly between the memories of two neighbours on
+    the frontier of the uniform checkpoints as measured (timed rows)."""
+    uniform = sorted(
+        (r for r in timed if r["uniform"]),
+        key=lambda r: (r["memory_bytes"], r["measured_s"]),
+    )
+    front: list[dict[str, Any]] = []
+    for r in uniform:
+        if not front or r["measured_s"] < front[-1]["measured_s"]:
+            front.append(r)
+    memories = [r["memory_bytes"] for r in front]
+    return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
+
+
+def _clock_picks(rows: Rows, group: str) -> list[dict[str, Any]]:
+    return [r for r in _picks(rows, group) if r.get("best_uniform_measured_s")]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockPickVsUniform:
+    """By the clock, at every budget: the pick's measured step time is at
+    most `at_most` x that of the fastest uniform checkpoint that fits,
+    measured in the same interleaved rounds."""
+
+    on: Any
+    at_most: float = 1.03
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        picks = _clock_picks(rows, group)
+        if not picks:
+            return []
+        ratios = [r["measured_s"] / r["best_uniform_measured_s"] for r in picks]
+        worst = max(ratios)
+        spread = max(r["spread"] for r in picks)
+        name = (
+            f"measured: pick <= {self.at_most:.2f}x the fastest fitting uniform "
+            "checkpoint (every budget)"
+        )
+        measured = (
+            f"{worst:.3f}x at worst, {min(ratios):.3f}x at best ({len(picks)} "
+            f"budgets; spread up to {100 * spread:.1f}%)"
+        )
+        return [_verdict(name, group, "step_s", self.at_most, worst, measured)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockFasterBetween:
+    """By the clock: at `at_least` of the budgets between uniform points, the
+    pick is strictly faster than the fastest uniform checkpoint that fits."""
+
+    on: Any
+    at_least: float = 0.5
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        between = [r for r in _clock_picks(rows, group) if r.get("clock_between")]
+        if not between:
+            return []
+        faster = [r for r in between if r["measured_s"] < r["best_uniform_measured_s"]]
+        share = len(faster) / len(between)
+        gains = [1 - r["measured_s"] / r["best_uniform_measured_s"] for r in faster]
+        measured = f"{len(faster)} of {len(between)} budgets" + (
+            f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)"
+            if gains
+            else ""
+        )
+        name = (
+            f"measured: pick faster at >= {self.at_least:.0%} of the budgets "
+            "between uniform points"
+        )
+        return [
+            _verdict(
+                name, group, "step_s", self.at_least, share, measured, at_least=True
+            )
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCorrelation:
+    """Over the frontier points timed afresh: Spearman's rank correlation of
+    `key` (the planner's predicted time, or the roofline's) with the measured
+    time is at least `at_least`."""
+
+    on: Any
+    key: str = "predicted_s"
+    at_least: float = 0.9
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        timed = [r for r in rows if r["group"] == group and r["kind"] == "timed"]
+        front = [r for r in timed if r["on_frontier"]]
+        if not front:
+            return []
+        rho = spearman([r[self.key] for r in front], [r["measured_s"] for r in front])
+        what = "predicted" if self.key == "predicted_s" else "roofline"
+        name = (
+            f"{what} times rank the frontier as measured ones do "
+            f"(Spearman >= {self.at_least})"
+        )
+        every = spearman([r[self.key] for r in timed], [r["measured_s"] for r in timed])
+        measured = (
+            ("n/a" if rho is None else f"{rho:.3f}")
+            + f" over {len(front)} frontier points; "
+            + ("n/a" if every is None else f"{every:.3f}")
+            + f" over all {len(timed)} timed"
+        )
+        return [
+            _verdict(name, group, "step_s", self.at_least, rho, measured, at_least=True)
+        ]
+
+
 PLAN_TARGETS = (
     PickFits(M.Preset),
     PickVsUniform(M.Preset),
     CheaperBetween(M.Preset),
     PredictedWithin(M.Preset),
     PlanningCost(M.Preset),
+    ClockPickVsUniform(M.Preset),
+    ClockFasterBetween(M.Preset),
+    RankCorrelation(M.Preset),
+    RankCorrelation(M.Preset, key="roofline_s", at_least=0.8),
 )
 
 

@@ -13,16 +13,31 @@ the picks: each fits when compiled, costs no more than the best uniform
 candidate that fits, costs less at half or more of the budgets between uniform
 points, and was predicted within 5% of its compiled memory.
 
+On the device it runs on (no `--target`), the planner times what it compiles,
+and the sweep then checks it against the clock: every frontier point, every
+pick and every uniform checkpoint that any plan compiled or the preset lists
+is compiled again and timed in this process, `--repeats` interleaved rounds
+after a warm-up. The targets: at every budget the pick's measured time is at
+most 1.03x that of the fastest uniform checkpoint that fits (measured in the
+same rounds), strictly less at half or more of the budgets between uniform
+points; the planner's predicted times rank the frontier as the measured ones
+do (Spearman >= 0.9), and so does the roofline alone (>= 0.8, this CPU's own
+figures). `--no-clock` skips this.
+
     python benchmarks/plan_sweep.py                                 # transformer-s, CPU
+    python benchmarks/plan_sweep.py --preset transformer-s transformer-w  # + 8x FLOPs
     python benchmarks/plan_sweep.py --target v5e:2x4 --preset seed-llama  # v5e AOT
     python benchmarks/plan_sweep.py --quick                         # tiny (tests)
 
-The plot: memory against estimated step time; uniform candidates grey, the
-planner's frontier a line, the budgets dotted, the picks marked.
+The plot: memory against step time (measured, or estimated for a target
+compiled ahead of time); uniform candidates grey, the planner's frontier a
+line, the budgets dotted, the picks marked; on the device, a second panel per
+preset: predicted (and roofline) against measured time.
 """
 
 import argparse
 import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -38,7 +53,14 @@ from benchmarks import _common as C, _measure as X, _models as M, _targets as T
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=None)
+    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=7)
+    p.add_argument(
+        "--no-clock",
+        dest="clock",
+        action="store_false",
+        help="on the device: do not time the frontier, picks and uniform "
+        "checkpoints afresh (default: time them)",
+    )
     p.add_argument(
         "--budgets",
         type=C.positive_int,
@@ -83,13 +105,15 @@ def _point(p: er.FrontierPoint) -> dict[str, Any]:
     }
 
 
-def _budgets(top: er.PlanResult, cap: int, n: int) -> list[int]:
+def _budgets(
+    top: er.PlanResult, none: int | None, cap: int, n: int, above: float
+) -> list[int]:
     """`n` budgets from the smallest compiled memory on the frontier of `top`
-    (the plan at `cap`: it compiles the lightest option) to `None`'s memory, or
-    `cap` where `None` needs more (or XLA refuses it)."""
+    (the plan at `cap`: it compiles the lightest option) to `None`'s memory
+    `none` times `above` (on the device: above `None`'s memory, where it fits
+    too), or `cap` where `None` needs more (or XLA refuses it)."""
     compiled = [p.compiled_bytes for p in top.frontier if p.compiled_bytes]
-    none = [p.compiled_bytes for p in top.frontier if p.checkpoint is None]
-    high = min(cap, none[0]) if none and none[0] else cap
+    high = min(cap, int(none * above)) if none else cap
     return budgets_between(min(compiled), high, n)
 
 
@@ -128,7 +152,15 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
         top = _plan(fn, model, batch, cap, args.target)
         if top is None:
             raise SystemExit(f"{name}: nothing fits in {C.fmt_bytes(cap)}")
-        budgets = _budgets(top, cap, args.budgets)
+        specs = args.checkpoint or preset.checkpoints(
+            quick=args.quick, accelerator=bool(args.target)
+        )
+        cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
+        none = er.plan(
+            fn, model, batch, budget_bytes=cap, target=args.target, candidates=[None]
+        ).table[0]
+        above = 1.0 if args.target else 1.1
+        budgets = _budgets(top, none.memory_bytes, cap, args.budgets, above)
         results = []
         for b in budgets:
             if b == cap:  # planned already
@@ -147,13 +179,12 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
             f"{sum(r.compiles for r in calls if r is not None)} compiles; "
             "uniform candidates next"
         )
-        specs = args.checkpoint or preset.checkpoints(
-            quick=args.quick, accelerator=bool(args.target)
-        )
-        cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
         uniform = er.plan(
             fn, model, batch, budget_bytes=cap, target=args.target, candidates=cands
         ).table
+        timed = []
+        if args.clock and not args.target:
+            timed = clock_rows(args, name, fn, model, batch, calls, uniform, console)
     planning = {
         "group": name,
         "kind": "planning",
@@ -169,7 +200,84 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
     rows += [_pick_row(name, b, r, uniform) for b, r in zip(budgets, results)]
     frontier = _pareto(calls)
     rows += [{"group": name, "kind": "frontier", **_point(p)} for p in frontier]
+    if timed:
+        on = {C.checkpoint_label(p.checkpoint) for p in frontier}
+        for r in timed:
+            r["on_frontier"] = r["checkpoint"] in on
+        rows += timed
+        by = {r["checkpoint"]: r for r in timed}
+        for r in rows:
+            if r["kind"] == "pick" and r.get("checkpoint") in by:
+                _clock_pick(r, by, timed)
     return rows
+
+
+def clock_rows(args, name, fn, model, batch, calls, uniform, console) -> list[dict]:
+    """Every frontier point, pick and uniform checkpoint of the plans (and the
+    preset's uniform candidates), compiled and timed afresh in this process,
+    round-robin: a row each, with the planner's predicted time beside the
+    measured one and the roofline's."""
+    predicted: dict[Any, er.FrontierPoint | er.PlanEntry] = {}
+    for r in calls:
+        for p in r.frontier if r is not None else ():
+            predicted[p.checkpoint] = p
+        if r is not None:
+            predicted.setdefault(r.checkpoint, r.entry)
+    for e in uniform:
+        predicted.setdefault(e.checkpoint, e)
+    checkpoints = list(predicted)
+    console.print(
+        f"[bold]{name}[/]: timing {len(checkpoints)} checkpoints afresh, "
+        f"{args.repeats} interleaved rounds"
+    )
+    _, dynamic = er.internal.traceable(fn, (model, batch))
+    leaves = jax.tree.leaves(er.internal.concrete(dynamic))
+    programs, reports = [], []
+    for c in checkpoints:
+        args_c = er.set_checkpoint((model, batch), c)
+        f, dyn = er.internal.traceable(fn, args_c)
+        exe = jax.jit(f).lower(dyn).compile()
+        reports.append(
+            er.internal.compiled_report(exe, flops=0, target=jax.default_backend())
+        )
+        inputs = jax.tree.unflatten(jax.tree.structure(dyn), leaves)
+        programs.append(functools.partial(exe, inputs))
+    timings = er.internal.time_interleaved(programs, rounds=args.repeats)
+    rows = []
+    for c, t, report in zip(checkpoints, timings, reports):
+        p = predicted[c]
+        rows.append(
+            {
+                "group": name,
+                "kind": "timed",
+                "checkpoint": C.checkpoint_label(c),
+                "uniform": not isinstance(c, er.ranges),
+                "memory_bytes": report.total_bytes,
+                "measured_s": t.seconds,
+                "spread": t.spread,
+                "predicted_s": p.time_s,
+                "predicted_measured": p.measured,
+                "roofline_s": er.internal.roofline_seconds(
+                    fn, *er.set_checkpoint((model, batch), c)
+                ),
+            }
+        )
+    return rows
+
+
+def _clock_pick(pick: dict, by: dict, timed: list[dict]) -> None:
+    """The pick's measured time beside the fastest uniform checkpoint that
+    fits its budget, both from the same rounds."""
+    fitting = [
+        r for r in timed if r["uniform"] and r["memory_bytes"] <= pick["budget_bytes"]
+    ]
+    mine = by[pick["checkpoint"]]
+    pick["measured_s"], pick["spread"] = mine["measured_s"], mine["spread"]
+    if fitting:
+        best = min(fitting, key=lambda r: r["measured_s"])
+        pick["best_uniform_measured"] = best["checkpoint"]
+        pick["best_uniform_measured_s"] = best["measured_s"]
+        pick["clock_between"] = T.between_measured(timed, pick["budget_bytes"])
 
 
 def _pareto(results) -> list[er.FrontierPoint]:
@@ -330,6 +438,39 @@ def show(console: C.Console, data: dict, where: str) -> None:
             if r["kind"] == "pick"
         ],
     )
+    timed = [r for r in rows if r["kind"] == "timed"]
+    if timed:
+        console.table(
+            f"Timed afresh [{where}]: predicted against measured",
+            (
+                "preset",
+                "checkpoint",
+                "memory",
+                "measured",
+                "spread",
+                "predicted",
+                "roofline",
+                "frontier",
+            ),
+            [
+                (
+                    r["group"],
+                    r["checkpoint"],
+                    C.fmt_bytes(r["memory_bytes"]),
+                    _ms(r["measured_s"]),
+                    f"{100 * r['spread']:.1f}%",
+                    _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else "*"),
+                    _ms(r["roofline_s"]),
+                    "yes" if r["on_frontier"] else "",
+                )
+                for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
+            ],
+        )
+        console.print(
+            "predicted: the planner's time (* estimated: a mix from its options' "
+            "measured times per layer); roofline: FLOPs at peak + bytes moved at "
+            "bandwidth, this CPU's figures; spread: interquartile range / median"
+        )
     for r in rows:
         if r["kind"] == "planning":
             console.print(
@@ -345,15 +486,60 @@ def _ms(seconds: float | None) -> str:
 
 
 def plot(data: dict, path: Path) -> None:
-    """Per preset: memory against estimated step time."""
+    """Per preset: memory against step time; on the device, under it,
+    predicted (and roofline) against measured time."""
     pyplot = C.plt()
     groups = list(data["presets"])
+    clock = any(r["kind"] == "timed" for r in data["rows"])
     fig, axes = pyplot.subplots(
-        1, len(groups), figsize=(7 * len(groups), 4.6), squeeze=False
+        2 if clock else 1,
+        len(groups),
+        figsize=(7 * len(groups), 9.2 if clock else 4.6),
+        squeeze=False,
     )
-    for ax, g in zip(axes[0], groups):
-        _plot_preset(ax, [r for r in data["rows"] if r["group"] == g], data, g)
+    for i, g in enumerate(groups):
+        rows = [r for r in data["rows"] if r["group"] == g]
+        _plot_preset(axes[0][i], rows, data, g)
+        if clock:
+            _plot_clock(axes[1][i], rows, g)
     C.save_figure(fig, path)
+
+
+def _plot_clock(ax, rows: list[dict], group: str) -> None:
+    """Predicted and roofline time against measured, each point with its
+    spread (interquartile range of the rounds); the diagonal is exact."""
+    timed = [r for r in rows if r["kind"] == "timed"]
+    if not timed:
+        ax.set_visible(False)
+        return
+    ms = [1e3 * r["measured_s"] for r in timed]
+    err = [1e3 * r["measured_s"] * r["spread"] for r in timed]
+    for key, color, label in (
+        ("predicted_s", "tab:blue", "planner's predicted time"),
+        ("roofline_s", "tab:orange", "roofline alone (rescaled)"),
+    ):
+        ys = [1e3 * r[key] for r in timed]
+        if key == "roofline_s":  # the roofline's own scale: shown rescaled
+            k = sum(ms) / max(sum(ys), 1e-12)
+            ys = [k * y for y in ys]
+        ax.errorbar(
+            ms, ys, xerr=err, fmt="o", ms=4, color=color, alpha=0.8, label=label
+        )
+    lo, hi = min(ms) * 0.95, max(ms) * 1.05
+    ax.plot([lo, hi], [lo, hi], color="0.5", lw=0.8, ls="--", label="exact")
+    rho = T.spearman(
+        [r["predicted_s"] for r in timed if r["on_frontier"]],
+        [r["measured_s"] for r in timed if r["on_frontier"]],
+    )
+    ax.set(
+        xlabel="measured step time (ms), median of interleaved rounds",
+        ylabel="predicted step time (ms)",
+        title=f"{group}: predicted against measured "
+        f"(Spearman over the frontier: {'n/a' if rho is None else f'{rho:.2f}'})",
+    )
+    ax.title.set_fontsize(8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
@@ -411,7 +597,7 @@ def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
     ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
     ax.set(
         xlabel=f"device memory per chip ({unit}): args + outputs + temporaries",
-        ylabel="estimated step time (ms)",
+        ylabel="step time (ms): measured, or estimated",
         title=f"{group}: {data['presets'][group]['describe']} "
         f"[{data['presets'][group]['topology']}]",
     )

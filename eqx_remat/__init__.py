@@ -26,6 +26,7 @@ from ._plan import (
     FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
+    clear_plan_cache as clear_plan_cache,
     parse_bytes as parse_bytes,
     plan as plan,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Stacked",
     "binomial",
     "chain",
+    "clear_plan_cache",
     "count_flops",
     "every",
     "memory_report",

@@ -62,11 +62,16 @@ class FlopCount(int):
       (loop trip counts included). Empty when every operation was counted.
     - `dynamic_loops`: the number of `while` loops whose trip count is not known
       when tracing; the body of each was counted once.
+    - `dot_bytes`: the bytes the matrix products (`dot_general`, convolutions)
+      read and write, operands and results, counted as the FLOPs are (trip
+      counts and recomputation included): the traffic a roofline charges
+      them ([`eqx_remat.plan`][]).
     """
 
     transcendentals: int
     unknown: Mapping[str, int]
     dynamic_loops: int
+    dot_bytes: int
 
     def __new__(
         cls,
@@ -74,23 +79,32 @@ class FlopCount(int):
         transcendentals: int = 0,
         unknown: Mapping[str, int] | None = None,
         dynamic_loops: int = 0,
+        dot_bytes: int = 0,
     ):
         self = super().__new__(cls, flops)
         self.transcendentals = int(transcendentals)
         self.unknown = dict(sorted((unknown or {}).items()))
         self.dynamic_loops = int(dynamic_loops)
+        self.dot_bytes = int(dot_bytes)
         return self
 
     def __repr__(self) -> str:
         return (
             f"FlopCount({int(self)}, transcendentals={self.transcendentals}, "
-            f"unknown={self.unknown}, dynamic_loops={self.dynamic_loops})"
+            f"unknown={self.unknown}, dynamic_loops={self.dynamic_loops}, "
+            f"dot_bytes={self.dot_bytes})"
         )
 
     def __reduce__(self):
         return (
             FlopCount,
-            (int(self), self.transcendentals, self.unknown, self.dynamic_loops),
+            (
+                int(self),
+                self.transcendentals,
+                self.unknown,
+                self.dynamic_loops,
+                self.dot_bytes,
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +114,7 @@ class FlopCount(int):
             "transcendentals": self.transcendentals,
             "unknown": dict(self.unknown),
             "dynamic_loops": self.dynamic_loops,
+            "dot_bytes": self.dot_bytes,
         }
 
 
@@ -176,7 +191,9 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
         if _is_int(c)
     }
     _count_jaxpr(jaxpr, acc, 1, _Memo(), known)
-    return FlopCount(acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops)
+    return FlopCount(
+        acc.flops, acc.transcendentals, acc.unknown, acc.dynamic_loops, acc.dot_bytes
+    )
 
 
 @dataclasses.dataclass
@@ -187,10 +204,12 @@ class _Count:
         default_factory=collections.Counter
     )
     dynamic_loops: int = 0
+    dot_bytes: int = 0
 
     def add(self, other: "_Count", mult: int) -> None:
         self.flops += mult * other.flops
         self.transcendentals += mult * other.transcendentals
+        self.dot_bytes += mult * other.dot_bytes
         for k, v in other.unknown.items():
             self.unknown[k] += mult * v
         self.dynamic_loops += other.dynamic_loops
@@ -268,6 +287,10 @@ _FREE = frozenset(
     unpin mesh_cast
     """.split()
 )
+
+
+# Matrix products: what `dot_bytes` counts.
+_PRODUCTS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def _convert(eqn) -> tuple[int, int]:
@@ -660,6 +683,11 @@ def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
             f, t = counted
             acc.flops += mult * f
             acc.transcendentals += mult * t
+            if name in _PRODUCTS:
+                acc.dot_bytes += mult * sum(
+                    _size(v) * v.aval.dtype.itemsize
+                    for v in (*eqn.invars, *eqn.outvars)
+                )
             _evaluate(eqn, known, needed)
         elif name in CALLS:
             sub, consts = jaxpr_and_consts(eqn.params[CALLS[name]])

@@ -1,22 +1,31 @@
-"""Per-chip figures of the targets the planner prices: peak FLOP/s and the host
-link. One table, with its sources; the benchmarks read it too."""
+"""Per-chip figures of the targets the planner prices: peak FLOP/s, memory
+bandwidth, memory and the host link. One table, with its sources; the
+benchmarks read it too. The CPU's figures are measured, once per process."""
 
+import functools
+import os
 import re
+import time
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class Hardware(NamedTuple):
-    """What one chip of a target can do: the figures [`eqx_remat.plan`][] prices
-    recomputation and offloading with, and the benchmarks compute MFU with.
+    """What one chip of a target can do: the figures [`eqx_remat.plan`][]'s
+    roofline prices a step with where it cannot time it, and the benchmarks
+    compute MFU with.
 
     **Attributes:**
 
     - `kind`: the device kind (`jax.devices()[0].device_kind`), or `"cpu"`.
-    - `peak_flops`: dense bf16 peak FLOP/s of one chip.
+    - `peak_flops`: dense bf16 peak FLOP/s of one chip (the CPU: measured).
+    - `memory_bytes_per_s`: bandwidth of one chip's own memory (HBM; the CPU:
+      measured), read and write together.
+    - `memory_bytes`: memory of one chip, or `None` where it is the host's.
     - `host_bytes_per_s`: bandwidth of one chip's link to host memory, one
       direction, or `None` where there is no separate host memory to offload to
       (the CPU).
@@ -25,67 +34,121 @@ class Hardware(NamedTuple):
 
     kind: str
     peak_flops: float
+    memory_bytes_per_s: float
+    memory_bytes: int | None
     host_bytes_per_s: float | None
     source: str
 
 
-_TPU_DOCS = "cloud.google.com/tpu/docs/{} ('Peak compute per chip (bf16)')"
+_GIB = 2**30
+_TPU_DOCS = (
+    "cloud.google.com/tpu/docs/{} (peak compute, HBM bandwidth and capacity per chip)"
+)
 # Google publishes no host-link figure for its TPUs. Their hosts attach chips by
 # PCIe; we assume PCIe Gen4 x8 per chip, 16 GB/s per direction (PCI-SIG: 16 GT/s
 # per lane, 128b/130b encoding): a nominal figure, not a measurement.
 _TPU_HOST = 16e9
 _TPU_HOST_SOURCE = "host link not published by Google: PCIe Gen4 x8, 16 GB/s, assumed"
-# NVIDIA's datasheets give PCIe bandwidth both ways: Gen5 x16 "128 GB/s" (H100),
-# Gen4 x16 "64 GB/s" (A100); one direction is half.
+# NVIDIA's datasheets give PCIe bandwidth both ways: Gen5 x16 "128 GB/s" (H100,
+# H200), Gen4 x16 "64 GB/s" (A100); one direction is half.
 _H100 = (
     989e12,
+    3.35e12,
+    80 * _GIB,
     64e9,
-    "NVIDIA H100 datasheet: 989 TFLOP/s bf16 dense (SXM); PCIe Gen5 128 GB/s both ways",
+    "NVIDIA H100 datasheet (SXM): 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, 80 GB; "
+    "PCIe Gen5 128 GB/s both ways",
 )
-_A100 = (
+_H200 = (
+    989e12,
+    4.8e12,
+    141 * 10**9,
+    64e9,
+    "NVIDIA H200 datasheet (SXM): 989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 141 GB; "
+    "PCIe Gen5 128 GB/s both ways",
+)
+_A100_80 = (
     312e12,
+    2.039e12,
+    80 * _GIB,
     32e9,
-    "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense; PCIe Gen4 64 GB/s both ways",
+    "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 2,039 GB/s (80GB SXM); "
+    "PCIe Gen4 64 GB/s both ways",
+)
+_A100_40 = (
+    312e12,
+    1.555e12,
+    40 * _GIB,
+    32e9,
+    "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1,555 GB/s (40GB); "
+    "PCIe Gen4 64 GB/s both ways",
 )
 
 
-def _tpu(kind: str, flops: float, doc: str) -> Hardware:
+def _tpu(kind: str, flops: float, bandwidth: float, gib: int, doc: str) -> Hardware:
     source = f"{_TPU_DOCS.format(doc)}; {_TPU_HOST_SOURCE}"
-    return Hardware(kind, flops, _TPU_HOST, source)
+    return Hardware(kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source)
 
 
 HARDWARE: Mapping[str, Hardware] = MappingProxyType(
     {
         h.kind: h
         for h in (
-            _tpu("TPU v4", 275e12, "v4"),
-            _tpu("TPU v5 lite", 197e12, "v5e"),  # what a v5e chip reports
-            _tpu("TPU v5e", 197e12, "v5e"),
-            _tpu("TPU v5", 459e12, "v5p"),  # what a v5p chip reports
-            _tpu("TPU v5p", 459e12, "v5p"),
-            _tpu("TPU v6 lite", 918e12, "v6e"),  # v6e (Trillium)
-            _tpu("TPU v6e", 918e12, "v6e"),
+            _tpu("TPU v4", 275e12, 1228e9, 32, "v4"),
+            _tpu("TPU v5 lite", 197e12, 819e9, 16, "v5e"),  # what a v5e reports
+            _tpu("TPU v5e", 197e12, 819e9, 16, "v5e"),
+            _tpu("TPU v5", 459e12, 2765e9, 95, "v5p"),  # what a v5p chip reports
+            _tpu("TPU v5p", 459e12, 2765e9, 95, "v5p"),
+            _tpu("TPU v6 lite", 918e12, 1640e9, 32, "v6e"),  # v6e (Trillium)
+            _tpu("TPU v6e", 918e12, 1640e9, 32, "v6e"),
             Hardware("NVIDIA H100 80GB HBM3", *_H100),  # H100 SXM
             Hardware("NVIDIA H100", *_H100),
-            # Same compute as H100 SXM; the same PCIe Gen5 host link.
-            Hardware("NVIDIA H200", 989e12, 64e9, "NVIDIA H200 datasheet"),
-            Hardware("NVIDIA A100-SXM4-80GB", *_A100),
-            Hardware("NVIDIA A100-SXM4-40GB", *_A100),
-            Hardware("NVIDIA A100 80GB PCIe", *_A100),
-            Hardware("NVIDIA A100-PCIE-40GB", *_A100),
-            # Not a peak: a nominal figure for a few server cores running XLA's
-            # CPU backend, so that CPU plans weigh recomputation at all. No host
-            # link: the CPU has one memory.
-            Hardware("cpu", 1e11, None, "nominal: 100 GFLOP/s (a few CPU cores)"),
+            Hardware("NVIDIA H200", *_H200),
+            Hardware("NVIDIA A100-SXM4-80GB", *_A100_80),
+            Hardware("NVIDIA A100-SXM4-40GB", *_A100_40),
+            Hardware("NVIDIA A100 80GB PCIe", *_A100_80[:1], 1.935e12, *_A100_80[2:]),
+            Hardware("NVIDIA A100-PCIE-40GB", *_A100_40),
         )
     }
 )
-"""Per-chip figures by device kind (`jax.devices()[0].device_kind`; `"cpu"` for
-the CPU), with their sources."""
+"""Per-chip figures by device kind (`jax.devices()[0].device_kind`), with their
+sources. The CPU is not in it: its figures are measured
+([`eqx_remat.internal.cpu_hardware`][])."""
 
 # What an unknown device of a platform is priced as (and said to be).
-_FALLBACK = {"tpu": "TPU v5 lite", "gpu": "NVIDIA A100-SXM4-80GB", "cpu": "cpu"}
+_FALLBACK = {"tpu": "TPU v5 lite", "gpu": "NVIDIA A100-SXM4-80GB"}
 _V5E = re.compile(r"v5e(:\d+x\d+)?")
+
+
+@functools.cache
+def cpu_hardware() -> Hardware:
+    """This CPU's figures, measured once per process (about a second): the
+    FLOP/s of a 512 x 512 float32 matrix product and the bytes per second of
+    a 64 MiB copy (read and write), each the best of five runs after a warm-up,
+    on the default CPU device."""
+    cpu = jax.local_devices(backend="cpu")[0]
+    n = 512
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+    x = jax.device_put(jnp.ones((2**24,), jnp.float32), cpu)
+    matmul = jax.jit(lambda a: a @ a).lower(a).compile()
+    copy = jax.jit(lambda x: x + 1.0).lower(x).compile()
+
+    def best(f, arg) -> float:
+        jax.block_until_ready(f(arg))
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(f(arg))
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    flops = 2 * n**3 / best(matmul, a)
+    bandwidth = 2 * x.nbytes / best(copy, x)
+    source = (
+        f"measured on this CPU ({os.cpu_count()} cores): a {n}x{n} float32 "
+        "matrix product and a 64 MiB elementwise pass, best of 5"
+    )
+    return Hardware("cpu", flops, bandwidth, None, None, source)
 
 
 def hardware(target: str | None) -> tuple[Hardware, bool]:
@@ -100,8 +163,9 @@ def hardware(target: str | None) -> tuple[Hardware, bool]:
     if isinstance(target, str) and _V5E.fullmatch(target):
         return HARDWARE["TPU v5 lite"], True
     device = jax.devices()[0]
-    kind = "cpu" if device.platform == "cpu" else device.device_kind
-    if kind in HARDWARE:
-        return HARDWARE[kind], True
+    if device.platform == "cpu":
+        return cpu_hardware(), True
+    if device.device_kind in HARDWARE:
+        return HARDWARE[device.device_kind], True
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
-    return HARDWARE[_FALLBACK.get(platform, "cpu")], False
+    return HARDWARE[_FALLBACK.get(platform, "gpu")], False

@@ -1,14 +1,30 @@
-"""The memory-budget planner: the cheapest checkpointing that fits."""
+"""The memory-budget planner: the checkpoint that fits a budget and runs a step
+fastest, by the clock where the device is at hand.
+
+The planner is stages over values (the algorithm is told once, in the tutorial
+*Fit a model in a budget*):
+
+1. price: trace the function once per per-layer option (`Prices`, frozen,
+   cached per function, argument shapes and target);
+2. confirm: compile what the choice depends on and, on the device at hand, run
+   it (`Compiled`, one typed record per program, and measured `Timing`s);
+3. choose: the cheapest mix of two options predicted to fit (`best_mix`, pure),
+   from the memory the compiles taught and the times the clock (or the
+   roofline) gives;
+4. report: a `PlanResult`, whose entries' `fits` are derived from the budget
+   the plan ended with.
+"""
 
 import collections
 import dataclasses
 import math
 import re
+import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, NoReturn, SupportsIndex
+from typing import Any, Literal, NamedTuple, NoReturn, SupportsIndex
 
 import jax
 import jax.tree_util as jtu
@@ -21,6 +37,7 @@ from ._checkpoint import (
     map_checkpoints,
     set_checkpoint,
 )
+from ._clock import Timing, concrete, device_memory_bytes, time_interleaved
 from ._engine import Schedule
 from ._flops import count_flops
 from ._hardware import hardware
@@ -28,6 +45,7 @@ from ._memory import (
     MemoryReport,
     ReplicatedArgumentsWarning,
     _v5e,
+    compiled_report,
     memory_report,
     traced_for,
     warn_replicated,
@@ -36,20 +54,27 @@ from ._policies import save_names
 from ._ranges import ranges
 from ._schedules import every, nested, recursive
 from ._solve import (
+    Mix,
     Option,
     Predict,
     Real,
     best_mix,
     linear,
     lower_hull,
-    option_time,
     per_layer_options,
     prefix_options,
     price,
+    roofline_time,
     share_per_chip,
     stack_depths,
 )
-from ._util import format_bytes, format_flops, is_array_like, split_args
+from ._util import (
+    format_bytes,
+    format_flops,
+    is_array_like,
+    split_args,
+    traceable,
+)
 from ._validate import check_int
 
 
@@ -95,14 +120,14 @@ class PlanEntry(NamedTuple):
     - `flops`: FLOPs of the function, loop trip counts and recomputation
       included: [`eqx_remat.count_flops`][], exact for every schedule.
     - `fits`: whether `memory_bytes <= budget_bytes` (always `False` for a
-      candidate XLA refused to compile).
+      candidate XLA refused to compile), against the budget the plan ended
+      with.
     - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
       XLA refused to compile.
     - `error`: XLA's message for a candidate it refused to compile, else `None`.
-    - `time_s`: the estimated step time on one chip: its FLOPs at the target's
-      peak (its share of them, per chip) plus the bytes it offloads
-      (`report.host_temp_bytes`) over the host link, out and back (see
-      [`eqx_remat.plan`][]).
+    - `time_s`: its step time: measured on the device at hand (`measured`),
+      else the roofline's estimate (see [`eqx_remat.plan`][]).
+    - `measured`: whether `time_s` was measured by running it.
     """
 
     checkpoint: Checkpoint
@@ -112,6 +137,7 @@ class PlanEntry(NamedTuple):
     report: MemoryReport | None
     error: str | None = None
     time_s: float = 0.0
+    measured: bool = False
 
 
 class FrontierPoint(NamedTuple):
@@ -127,10 +153,12 @@ class FrontierPoint(NamedTuple):
     - `compiled_bytes`: what compiling it gave, or `None` where it was not
       compiled.
     - `flops`: the function's FLOPs under it (exact for uniform options,
-      schedules and the pick, [`eqx_remat.count_flops`][]; summed per layer
-      for another mix).
+      schedules and compiled mixes, [`eqx_remat.count_flops`][]; summed per
+      layer for another mix).
     - `host_bytes`: bytes per chip it offloads to host memory.
-    - `time_s`: the estimated step time on one chip (see [`eqx_remat.plan`][]).
+    - `time_s`: its step time on one chip: measured, or estimated (a mix from
+      its two options' times per layer; else the roofline).
+    - `measured`: whether `time_s` was measured by running it.
     """
 
     checkpoint: Checkpoint
@@ -139,6 +167,7 @@ class FrontierPoint(NamedTuple):
     flops: int
     host_bytes: int
     time_s: float
+    measured: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,21 +176,23 @@ class PlanResult:
 
     **Attributes:**
 
-    - `checkpoint`: the pick: the least estimated step time among what fits
-      the budget.
+    - `checkpoint`: the pick: the least step time among what fits the budget.
     - `entry`: its [`eqx_remat.PlanEntry`][] (it is always compiled).
     - `table`: with `candidates=`, every candidate's entry in the order given;
       else `()`.
-    - `budget_bytes`: the budget, in bytes.
+    - `budget_bytes`: the budget, in bytes (less than asked where the device
+      holds less: `notes` says so).
     - `target`: what was compiled for (`"cpu"`, `"gpu"`, `"v5e:2x2"`, ...).
-    - `frontier`: the Pareto frontier of memory and estimated time that the
+    - `frontier`: the Pareto frontier of memory and step time that the
       planner found, least memory first, as [`eqx_remat.FrontierPoint`][]s
       (`()` with `candidates=`).
     - `notes`: what the planner wants you to know: stacks it could not mix,
-      picks that did not fit when compiled and what it did instead.
+      picks that did not fit when compiled or ran slower than a uniform
+      option, and what it did instead.
     - `compiles`: how many functions it compiled (compilations cached from an
       earlier call are not counted).
     - `seconds`: how long it took.
+    - `timed_seconds`: how much of it was spent running programs to time them.
     """
 
     checkpoint: Checkpoint
@@ -173,6 +204,7 @@ class PlanResult:
     notes: tuple[str, ...] = ()
     compiles: int = 0
     seconds: float = 0.0
+    timed_seconds: float = 0.0
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
@@ -181,21 +213,28 @@ class PlanResult:
 
     def __str__(self) -> str:
         e = self.entry
+        names = _Names([self.checkpoint] + [p.checkpoint for p in self.frontier])
         lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={_name(self.checkpoint)}"
+            f"[{self.target}]: checkpoint={names.full(self.checkpoint)}"
         ]
-        if self.frontier:
-            lines.append(
-                f"  {format_bytes(e.memory_bytes or 0)} compiled, "
-                f"{format_flops(e.flops)} FLOPs, estimated "
-                f"{_format_time(e.time_s)} per step"
-            )
+        how = "measured" if e.measured else "estimated"
+        lines.append(
+            f"  {format_bytes(e.memory_bytes or 0)} compiled, "
+            f"{format_flops(e.flops)} FLOPs, {_format_time(e.time_s)} per step "
+            f"({how})"
+        )
         lines += [f"  note: {n}" for n in self.notes]
         if self.frontier:
-            lines += ["frontier:", _frontier_table(self.frontier, self.checkpoint)]
+            lines += [
+                "frontier:",
+                _frontier_table(self.frontier, self.checkpoint, names),
+            ]
         if self.table:
             lines.append(_table(self.table, self.entry))
+        legend = names.legend()
+        if legend:
+            lines += ["where:"] + [f"  {line}" for line in legend]
         return "\n".join(lines)
 
 
@@ -251,57 +290,6 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-# Compilations are cached across calls: planning the same function for another
-# budget compiles nothing.
-_CACHE: collections.OrderedDict = collections.OrderedDict()
-# A call compiles at most this many mixes that do not fit, then chooses among
-# uniform options (each compile of a large model on TPU v5e takes minutes).
-_MIX_TRIES = 6
-_CACHE_SIZE = 512
-# And so are the planner's traces (stacks, prices).
-_PRICES: collections.OrderedDict = collections.OrderedDict()
-
-
-def _key(fn, args, target) -> Any:
-    leaves, treedef = jtu.tree_flatten(args)
-    avals = []
-    for x in leaves:
-        if is_array_like(x):
-            sharding = getattr(x, "sharding", None)
-            avals.append(("array", np.shape(x), str(x.dtype), sharding))
-        else:
-            avals.append(("static", x))
-    # By identity: functions need not be hashable (`eqx.filter_grad`'s are not).
-    key = (id(fn), treedef, tuple(avals), target)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _measure(fn, args, target) -> tuple[MemoryReport | str, int, bool]:
-    """The candidate's report (or XLA's RESOURCE_EXHAUSTED message), FLOPs, and
-    whether it was compiled now (`False`: from the cache)."""
-    key = _key(fn, args, target)
-    if key is not None and key in _CACHE and _CACHE[key][0] is fn:
-        _CACHE.move_to_end(key)
-        return (*_CACHE[key][1:], False)
-    try:
-        report = memory_report(fn, *args, target=target)
-    except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        report = str(e)
-    # memory_report counts the FLOPs too; a refused candidate is counted alone.
-    flops = int(count_flops(fn, *args) if isinstance(report, str) else report.flops)
-    if key is not None:
-        _CACHE[key] = fn, report, flops  # holding `fn` keeps its id unique
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return report, flops, True
-
-
 # What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
 # required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
 # 17.5G of 15.75G hbm".
@@ -332,121 +320,259 @@ def needed_bytes(message: str) -> int | None:
     return _xla_bytes(message, _NEEDED)
 
 
+# A call compiles at most this many mixes that do not fit, then chooses among
+# uniform options (each compile of a large model on TPU v5e takes minutes).
+_MIX_TRIES = 6
+
+
+class Compiled(NamedTuple):
+    """One program the planner compiled: a typed record of what XLA said.
+
+    - `checkpoint`: the checkpoint it was compiled under.
+    - `report`: its memory, or `None` where XLA refused it (`error` says why).
+    - `error`: XLA's RESOURCE_EXHAUSTED message, else `None`.
+    - `flops`: its FLOPs ([`eqx_remat.count_flops`][]).
+    - `compile_s`: how long compiling it took.
+    - `executable`: the compiled program, where it can run here (the planner's
+      target is the device at hand), else `None`.
+    """
+
+    checkpoint: Checkpoint
+    report: MemoryReport | None
+    error: str | None
+    flops: int
+    compile_s: float
+    executable: Any = None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Compiled memory, or what XLA said it needed (`None` if nothing)."""
+        if self.report is not None:
+            return self.report.total_bytes
+        return needed_bytes(self.error or "")
+
+    @property
+    def host_bytes(self) -> int:
+        return 0 if self.report is None else self.report.host_temp_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    """What tracing the function told (stage 1): its stacks, and each
+    per-layer option priced per layer and per chip.
+
+    - `depths`: the depth of each differentiated stack, in the order it runs.
+    - `per`: the depth all stacks share (mixes are of that many layers), or 1
+      where stacks of different depths cannot be mixed.
+    - `share`: the part of the activations one chip holds.
+    - `options`: the per-layer options ([`Option`][]s, time by the roofline).
+    - `tags`: the model's `checkpoint_name` tags.
+    - `flops_none`: the function's FLOPs without checkpointing.
+    - `schedules`: the whole-stack schedules worth comparing, with their FLOPs.
+    """
+
+    depths: tuple[int, ...]
+    per: int
+    share: float
+    options: tuple[Option, ...]
+    tags: tuple[str, ...]
+    flops_none: int
+    schedules: tuple[tuple[Schedule, int], ...]
+
+    def option(self, c: Checkpoint) -> Option | None:
+        for o in self.options:
+            if o.checkpoint == c:
+                return o
+        return None
+
+
+class PlanCache:
+    """What [`eqx_remat.plan`][] remembers between calls: compiled programs,
+    what tracing priced, the memory of compiled mixes and measured step
+    times, each keyed by the function (its identity: functions need not be
+    hashable), the shapes, dtypes and shardings of the arguments, and the
+    target. Planning the same function for another budget compiles, traces
+    and times only what is new. `eqx_remat.clear_plan_cache()` empties it
+    (e.g. after the machine's load changed, to time afresh)."""
+
+    def __init__(self, size: int = 512):
+        self.size = size
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, fn: Callable, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, or what it gave for `fn` and `key` before."""
+        if key is None:
+            return compute()
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] is fn:  # holding `fn` keeps its id unique
+            self._entries.move_to_end(key)
+            return hit[1]
+        value = compute()
+        self._entries[key] = fn, value
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return value
+
+    def has(self, fn: Callable, key: Any) -> bool:
+        hit = self._entries.get(key)
+        return hit is not None and hit[0] is fn
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._entries.clear()
+
+
+CACHE = PlanCache()
+
+
+def clear_plan_cache() -> None:
+    """Empty what [`eqx_remat.plan`][] remembers between calls (compiled
+    programs, prices, the memory of compiled mixes, measured step times), so
+    that the next call compiles, traces and times afresh."""
+    CACHE.clear()
+
+
+def _key(fn: Callable, args: tuple, target: Any) -> Any:
+    """The cache key of `fn(*args)` compiled for `target`, or `None` where the
+    static arguments are not hashable."""
+    leaves, treedef = jtu.tree_flatten(args)
+    avals = []
+    for x in leaves:
+        if is_array_like(x):
+            sharding = getattr(x, "sharding", None)
+            avals.append(("array", np.shape(x), str(x.dtype), sharding))
+        else:
+            avals.append(("static", x))
+    key = (id(fn), treedef, tuple(avals), target)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def compile_checkpoint(
+    fn: Callable, args: tuple, c: Checkpoint, target: str | None, *, runnable: bool
+) -> Compiled:
+    """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
+    `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
+    keep the executable (the target is the device at hand)."""
+    args = set_checkpoint(args, c)
+    start = time.perf_counter()
+    try:
+        report, executable = _compile(fn, args, target, runnable)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        seconds = time.perf_counter() - start
+        return Compiled(c, None, str(e), int(count_flops(fn, *args)), seconds)
+    seconds = time.perf_counter() - start
+    return Compiled(c, report, None, int(report.flops), seconds, executable)
+
+
+def _compile(
+    fn: Callable, args: tuple, target: str | None, runnable: bool
+) -> tuple[MemoryReport, Any]:
+    """`(report, executable)`: `memory_report`'s compile, keeping the
+    executable where it can run here (else `None`)."""
+    if not runnable:
+        return memory_report(fn, *args, target=target), None
+    # Lowered on the arguments as given (their shardings included), as
+    # `memory_report` lowers them.
+    f, _ = traceable(fn, args)
+    executable = jax.jit(f).lower(split_args(args)[0]).compile()
+    flops = count_flops(fn, *args)
+    report = compiled_report(executable, flops=flops, target=jax.default_backend())
+    return report, executable
+
+
+class _Program(NamedTuple):
+    """One step of a compiled checkpoint, ready to run on the planner's
+    inputs: `program()` runs it."""
+
+    record: Compiled
+    inputs: Any
+
+    def __call__(self) -> Any:
+        return self.record.executable(self.inputs)
+
+
 def plan(
     fn: Callable[..., Any],
     *args: Any,
     budget_bytes: SupportsIndex | str,
     target: str | None = None,
     candidates: Sequence[Checkpoint] | None = None,
-    progress: bool = True,
+    measure: bool | None = None,
+    progress: bool | Literal["verbose"] = True,
 ) -> PlanResult:
-    """The checkpoint with the least estimated step time that fits a memory
-    budget: a byte budget in, the checkpoint to train with out.
-
-    Pass the function whose memory matters — a gradient or training step, e.g.
-    `eqx.filter_grad(loss)` — and the model among its arguments:
+    """The checkpoint that fits a memory budget and runs a step fastest: a byte
+    budget in, the checkpoint to train with out.
 
     ```python
-    result = eqx_remat.plan(
-        eqx.filter_grad(loss), model, batch, budget_bytes="16GiB", target="v5e"
-    )
-    print(result)  # the pick, and the frontier of memory against time
+    result = eqx_remat.plan(eqx.filter_grad(loss), model, batch, budget_bytes="16GiB")
+    print(result)  # the pick, and the frontier of memory against step time
     model = result.apply(model)
     ```
 
-    **How it solves.** In a stack of `D` identical layers, the memory and the
-    cost of giving different layers different checkpoints are a base plus a
-    per-layer term per layer, so at a budget the best choice mixes at most two
-    per-layer options that are neighbours on the lower convex hull of
-    (per-layer bytes, per-layer cost). The planner:
-
-    1. traces `fn` once to find its stacks (every `checkpoint` field in `args`
-       set to a probe that records each stack's depth);
-    2. prices each per-layer option once, by tracing, without compiling: the
-       policies `None`, `"dots"`, `"dots_no_batch"`, `"nothing"` (and
-       `"offload_dots_no_batch"` on a target with a host link: TPU, GPU), and
-       per-name decisions over the `checkpoint_name` tags of the model
-       ([`eqx_remat.save_names`][] of each tag, then of the tags that save the
-       most recomputation per byte first; with a host link,
-       [`eqx_remat.offload_names`][] of the same). Bytes: what the option keeps
-       across the stack in `fn`'s program, per layer. Cost: its FLOPs beyond
-       `None`'s ([`eqx_remat.count_flops`][], exact) at the target's peak
-       FLOP/s, plus what it offloads, out and back over the host link.
-    3. compiles the cheapest option (`None`) and the lightest, for the base
-       memory (compiled memory = base + `D` × the option's bytes per layer);
-    4. picks the cheapest mix the model predicts to fit: `D - n` layers of a
-       lighter option and, above them, `n` of a heavier, cheaper one, as
-       `eqx_remat.ranges((D - n, light), (n, heavy))` (a uniform option when
-       `n` is 0), `n` as large as the budget allows. The heavy layers go last
-       because they are reversed first, while everything saved is still held:
-       there, the option that recomputes less needs less working memory.
-       With real layer counts the best pair is two neighbours on the lower
-       convex hull; with whole layers rounding can favour another pair, so
-       every pair of options on the Pareto front is tried (no compile);
-    5. compiles what the pick depends on: its two options, uniform (their base
-       memory is then exact; a mix needs the larger of its two phases: the
-       heavy layers reversed beside everything saved, then the light ones), then
-       the mix itself. What a compiled mix needed beyond the prediction (or
-       short of it) corrects the next predictions: for mixes of the same two
-       options, interpolated over the counts compiled; for other mixes with
-       the same heavy option, by its largest error; for the rest, by the
-       largest excess seen. These corrections are kept for later calls with
-       the same function; after 6 mixes that do not fit in one call, it
-       chooses among uniform options. A mix that does not fit when compiled is
-       retried with as many fewer heavy layers as the compiled excess says,
-       and said so, in `notes` and on stderr; the pick changes as the
-       compiles teach;
-    6. compares the pick with the whole-stack schedules of
-       [`eqx_remat.DEFAULT_CANDIDATES`][] that cost less (their FLOPs are
-       counted; they are compiled only when they could win).
-
-    The estimated step time is per chip and at peak: the function's FLOPs (the
-    chip's share: all of them, or `1/k` of them when an argument is split `k`
-    ways over the chips) over the chip's peak FLOP/s, plus `2 × offloaded
-    bytes / host-link bandwidth`. The figures per target are in one table,
-    with their sources (TPU v5e: 197 TFLOP/s bf16 per chip; CPU: a nominal
-    100 GFLOP/s). It ranks checkpoints; it is not a prediction of wall time.
-
-    With `candidates=`, the planner enumerates instead: each candidate is
-    compiled, and the one with the least estimated step time that fits wins
-    (the table of all of them is in the result).
-
-    Stacks of different depths in one function cannot share a mix: the
-    planner then compares uniform options only, and says so in `notes`.
-    Compilations are cached: planning the same function and argument shapes
-    again (another budget) compiles only what is new.
+    The pick is a uniform option (a policy, per-name decisions, `None`), a
+    whole-stack schedule, or an [`eqx_remat.ranges`][] mix of two per-layer
+    options over the layers of a stack. It is always compiled, and fits
+    `budget_bytes` when compiled. Its step time is the clock's where the
+    device is at hand (`measure`): the planner runs the programs it compiled
+    and ranks them by their measured times, predicts a mix's time from its
+    two options' times per layer, and runs the pick before returning it (a
+    mix that runs slower than the fastest uniform option that fits is not
+    returned). For a target compiled ahead of time, times are a roofline's
+    estimate: FLOPs at the chip's peak, the bytes each option moves through
+    device memory at its bandwidth, and offloaded bytes over the host link
+    ([`eqx_remat.internal.HARDWARE`][], with sources). How it solves is told
+    in the tutorial *Fit a model in a budget*.
 
     **Arguments:**
 
-    - `fn`: the function to plan for; it must differentiate the stacks.
+    - `fn`: the function to plan for: a gradient or training step, e.g.
+      `eqx.filter_grad(loss)`; it must differentiate the stacks.
     - `*args`: its arguments; at least one must contain an `eqx.Module` with a
       `checkpoint` field (every zoo model has one). Array leaves may be
-      `jax.ShapeDtypeStruct`s. On a target with several chips, give the batch
-      a sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
+      `jax.ShapeDtypeStruct`s (timing runs them on arrays of that shape, dtype
+      and sharding). On a target with several chips, give the batch a
+      sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
       [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
-    - `budget_bytes`: device memory available (per chip on a TPU target): an int,
-      or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. A checkpoint fits
-      when its arguments, outputs and temporaries add up to at most this.
-    - `target`: `None` for the default backend, or `"v5e"` / `"v5e:AxB"` to
-      compile for TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
-    - `candidates`: `None` to solve; or the checkpoints to compare (policy
-      names, policies, schedules, `None`), each compiled.
-    - `progress`: print what it does, how many and how long, to stderr.
+    - `budget_bytes`: device memory available (per chip on a TPU target): an
+      int, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. Arguments,
+      outputs and temporaries must add up to at most this. A budget over what
+      the device holds is planned for the device, with a note.
+    - `target`: `None` for the device at hand (the default backend), or
+      `"v5e"` / `"v5e:AxB"` to compile for TPU v5e without a TPU (see
+      [`eqx_remat.memory_report`][]).
+    - `candidates`: `None` to solve; or the checkpoints to compare, each
+      compiled (and timed, with `measure`).
+    - `measure`: time programs by running them. `None` (the default): where
+      the target is the device at hand and this is the only process (with
+      several, each would time on its own clock and could choose
+      differently: the roofline gives every process the same answer). Timing runs each program a few times
+      after a warm-up, round-robin with the others, within about the time its
+      compiles took; a program whose memory is over what the device has free
+      is never run.
+    - `progress`: what it does, on stderr: `True` a few lines (the stages,
+      counts and times), `"verbose"` every option priced and every compile,
+      `False` nothing.
 
     **Returns:**
 
     A [`eqx_remat.PlanResult`][]: the pick, its compiled entry, the frontier
-    (or the candidates' table), notes, compile count and time. `print` it.
+    (or the candidates' table), notes, counts and times. `print` it.
 
     **Raises:**
 
-    `ValueError` for a bad budget, an invalid or empty list of candidates,
-    arguments without a `checkpoint` field, or a function that differentiates
-    no stack (when solving); and, when nothing fits, a `ValueError` that names
-    the smallest achievable memory and its checkpoint. A checkpoint that XLA
-    refuses to compile because it does not fit in one device
-    (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
-    with XLA's figure of what it needed, and planning goes on.
+    `ValueError` for a bad budget, `measure=True` with a target that cannot
+    run here, an invalid or empty list of candidates, arguments without a
+    `checkpoint` field, a function that differentiates no stack (when
+    solving), and when nothing fits (naming the smallest memory compiled and
+    its checkpoint). A checkpoint XLA refuses to compile because it does not
+    fit in one device (`RESOURCE_EXHAUSTED`) is not an error: it is recorded
+    as not fitting, with XLA's figure of what it needed.
     """
     budget = parse_bytes(budget_bytes)
     if candidates is not None:
@@ -460,24 +586,53 @@ def plan(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
-    planner = _Planner(fn, args, budget, target, _Progress(progress))
+    if progress not in (True, False, "verbose"):
+        raise ValueError(
+            f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
+        )
+    if target == jax.default_backend():
+        target = None
+    processes = jax.process_count()
+    if measure is None:
+        measure = target is None and processes == 1
+    elif measure and target is not None:
+        raise ValueError(
+            f"plan(measure=True) times programs on the device at hand; "
+            f"target={target!r} is compiled ahead of time and cannot run here. "
+            "Pass measure=None (the default) or False."
+        )
+    elif measure and processes > 1:
+        raise ValueError(
+            f"plan(measure=True) times programs on one process; this is one of "
+            f"{processes}, and each would time on its own clock and could choose "
+            "differently. Pass measure=None (the default: the roofline, the same "
+            "answer on every process) or False."
+        )
+    if target is not None:
+        name, mesh = _v5e(target)
+        warn_replicated("plan", name, mesh, split_args(args)[0], stacklevel=2)
+    say = _Progress(progress)
     with warnings.catch_warnings(), traced_for(target):
-        # Said once, by the planner; not again for every compile.
+        # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        planner = _Planner(
+            fn, args, budget, target, bool(measure), say, candidates is None
+        )
         if candidates is not None:
             return planner.enumerate(candidates)
         return planner.solve()
 
 
 class _Progress:
-    """Plain lines on stderr (`plan: ...`), when enabled."""
+    """Lines on stderr (`plan: ...`): the stages (`progress=True`), or every
+    step too (`"verbose"`)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, level: bool | str):
+        self.level = 2 if level == "verbose" else int(bool(level))
         self.start = time.perf_counter()
 
-    def __call__(self, message: str) -> None:
-        if self.enabled:
+    def __call__(self, message: str, *, detail: bool = False) -> None:
+        if self.level > int(detail):
             print(f"plan: {message}", file=sys.stderr, flush=True)
 
     def elapsed(self) -> float:
@@ -485,92 +640,232 @@ class _Progress:
 
 
 class _Planner:
-    """One call of `plan`: the function, the budget, the target's figures, what
-    was compiled, and what to tell the user."""
+    """One call of `plan`: its inputs, the records of what it compiled and
+    timed, and what to tell the user. Every attribute is set here; the
+    stages are methods that read and add to the records."""
 
-    def __init__(self, fn, args, budget: int, target, progress: _Progress):
-        self.fn, self.args, self.budget, self.say = fn, args, budget, progress
+    def __init__(
+        self,
+        fn,
+        args,
+        budget: int,
+        target,
+        measure: bool,
+        say: _Progress,
+        solving: bool,
+    ):
+        self.fn, self.args, self.target, self.say = fn, args, target, say
+        self.measure = measure
         self.hw, known = hardware(target)
-        self.target = target
         chips = 1
-        if target is not None and target not in ("cpu", "gpu", "tpu"):
-            name, mesh = _v5e(target)
-            chips = mesh.size
-            warn_replicated("plan", name, mesh, split_args(args)[0], stacklevel=4)
+        if target is not None:
+            chips = _v5e(target)[1].size
         self.share = share_per_chip(args, chips)
-        self.host = self.hw.host_bytes_per_s is not None
-        self.compiled: dict[Any, tuple[PlanEntry, float | None]] = {}
+        self.key = _key(fn, args, target)
         self.notes: list[str] = []
+        # This call's records: what it compiled (or took from the cache), the
+        # memory it predicted for each, and the step times measured.
+        self.compiled: dict[Checkpoint, Compiled] = {}
+        self.predicted: dict[Checkpoint, float | None] = {}
+        self.timings: dict[Checkpoint, Timing] = {}
         self.compiles = 0
-        # Each compiled mix, `ranges((D - n, light), (n, heavy))`: its memory.
-        self.mixes: dict[ranges, int] = {}
+        self.timed_s = 0.0
+        self.compile_s = 0.0
+        # Compiled mixes' memory, `ranges((D - n, light), (n, heavy))`: shared
+        # by later calls for the same function (what compiling them taught).
+        self.mixes: dict[ranges, int] = CACHE.get(fn, self._k("mixes"), dict)
+        # Arrays to run programs on, made once (at the first timing).
+        self.inputs: list[Any] = []
+        # Where one device holds less than the budget, the budget is that.
+        if target is None:
+            capacity = device_memory_bytes() if jax.default_backend() != "cpu" else None
+        else:
+            capacity = self.hw.memory_bytes
+        self.budget = budget
+        if capacity is not None and budget > capacity:
+            self.budget = capacity
+            self.note(
+                f"the budget, {format_bytes(budget)}, is more than one device "
+                f"holds ({format_bytes(capacity)}): planning for that"
+            )
         if not known:
             self.note(
                 f"this device's figures are unknown; priced as {self.hw.kind} "
                 f"({self.hw.source})"
             )
+        # Stage 1, when solving: what tracing tells, priced once.
+        self.prices: Prices | None = None
+        if solving:
+            self.prices = CACHE.get(fn, self._k("prices"), self._price)
+        self.per = 1 if self.prices is None else self.prices.per
+
+    def _k(self, *what: Any) -> Any:
+        return None if self.key is None else (self.key, *what)
 
     def note(self, message: str) -> None:
         self.notes.append(message)
         self.say(f"note: {message}")
 
-    def time_s(self, flops: Real, host_bytes: Real) -> float:
-        return option_time(self.hw, self.share * flops, host_bytes)
+    # --- compiling and timing ------------------------------------------------
 
-    def measure(self, c: Checkpoint, predicted: Real | None = None) -> PlanEntry:
-        """Compile `c` (or take it from the cache): its entry."""
+    def compile(self, c: Checkpoint, predicted: Real | None = None) -> Compiled:
+        """Compile `c` (or take it from the cache): its record."""
         if c in self.compiled:
-            return self.compiled[c][0]
-        start = time.perf_counter()
-        args = set_checkpoint(self.args, c)
-        report, flops, fresh = _measure(self.fn, args, self.target)
+            return self.compiled[c]
+        fresh = not CACHE.has(self.fn, self._k("compiled", c))
+        record = CACHE.get(
+            self.fn,
+            self._k("compiled", c),
+            lambda: compile_checkpoint(
+                self.fn, self.args, c, self.target, runnable=self.measure
+            ),
+        )
         self.compiles += fresh
-        entry = self._entry(c, report, flops)
-        self.compiled[c] = (entry, predicted)
-        what = "does not fit in one chip" if entry.report is None else "compiled"
-        pred = (
-            "" if predicted is None else f" (predicted {format_bytes(int(predicted))})"
-        )
+        self.compile_s += record.compile_s
+        self.compiled[c] = record
+        self.predicted[c] = None if predicted is None else float(predicted)
+        self._on_xla_limit(record)
+        what = "does not fit in one chip" if record.report is None else "compiled"
+        pred = "" if predicted is None else f" (predicted {_bytes(predicted)})"
+        fits = self._fits(record)
         self.say(
-            f"{what}: {_name(c)}: {_format_memory(entry)}{pred}, "
-            f"{'fits' if entry.fits else 'does not fit'} "
-            f"({time.perf_counter() - start:.1f} s)"
+            f"{what}: {_name(c)}: {_format_memory(record)}{pred}, "
+            f"{'fits' if fits else 'does not fit'}"
+            + (f" ({record.compile_s:.1f} s)" if fresh else " (cached)"),
+            detail=True,
         )
-        return entry
+        return record
 
-    def _entry(self, c: Checkpoint, report, flops: int) -> PlanEntry:
-        if isinstance(report, str):  # XLA: does not fit in one device
-            available = _xla_bytes(report, _AVAILABLE)
-            if available is not None and available < self.budget:
-                self.note(
-                    f"the budget, {format_bytes(self.budget)}, is more than one "
-                    f"device holds: XLA says {format_bytes(available)}; planning "
-                    "for that"
-                )
-                self.budget = available
-            t = self.time_s(flops, 0)
-            return PlanEntry(c, needed_bytes(report), flops, False, None, report, t)
-        memory = report.total_bytes
-        t = self.time_s(flops, report.host_temp_bytes)
-        return PlanEntry(c, memory, flops, memory <= self.budget, report, None, t)
+    def _on_xla_limit(self, record: Compiled) -> None:
+        available = _xla_bytes(record.error or "", _AVAILABLE)
+        if available is not None and available < self.budget:
+            self.note(
+                f"the budget, {format_bytes(self.budget)}, is more than one "
+                f"device holds: XLA says {format_bytes(available)}; planning "
+                "for that"
+            )
+            self.budget = available
 
-    def enumerate(self, candidates: Sequence[Checkpoint]) -> PlanResult:
-        self.say(f"compiling {len(candidates)} candidates for {self._target()}")
-        table = tuple(self.measure(c) for c in candidates)
-        fitting = [e for e in table if e.fits]
-        if not fitting:
-            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
-        order = {id(e): i for i, e in enumerate(table)}
-        chosen = min(
-            fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
+    def _fits(self, record: Compiled) -> bool:
+        return record.report is not None and record.report.total_bytes <= self.budget
+
+    def runnable(self, c: Checkpoint) -> bool:
+        """Whether `c` was compiled for the device at hand and fits what it
+        has free (arguments, outputs and temporaries)."""
+        record = self.compiled.get(c)
+        if record is None or record.executable is None or record.report is None:
+            return False
+        free = device_memory_bytes()
+        return free is None or record.report.total_bytes <= free
+
+    def time(self, cs: Sequence[Checkpoint]) -> None:
+        """Measure the step time of each of `cs` that can run here and has no
+        time yet: round-robin with the fastest program already timed (its
+        time scales theirs: one clock for the whole plan), within about the
+        time their compiles took."""
+        new = []
+        for c in dict.fromkeys(cs):
+            if c in self.timings or not self.runnable(c):
+                continue
+            cached = CACHE.get(self.fn, self._k("time", c), lambda: None)
+            if cached is not None:
+                self.timings[c] = cached
+            else:
+                new.append(c)
+        if not new:
+            return
+        timed = [c for c in self.timings if self.runnable(c)]
+        reference = min(timed, key=lambda c: self.timings[c].seconds) if timed else None
+        run = new + ([reference] if reference is not None else [])
+        if not self.inputs:
+            self.inputs.extend(jax.tree.leaves(concrete(split_args(self.args)[0])))
+        programs = [self._program(c) for c in run]
+        start = time.perf_counter()
+        warm = []
+        for p in programs:  # the warm-up, timed, to size the rounds
+            t0 = time.perf_counter()
+            jax.block_until_ready(p())
+            warm.append(time.perf_counter() - t0)
+        compile_s = sum(self.compiled[c].compile_s for c in new)
+        rounds = int(min(11, max(1, compile_s / max(sum(warm), 1e-9) - 1)))
+        timings = time_interleaved(programs, rounds=rounds, warmup=False)
+        self.timed_s += time.perf_counter() - start
+        scale = 1.0
+        if reference is not None:
+            scale = self.timings[reference].seconds / timings[-1].seconds
+        for c, t in zip(new, timings):
+            t = t._replace(seconds=t.seconds * scale)
+            self.timings[c] = t
+            CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
+        self.say(
+            f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
+            f"warm-up, {time.perf_counter() - start:.1f} s (their compiles took "
+            f"{compile_s:.1f} s)",
+            detail=len(new) < 3,
         )
-        return self._result(chosen, table, ())
 
-    # --- solving ------------------------------------------------------------
+    def _program(self, c: Checkpoint) -> _Program:
+        dynamic = split_args(set_checkpoint(self.args, c))[0]
+        inputs = jax.tree.unflatten(jax.tree.structure(dynamic), self.inputs)
+        return _Program(self.compiled[c], inputs)
 
-    def solve(self) -> PlanResult:
+    def ratio(self, a: Checkpoint, b: Checkpoint) -> tuple[float, float]:
+        """`(time of a / time of b, spread)`, both run round-robin now."""
+        programs = [self._program(a), self._program(b)]
+        compile_s = self.compiled[a].compile_s
+        start = time.perf_counter()
+        ta, tb = time_interleaved(programs, rounds=1)
+        step = ta.seconds + tb.seconds
+        rounds = int(min(9, max(3, compile_s / max(step, 1e-9) - 1)))
+        ta, tb = time_interleaved(programs, rounds=rounds, warmup=False)
+        self.timed_s += time.perf_counter() - start
+        return ta.seconds / tb.seconds, max(ta.spread, tb.spread)
+
+    def time_s(self, c: Checkpoint, estimate: float) -> tuple[float, bool]:
+        """`(seconds, measured)`: `c`'s measured step time, else `estimate`."""
+        if c in self.timings:
+            return self.timings[c].seconds, True
+        return estimate, False
+
+    def entry(self, record: Compiled, estimate: float) -> PlanEntry:
+        """The entry of a compiled program, `fits` against the budget now."""
+        seconds, measured = self.time_s(record.checkpoint, estimate)
+        return PlanEntry(
+            record.checkpoint,
+            record.memory_bytes,
+            record.flops,
+            self._fits(record),
+            record.report,
+            record.error,
+            seconds,
+            measured,
+        )
+
+    def scale(self) -> float:
+        """Measured over roofline time, the median over the timed per-layer
+        options (1 where none was timed): how this device's clock differs
+        from the roofline, so that estimates sit beside measurements."""
+        ratios = [
+            t.seconds / (o.time * self.per)
+            for o in (self.prices.options if self.prices else ())
+            for t in [self.timings.get(o.checkpoint)]
+            if t is not None and o.time > 0
+        ]
+        return statistics.median(ratios) if ratios else 1.0
+
+    def estimate(self, flops: Real, moved: Real = 0, host: Real = 0) -> float:
+        """The roofline's step time on one chip for the whole function's
+        `flops`, bytes `moved` through device memory and bytes offloaded to
+        the `host` (all chips together), scaled to the clock (`scale`)."""
+        s = self.share
+        return self.scale() * roofline_time(self.hw, s * flops, s * moved, s * host)
+
+    # --- stage 1: prices ------------------------------------------------------
+
+    def _price(self) -> Prices:
+        """Trace the function: its stacks, then each per-layer option."""
         self.say("tracing the function to find its stacks")
-        depths = self._cached("depths", lambda: stack_depths(self.fn, self.args))
+        depths = tuple(stack_depths(self.fn, self.args))
         if not depths:
             raise ValueError(
                 "plan expected fn to differentiate the stacks of the modules in "
@@ -578,114 +873,148 @@ class _Planner:
                 "eqx.filter_grad(loss)). Got a function whose backward pass runs "
                 "no checkpointed stack."
             )
-        self.depths = frozenset(depths)
-        self.mixes = self._cached("mixes", dict)  # shared by later calls
-        self.per = depths[0] if len(self.depths) == 1 else 1
-        mix = (lambda parts: ranges(*parts)) if self.per > 1 else None
-        if len(self.depths) > 1:
+        per = depths[0] if len(set(depths)) == 1 else 1
+        kinds = frozenset(depths)
+        raw: dict[Checkpoint, tuple[int, int, int, int]] = {}
+
+        def priced(c: Checkpoint) -> tuple[int, int, int, int]:
+            start = time.perf_counter()
+            device, host, flops, moved, names = price(self.fn, self.args, c, kinds)
+            raw[c] = device, host, flops, moved
+            self.say(
+                f"priced {_name(c)}: {_bytes(self.share * device / per)}/layer"
+                + (f" + {_bytes(self.share * host / per)} on the host" if host else "")
+                + f", {format_flops(flops)} FLOPs, {_bytes(moved)} moved "
+                f"({time.perf_counter() - start:.1f} s)",
+                detail=True,
+            )
+            tags.extend(t for t in names if t not in tags)
+            return raw[c]
+
+        tags: list[str] = []
+        priced(None)
+        host_link = self.hw.host_bytes_per_s is not None
+        rest = per_layer_options(tags, host_link)[1:]
+        for c in rest:
+            priced(c)
+        nothing = raw["nothing"]
+        singles = [
+            (t, raw[save_names(t)][0] - nothing[0], nothing[2] - raw[save_names(t)][2])
+            for t in tags
+        ]
+        more = prefix_options(singles, host_link) if len(tags) > 1 else []
+        for c in more:
+            priced(c)
+        flops_none = raw[None][2]
+
+        def option(c: Checkpoint) -> Option:
+            device, host, flops, moved = raw[c]
+            s = self.share
+            return Option(
+                c,
+                s * device / per,
+                s * host / per,
+                (flops - flops_none) / per,
+                roofline_time(self.hw, s * flops, s * moved, s * host) / per,
+                flops,
+            )
+
+        schedules = []
+        for c in DEFAULT_CANDIDATES:
+            if isinstance(c, Schedule) and _useful(c, min(depths)):
+                flops = count_flops(self.fn, *set_checkpoint(self.args, c))
+                schedules.append((c, int(flops)))
+        return Prices(
+            depths,
+            per,
+            self.share,
+            tuple(option(c) for c in raw),
+            tuple(tags),
+            flops_none,
+            tuple(schedules),
+        )
+
+    # --- stages 2 and 3: confirm and choose ----------------------------------
+
+    def options(self) -> list[Option]:
+        """The per-layer options, each with its time per layer: measured
+        (its step time over the depth) where it ran, else the roofline's,
+        scaled to the clock."""
+        assert self.prices is not None
+        scale = self.scale()
+        out = []
+        for o in self.prices.options:
+            t = self.timings.get(o.checkpoint)
+            time_per = o.time * scale if t is None else t.seconds / self.per
+            out.append(o._replace(time=time_per))
+        return out
+
+    def solve(self) -> PlanResult:
+        prices = self.prices
+        assert prices is not None
+        if len(set(prices.depths)) > 1:
             self.note(
-                f"stacks of different depths ({', '.join(map(str, depths))}) "
+                f"stacks of different depths ({', '.join(map(str, prices.depths))}) "
                 "cannot share layer ranges: comparing uniform options only"
             )
-        elif mix is None and self.per > 1:
-            self.note("layer ranges are not available: uniform options only")
+        self.say(
+            f"{len(prices.depths)} stack(s) of {'/'.join(map(str, prices.depths))} "
+            f"layers; {len(prices.options)} per-layer options; tags: "
+            f"{', '.join(prices.tags) or 'none'}"
+        )
         link = self.hw.host_bytes_per_s
         self.say(
-            f"{len(depths)} stack(s) of {'/'.join(map(str, depths))} layers; "
-            f"priced as {self.hw.kind}: {self.hw.peak_flops / 1e12:g} TFLOP/s"
+            f"{'timing on' if self.measure else 'estimating for'} {self._target()}: "
+            f"{self.hw.peak_flops / 1e12:.3g} TFLOP/s, "
+            f"{self.hw.memory_bytes_per_s / 1e9:.3g} GB/s"
             + ("" if link is None else f", host link {link / 1e9:g} GB/s")
             + " per chip"
         )
-        options = self._price_options()
-        hull = lower_hull(options)
-        self.say("lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull))
-        pick = self._choose(options, mix)
+        if self.measure:
+            # Every option that can fit the device is compiled and run: the
+            # clock, not a model, ranks them.
+            for o in prices.options:
+                self.compile(o.checkpoint, self._predict(o))
+            self.time([o.checkpoint for o in prices.options])
+        pick = self._choose()
         if pick is not None:
-            pick = self._cheapest_compiled(pick, options)
-        pick = self._try_schedules(pick, self._price_schedules())
+            pick = self._cheapest_compiled(pick)
+        pick = self._try_schedules(pick)
         if pick is None:
-            table = [e for e, _ in self.compiled.values()]
-            _raise_nothing_fits(table, self.budget, _target_name(table, self.target))
-        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
-        entry = self.compiled[pick.checkpoint][0]
-        return self._result(entry, (), _pareto(points + [pick]))
-
-    def _cached(self, what: Any, compute: Callable[[], Any]) -> Any:
-        """`compute()`, remembered across calls for the same function, argument
-        shapes and target (planning another budget traces nothing again)."""
-        key = (_key(self.fn, self.args, self.target), what)
-        if key[0] is None:
-            return compute()
-        if key in _PRICES and _PRICES[key][0] is self.fn:
-            return _PRICES[key][1]
-        _PRICES[key] = self.fn, compute()
-        if len(_PRICES) > _CACHE_SIZE:
-            _PRICES.popitem(last=False)
-        return _PRICES[key][1]
-
-    def _price(self, c: Checkpoint) -> tuple[Option, list[str]]:
-        start = time.perf_counter()
-        device, host, flops, names = self._cached(
-            ("price", c), lambda: price(self.fn, self.args, c, self.depths)
-        )
-        if c is None:
-            self.flops_none = flops
-        extra = (flops - self.flops_none) / self.per
-        host_layer = self.share * host / self.per
-        o = Option(
-            c,
-            self.share * device / self.per,
-            host_layer,
-            extra,
-            self.time_s(extra, host_layer),
-            flops,
-        )
-        self.say(
-            f"priced {_name(c)}: {format_bytes(int(o.bytes))}/layer"
-            + (f" + {format_bytes(int(host_layer))} on the host" if host else "")
-            + f", +{format_flops(max(extra, 0))} FLOPs/layer "
-            f"({time.perf_counter() - start:.1f} s)"
-        )
-        return o, names
-
-    def _price_options(self) -> list[Option]:
-        none, names = self._price(None)
-        rest = per_layer_options(names, self.host)[1:]
-        self.say(
-            f"pricing {len(rest) + 1} per-layer options by tracing (no compiles); "
-            f"tags: {', '.join(names) or 'none'}"
-        )
-        priced = [none] + [self._price(c)[0] for c in rest]
-        by = {o.checkpoint: o for o in priced}
-        nothing = by["nothing"]
-        singles = [
-            (
-                t,
-                by[save_names(t)].bytes - nothing.bytes,
-                nothing.flops - by[save_names(t)].flops,
+            self._compile_lightest_schedules()
+            _raise_nothing_fits(
+                [self.entry(r, 0.0) for r in self.compiled.values()],
+                self.budget,
+                self._target_name(),
             )
-            for t in names
-        ]
-        more = prefix_options(singles, self.host) if len(names) > 1 else []
-        if more:
-            self.say(f"pricing {len(more)} more: tags saved best-first")
-        priced += [self._price(c)[0] for c in more]
-        self.priced = {o.checkpoint: o for o in priced}
-        return priced
+        if self.measure and isinstance(pick.checkpoint, ranges):
+            pick = self._confirm_by_clock(pick)
+        hull = lower_hull(self.options())
+        self.say(
+            "lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull),
+            detail=True,
+        )
+        points = [self._uniform_point(o) for o in hull] + self._compiled_points()
+        record = self.compiled[pick.checkpoint]
+        entry = self.entry(record, pick.time_s)
+        return self._result(entry, (), _pareto(points + [pick]))
 
     def _base(self, o: Option) -> float | None:
         """Memory besides the stack's saved values, learnt from compiled uniform
         options: exact for a compiled one (from XLA's figure, a lower bound,
         for one XLA refused; infinite where it gave none), interpolated in
         bytes between compiled ones otherwise. `None` before any compile."""
+        assert self.prices is not None
         known = []
-        for c, (entry, _) in self.compiled.items():
-            if c in self.priced and (entry.report is not None or c == o.checkpoint):
-                v = self.priced[c]
-                memory = math.inf if entry.memory_bytes is None else entry.memory_bytes
-                if c == o.checkpoint:
-                    return memory - self.per * v.bytes
-                known.append((v.bytes, memory - self.per * v.bytes))
+        for c, record in self.compiled.items():
+            v = self.prices.option(c)
+            if v is None or (record.report is None and c != o.checkpoint):
+                continue
+            memory = record.memory_bytes
+            memory = math.inf if memory is None else memory
+            if c == o.checkpoint:
+                return memory - self.per * v.bytes
+            known.append((v.bytes, memory - self.per * v.bytes))
         if not known:
             return None
         known.sort()
@@ -699,32 +1028,38 @@ class _Planner:
     def _predictor(self) -> Predict:
         """The memory of a mix as the planner predicts it now: the model
         (`mix_memory`, from each option's base), corrected by what compiled
-        mixes (this call's and earlier calls' for the same function) taught.
-        XLA's memory is not exactly the model's: per layer it may keep more or
-        less than the option's price, and an option XLA refused on every layer
-        has only a lower bound for a base. So where mixes of the same two
-        options were compiled, the model's error is interpolated over their
-        counts (see `_line`); for another pair with the same heavy option, its
-        largest error there; for any other pair, the largest excess of any
-        compiled mix over the model (none if no mix needed more): evidence
-        that the next mix will need it too."""
-        bases = {c: self._base(o) or 0.0 for c, o in self.priced.items()}
+        mixes (this call's and earlier calls' for the same function) taught:
+        where mixes of the same two options were compiled, the model's error
+        interpolated over their counts (see `_line`); for another pair with
+        the same heavy option, its largest error there; for any other pair,
+        the largest excess of any compiled mix over the model (none if no mix
+        needed more)."""
+        assert self.prices is not None
+        by = {o.checkpoint: o for o in self.prices.options}
+        bases = {c: self._base(o) or 0.0 for c, o in by.items()}
         model = linear(lambda o: bases[o.checkpoint], self.per)
         errors: dict[tuple, dict[int, float]] = {}  # (light, heavy): {n: error}
         for c, memory in self.mixes.items():
             (_, light), (n, heavy) = c.parts
-            if light in self.priced and heavy in self.priced:
-                lo, hi = self.priced[light], self.priced[heavy]
-                error = memory - float(model(lo, hi, np.array(n)))
+            if light in by and heavy in by:
+                error = memory - float(model(by[light], by[heavy], np.array(n)))
                 errors.setdefault((light, heavy), {})[n] = error
         by_heavy: dict[Checkpoint, float] = {}
         for (_, heavy), at in errors.items():
             by_heavy[heavy] = max(by_heavy.get(heavy, -math.inf), *at.values())
         margin = max([0.0, *by_heavy.values()])
 
+        exact = {
+            c: r.report.total_bytes
+            for c, r in self.compiled.items()
+            if r.report is not None and c in by
+        }
+
         def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
             memory = model(light, heavy, n)
-            if light == heavy:
+            if light.checkpoint == heavy.checkpoint:
+                if light.checkpoint in exact:  # compiled: no rounding either way
+                    return np.full(np.shape(n), float(exact[light.checkpoint]))
                 return memory
             at = errors.get((light.checkpoint, heavy.checkpoint))
             if at:
@@ -737,19 +1072,21 @@ class _Planner:
         """Predicted memory of `o` on every layer, or `None` before anything
         was compiled (the base is unknown)."""
         base = self._base(o)
-        return None if base is None else base + self.per * o.bytes
+        return None if base is None else max(base + self.per * o.bytes, 0.0)
 
-    def _choose(self, options: list[Option], mix) -> FrontierPoint | None:
+    def _choose(self) -> FrontierPoint | None:
         """The cheapest mix predicted to fit, confirmed by compiling: solve,
         compile what the answer depends on (its options, uniform, for their
         base memory; then the mix itself), solve again with what that taught,
         until the answer compiled fits."""
+        assert self.prices is not None
+        options = self.options()
         hull = lower_hull(options)
         for o in (hull[-1], hull[0]):  # the cheapest and the lightest
-            self.measure(o.checkpoint, self._predict(o))
-        # Without layer ranges, no mixes: at most 0 layers of a heavier option.
+            self.compile(o.checkpoint, self._predict(o))
+        mixable = self.per > 1
         limits: dict[tuple, int] = {}
-        most = self.per if mix is not None else 0
+        most = self.per if mixable else 0
         failed = 0
         for _ in range(4 * len(options) + 8):
             if most and failed == _MIX_TRIES:
@@ -758,220 +1095,338 @@ class _Planner:
                     f"{failed} mixes did not fit when compiled: XLA's memory is "
                     "not the model's here; choosing among uniform options"
                 )
+            options = self.options()
             best = best_mix(
                 options,
                 self._predictor(),
                 self.per,
                 self.budget,
-                lambda light, heavy: min(limits.get((light, heavy), most), most),
+                lambda light, heavy: min(
+                    limits.get((light.checkpoint, heavy.checkpoint), most), most
+                ),
             )
             if best is None:
                 return None
             ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
             new = [o for o in ends if o.checkpoint not in self.compiled]
             for o in new:
-                self.measure(o.checkpoint, self._predict(o))
+                self.compile(o.checkpoint, self._predict(o))
             if new:
                 continue
             if best.n == 0:
                 return self._uniform_point(best.light)
-            point, fewer = self._try_mix(best, mix)
+            point, fewer = self._try_mix(best)
             if point is not None:
                 return point
-            limits[(best.light, best.heavy)] = fewer
+            limits[(best.light.checkpoint, best.heavy.checkpoint)] = fewer
             failed += 1
         raise AssertionError("plan: the search for a mix did not settle")
 
-    def _try_mix(self, best, mix) -> tuple[FrontierPoint | None, int]:
+    def _try_mix(self, best: Mix) -> tuple[FrontierPoint | None, int]:
         """Compile the mix `best`: `(its point, n)` if it fits, else `(None,
         the most heavy layers worth trying next)`, stepping by as many layers
         as the compiled excess says."""
         light, heavy, n = best.light, best.heavy, best.n
-        c = mix(((self.per - n, light.checkpoint), (n, heavy.checkpoint)))
-        point = self._mix_point(c, n, heavy, light, best.predicted)
-        entry = self.measure(c, point.predicted_bytes)
-        if entry.report is not None:
-            self.mixes[c] = entry.report.total_bytes
-        if entry.fits:
-            return point._replace(compiled_bytes=entry.memory_bytes), n
-        excess = (entry.memory_bytes or self.budget + 1) - self.budget
+        c = ranges((self.per - n, light.checkpoint), (n, heavy.checkpoint))
+        point = self._mix_point(c, best)
+        record = self.compile(c, point.predicted_bytes)
+        if record.report is not None:
+            self.mixes[c] = record.report.total_bytes
+        if self._fits(record):
+            return point._replace(compiled_bytes=record.memory_bytes), n
+        excess = (record.memory_bytes or self.budget + 1) - self.budget
         step = max(1, math.ceil(excess / max(heavy.bytes - light.bytes, 1)))
         fewer = max(n - step, 0)
         self.note(
-            f"{_name(c)} was predicted to fit "
-            f"({format_bytes(point.predicted_bytes)}) but compiled to "
-            f"{_format_memory(entry)}: at most {fewer} layers of "
-            f"{_name(heavy.checkpoint)} with {_name(light.checkpoint)}"
+            f"{_name(c)} was predicted to fit ({_bytes(point.predicted_bytes)}) "
+            f"but compiled to {_format_memory(record)}: at most {fewer} layers "
+            f"of {_name(heavy.checkpoint)} with {_name(light.checkpoint)}"
         )
         return None, fewer
 
     def _uniform_point(self, o: Option) -> FrontierPoint:
-        entry = self.compiled.get(o.checkpoint, (None, None))[0]
-        compiled = None if entry is None or entry.report is None else entry.memory_bytes
+        record = self.compiled.get(o.checkpoint)
+        compiled = None if record is None else record.report and record.memory_bytes
+        estimate = o.time * self.per
+        seconds, measured = self.time_s(o.checkpoint, estimate)
         host = self.per * o.host_bytes
-        point = FrontierPoint(
+        flops = o.total_flops if record is None else record.flops
+        return FrontierPoint(
             o.checkpoint,
             int(self._predict(o) or self.per * o.bytes),
             compiled,
-            o.total_flops,
+            int(flops),
             int(host),
-            self.time_s(o.total_flops, host),
+            seconds,
+            measured,
         )
-        if entry is None or compiled is None:
-            return point
-        return point._replace(flops=entry.flops, time_s=entry.time_s)
 
-    def _mix_point(self, c, n: int, heavy: Option, light: Option, predicted: Real):
+    def _mix_point(self, c: ranges, best: Mix) -> FrontierPoint:
+        assert self.prices is not None
+        light, heavy, n = best.light, best.heavy, best.n
         rest = self.per - n
-        flops = self.flops_none + n * heavy.flops + rest * light.flops
+        flops = self.prices.flops_none + n * heavy.flops + rest * light.flops
         host = n * heavy.host_bytes + rest * light.host_bytes
         return FrontierPoint(
             c,
-            int(predicted),
+            int(best.predicted),
             None,
             int(round(flops)),
             int(host),
-            self.time_s(flops, host),
+            n * heavy.time + rest * light.time,
         )
 
-    def _price_schedules(self) -> list[FrontierPoint]:
-        """The whole-stack schedules of `DEFAULT_CANDIDATES` that make sense
-        for the stacks' depth, with their FLOPs counted (exactly)."""
-        depth = min(self.depths)
-        out = []
-        for c in DEFAULT_CANDIDATES:
-            if not isinstance(c, Schedule) or not _useful(c, depth):
-                continue
-            flops = self._cached(
-                ("flops", c),
-                lambda c=c: int(count_flops(self.fn, *set_checkpoint(self.args, c))),
-            )
-            out.append(FrontierPoint(c, 0, None, flops, 0, self.time_s(flops, 0)))
-        return sorted(out, key=lambda p: p.time_s)
+    def _schedule_time(self, c: Schedule, flops: int) -> float:
+        """A schedule's estimated step time: where its inner policy (or
+        `"nothing"`) was timed, that time scaled by the FLOPs (a schedule
+        recomputes what its inner policy would, more often); else the
+        roofline of its FLOPs."""
+        inner = c.policy if c.policy is not None else "nothing"
+        t = self.timings.get(inner)
+        record = self.compiled.get(inner)
+        if t is not None and record is not None and record.flops > 0:
+            return t.seconds * flops / record.flops
+        return self.estimate(flops)
 
-    def _try_schedules(self, pick, schedules) -> FrontierPoint | None:
-        """The cheapest schedule that costs less than `pick` and fits, else
-        `pick`: compiled cheapest first, until one fits."""
-        cheaper = [s for s in schedules if pick is None or s.time_s < pick.time_s]
-        reports = [e.report for e, _ in self.compiled.values() if e.report]
+    def _try_schedules(self, pick: FrontierPoint | None) -> FrontierPoint | None:
+        """The fastest schedule that is faster than `pick` and fits, else
+        `pick`: compiled (and timed) fastest first, until one fits and, timed,
+        still beats `pick`."""
+        assert self.prices is not None
+        reports = [r.report for r in self.compiled.values() if r.report is not None]
         if (
             reports
             and self.budget < reports[0].argument_bytes + reports[0].output_bytes
         ):
             return pick  # every checkpoint needs the arguments and outputs
+        estimates = sorted(
+            (self._schedule_time(c, flops), i, c, flops)
+            for i, (c, flops) in enumerate(self.prices.schedules)
+        )
+        cheaper = [e for e in estimates if pick is None or e[0] < pick.time_s]
         if cheaper:
-            self.say(f"{len(cheaper)} whole-stack schedules may cost less")
-        for s in cheaper:
-            floor = self._floor(s.checkpoint)
+            self.say(
+                f"{len(cheaper)} whole-stack schedule(s) may be faster", detail=True
+            )
+        for estimate, _, c, flops in cheaper:
+            floor = self._floor(c)
             if floor > self.budget:
                 self.say(
-                    f"not compiled: {_name(s.checkpoint)} needs at least "
-                    f"{format_bytes(int(floor))}"
+                    f"not compiled: {_name(c)} needs at least {_bytes(floor)}",
+                    detail=True,
                 )
                 continue
-            entry = self.measure(s.checkpoint)
-            if entry.fits:
-                return s._replace(
-                    predicted_bytes=entry.memory_bytes,
-                    compiled_bytes=entry.memory_bytes,
-                )
+            record = self.compile(c)
+            if not self._fits(record):
+                continue
+            self.time([c])
+            seconds, measured = self.time_s(c, estimate)
+            if pick is not None and seconds >= pick.time_s:
+                continue
+            memory = record.memory_bytes or 0
+            return FrontierPoint(
+                c, memory, memory, record.flops, record.host_bytes, seconds, measured
+            )
         return pick
+
+    def _compile_lightest_schedules(self) -> None:
+        """Before saying that nothing fits: compile the schedules whose floor
+        is below the least memory compiled, so that the error names the
+        smallest memory there is."""
+        assert self.prices is not None
+        least = min(
+            (r.memory_bytes for r in self.compiled.values() if r.report is not None),
+            default=None,
+        )
+        for c, _ in self.prices.schedules:
+            if least is None or self._floor(c) < least:
+                self.compile(c)
 
     def _floor(self, c: Schedule) -> float:
         """Less memory than schedule `c` can need (0 where unknown): the least
         base memory of a compiled uniform option, the carries `c` stores, and
         the residuals of all but one of the layers it holds at once (the last
         one's may be freed while it is reversed)."""
+        assert self.prices is not None
         kept = c.kept(self.per)
         bases = [
             b
-            for k, o in self.priced.items()
-            if k in self.compiled and self.compiled[k][0].report is not None
+            for o in self.prices.options
+            if o.checkpoint in self.compiled
+            and self.compiled[o.checkpoint].report is not None
             for b in [self._base(o)]
             if b is not None
         ]
-        if kept is None or len(self.depths) > 1 or not bases:
+        if kept is None or len(set(self.prices.depths)) > 1 or not bases:
             return 0.0
         carries, layers = kept
-        nothing = self.priced["nothing"]
-        inner = self.priced.get(c.policy, nothing)
+        nothing = self.prices.option("nothing")
+        inner = self.prices.option(c.policy) or nothing
+        assert nothing is not None and inner is not None
         return min(bases) + carries * nothing.bytes + (layers - 1) * inner.bytes
 
-    def _cheapest_compiled(self, pick: FrontierPoint, options) -> FrontierPoint:
-        """`pick` costed from its compiled, exact FLOP count; or, if a compiled
-        uniform option or schedule that fits costs less, that one (the
-        pricing by tracing was wrong somewhere: say so). Uniform options priced
-        below the pick's exact cost and predicted to fit are compiled first
-        (none are unless the pick's price was wrong)."""
-        entry = self.compiled[pick.checkpoint][0]
-        pick = pick._replace(flops=entry.flops, time_s=entry.time_s)
-        for o in options:
+    def _cheapest_compiled(self, pick: FrontierPoint) -> FrontierPoint:
+        """`pick` timed from its compiled record; or, if a compiled uniform
+        option or schedule that fits is faster, that one (say so). Options
+        estimated faster than the pick and predicted to fit, or just over
+        the budget, are compiled (and timed) first: a prediction within a few
+        percent of the budget can be wrong either way."""
+        assert self.prices is not None
+        record = self.compiled[pick.checkpoint]
+        seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
+        pick = pick._replace(flops=record.flops, time_s=seconds, measured=measured)
+        for o in self.options():
             predicted = self._predict(o)
             if (
                 o.checkpoint not in self.compiled
-                and self._uniform_point(o).time_s < pick.time_s
+                and o.time * self.per < pick.time_s
                 and predicted is not None
-                and predicted <= self.budget
+                and predicted <= 1.05 * self.budget
             ):
-                self.measure(o.checkpoint, predicted)
-        fitting = [
-            (e.time_s, e.flops, e.memory_bytes or 0, i, c)
-            for i, (c, (e, _)) in enumerate(self.compiled.items())
-            if e.fits and (c in self.priced or isinstance(c, Schedule))
-        ]
+                self.compile(o.checkpoint, predicted)
+        self.time(list(self.compiled))
+        fitting = []
+        for i, (c, r) in enumerate(self.compiled.items()):
+            if not self._fits(r) or isinstance(c, ranges):
+                continue
+            o = self.prices.option(c)
+            estimate = (
+                o.time * self.per if o is not None else self._schedule_time(c, r.flops)
+            )
+            seconds, measured = self.time_s(c, estimate)
+            fitting.append((seconds, r.flops, r.memory_bytes or 0, i, c, measured))
         if not fitting or min(fitting)[0] >= pick.time_s:
             return pick
-        c = min(fitting)[-1]
-        e = self.compiled[c][0]
+        seconds, flops, memory, _, c, measured = min(fitting)
         self.note(
-            f"{_name(pick.checkpoint)} compiled to {format_flops(pick.flops)} "
-            f"FLOPs (est. {_format_time(pick.time_s)}): {_name(c)}, compiled and "
-            f"fitting, costs less ({_format_time(e.time_s)}); choosing it"
+            f"{_name(pick.checkpoint)} takes {_format_time(pick.time_s)} a step: "
+            f"{_name(c)}, compiled and fitting, is faster "
+            f"({_format_time(seconds)}); choosing it"
         )
-        memory = e.memory_bytes or 0  # `fits`: compiled, so measured
-        host = e.report.host_temp_bytes if e.report is not None else 0
-        return FrontierPoint(c, memory, memory, e.flops, host, e.time_s)
+        return FrontierPoint(
+            c, memory, memory, flops, self.compiled[c].host_bytes, seconds, measured
+        )
+
+    def _confirm_by_clock(self, pick: FrontierPoint) -> FrontierPoint:
+        """Run the mix `pick` round-robin with the fastest uniform option that
+        fits: the pick if it is faster, else that option (say so)."""
+        fitting = [
+            c
+            for c, r in self.compiled.items()
+            if self._fits(r) and not isinstance(c, ranges) and c in self.timings
+        ]
+        if not fitting or not self.runnable(pick.checkpoint):
+            return pick
+        best = min(fitting, key=lambda c: self.timings[c].seconds)
+        ratio, spread = self.ratio(pick.checkpoint, best)
+        seconds = ratio * self.timings[best].seconds
+        self.timings[pick.checkpoint] = Timing(seconds, spread, 0)
+        self.say(
+            f"timed the pick: {ratio:.3f}x the step time of {_name(best)}, the "
+            "fastest uniform option that fits"
+        )
+        if ratio < 1.0:
+            return pick._replace(time_s=seconds, measured=True)
+        self.note(
+            f"{_name(pick.checkpoint)} ran {ratio:.3f}x the step time of "
+            f"{_name(best)}, which fits: choosing {_name(best)}"
+        )
+        r = self.compiled[best]
+        memory = r.memory_bytes or 0
+        return FrontierPoint(
+            best,
+            memory,
+            memory,
+            r.flops,
+            r.host_bytes,
+            self.timings[best].seconds,
+            True,
+        )
 
     def _compiled_points(self) -> list[FrontierPoint]:
         """Compiled schedules and mixes (the uniform options are priced)."""
+        assert self.prices is not None
         out = []
-        for c, (entry, predicted) in self.compiled.items():
-            if entry.report is None or c in self.priced:
+        for c, r in self.compiled.items():
+            if r.report is None or self.prices.option(c) is not None:
                 continue
-            host = entry.report.host_temp_bytes
-            memory = entry.report.total_bytes
+            predicted = self.predicted.get(c)
+            memory = r.report.total_bytes
+            if isinstance(c, ranges):
+                (k, light), (n, heavy) = c.parts
+                lo, hi = self.prices.option(light), self.prices.option(heavy)
+                assert lo is not None and hi is not None
+                opts = {o.checkpoint: o for o in self.options()}
+                estimate = k * opts[light].time + n * opts[heavy].time
+            else:
+                estimate = self._schedule_time(c, r.flops)
+            seconds, measured = self.time_s(c, estimate)
             out.append(
                 FrontierPoint(
                     c,
                     int(memory if predicted is None else predicted),
                     memory,
-                    entry.flops,
-                    host,
-                    self.time_s(entry.flops, host),
+                    r.flops,
+                    r.host_bytes,
+                    seconds,
+                    measured,
                 )
             )
         return out
 
+    # --- enumerating candidates ----------------------------------------------
+
+    def enumerate(self, candidates: Sequence[Checkpoint]) -> PlanResult:
+        self.say(f"compiling {len(candidates)} candidates for {self._target()}")
+        records = [self.compile(c) for c in candidates]
+        self.time(candidates)
+        table = [
+            self.entry(r, self.estimate(r.flops, 0, r.host_bytes)) for r in records
+        ]
+        fitting = [e for e in table if e.fits]
+        if not fitting:
+            _raise_nothing_fits(table, self.budget, self._target_name())
+        order = {id(e): i for i, e in enumerate(table)}
+        chosen = min(
+            fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
+        )
+        return self._result(chosen, table, ())
+
+    # --- stage 4: the report -------------------------------------------------
+
     def _target(self) -> str:
         return self.target or self.hw.kind
 
-    def _result(self, chosen, table, frontier) -> PlanResult:
-        name = _target_name(list(table) + [chosen], self.target)
+    def _target_name(self) -> str:
+        for r in self.compiled.values():
+            if r.report is not None:
+                return r.report.target
+        return jax.default_backend() if self.target is None else str(self.target)
+
+    def _result(self, chosen: PlanEntry, table, frontier) -> PlanResult:
         seconds = self.say.elapsed()
+        timed = f", {self.timed_s:.1f} s of it timing" if self.timed_s else ""
         self.say(
             f"done: checkpoint={_name(chosen.checkpoint)}, "
-            f"{_format_memory(chosen)}, {self.compiles} compiles, {seconds:.1f} s"
+            f"{_format_memory(chosen)}, {self.compiles} compiles, "
+            f"{seconds:.1f} s{timed}"
         )
+        # `fits` against the budget the plan ended with.
+        table = [
+            e._replace(fits=self._fits(self.compiled[e.checkpoint])) for e in table
+        ]
+        chosen = chosen._replace(fits=self._fits(self.compiled[chosen.checkpoint]))
         return PlanResult(
             chosen.checkpoint,
             chosen,
             tuple(table),
             self.budget,
-            name,
+            self._target_name(),
             tuple(frontier),
             tuple(self.notes),
             self.compiles,
             seconds,
+            self.timed_s,
         )
 
 
@@ -1039,47 +1494,72 @@ def _raise_nothing_fits(
     )
 
 
-def _target_name(table: Sequence[PlanEntry], target: str | None) -> str:
-    for e in table:
-        if e.report is not None:
-            return e.report.target
-    return jax.default_backend() if target is None else str(target)
-
-
 def _name(c: Checkpoint) -> str:
     return repr(c) if c is None or isinstance(c, str) else str(c)
 
 
+class _Names:
+    """Short names for long checkpoints in tables (`P1`, `P2`, ...), with a
+    legend, so that a table fits 100 columns; a `ranges` mix is named by its
+    parts."""
+
+    _LONG = 26
+
+    def __init__(self, checkpoints: Sequence[Checkpoint]):
+        self.alias: dict[Checkpoint, str] = {}
+        for c in checkpoints:
+            parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+            for p in parts:
+                if len(_name(p)) > self._LONG and p not in self.alias:
+                    self.alias[p] = f"P{len(self.alias) + 1}"
+
+    def short(self, c: Checkpoint) -> str:
+        if isinstance(c, ranges):
+            inner = ", ".join(f"({n}, {self.short(p)})" for n, p in c.parts)
+            return f"ranges({inner})"
+        return self.alias.get(c, _name(c))
+
+    def full(self, c: Checkpoint) -> str:
+        return self.short(c) if self.alias else _name(c)
+
+    def legend(self) -> list[str]:
+        return [f"{a} = {_name(c)}" for c, a in self.alias.items()]
+
+
 def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
+    names = _Names([e.checkpoint for e in table])
     base = min(e.flops for e in table) or 1
-    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "est. time", "fits")]
+    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
     for e in table:
         rows.append(
             (
                 "*" if e is chosen else "",
-                _name(e.checkpoint),
+                names.short(e.checkpoint),
                 _format_memory(e),
                 format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
-                _format_time(e.time_s),
+                _format_time(e.time_s) + ("" if e.measured else " (est.)"),
                 "yes" if e.fits else "no",
             )
         )
-    return _columns(rows)
+    legend = names.legend()
+    return _columns(rows) + ("\n" + "\n".join(legend) if legend else "")
 
 
-def _frontier_table(points: Sequence[FrontierPoint], chosen: Checkpoint) -> str:
-    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "est. time")]
+def _frontier_table(
+    points: Sequence[FrontierPoint], chosen: Checkpoint, names: _Names
+) -> str:
+    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
     for p in points:
         rows.append(
             (
                 "*" if p.checkpoint == chosen else "",
-                _name(p.checkpoint),
-                format_bytes(p.predicted_bytes),
-                "-" if p.compiled_bytes is None else format_bytes(p.compiled_bytes),
+                names.short(p.checkpoint),
+                _bytes(p.predicted_bytes),
+                "-" if p.compiled_bytes is None else _bytes(p.compiled_bytes),
                 format_flops(p.flops),
-                format_bytes(p.host_bytes) if p.host_bytes else "-",
-                _format_time(p.time_s),
+                _bytes(p.host_bytes) if p.host_bytes else "-",
+                _format_time(p.time_s) + ("" if p.measured else " (est.)"),
             )
         )
     return _columns(rows)
@@ -1092,6 +1572,11 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     )
 
 
+def _bytes(n: Real) -> str:
+    """A predicted or compiled size: never below zero."""
+    return format_bytes(max(int(n), 0))
+
+
 def _format_time(seconds: float) -> str:
     for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= size:
@@ -1099,9 +1584,53 @@ def _format_time(seconds: float) -> str:
     return f"{seconds * 1e9:.3g} ns"
 
 
-def _format_memory(e: PlanEntry) -> str:
+def _format_memory(e: PlanEntry | Compiled) -> str:
     if e.memory_bytes is None:
         return "too large (XLA)"
     if e.report is not None:
         return format_bytes(e.memory_bytes)
     return f">= {format_bytes(e.memory_bytes)} (XLA)"
+
+
+def roofline_seconds(
+    fn: Callable[..., Any], *args: Any, target: str | None = None
+) -> float:
+    """The roofline's estimate of one step of `fn(*args)` on one chip of
+    `target`, under the checkpoint that `args`' checkpoint fields hold now:
+    the function's FLOPs at the chip's peak, the bytes it moves through
+    device memory at its bandwidth, and what it offloads over the host link
+    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
+    parts' estimates, each per layer, weighted by their layers. On the CPU
+    the figures are this CPU's, measured once.
+
+    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
+    `checkpoint` field or a function that differentiates no stack."""
+    found = map_checkpoints(args, lambda c: c)[1]
+    if not found:
+        raise ValueError(
+            "roofline_seconds expected arguments containing an eqx.Module with a "
+            "`checkpoint` field. Got none."
+        )
+    if target == jax.default_backend():
+        target = None
+    with warnings.catch_warnings(), traced_for(target):
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        planner = _Planner(fn, args, 2**62, target, False, _Progress(False), True)
+        prices = planner.prices
+        assert prices is not None
+
+        def per_layer(c: Checkpoint) -> float:
+            o = prices.option(c)
+            if o is not None:
+                return o.time
+            depths = frozenset(prices.depths)
+            device, host, flops, moved, _ = price(fn, args, c, depths)
+            s = prices.share
+            return (
+                roofline_time(planner.hw, s * flops, s * moved, s * host) / prices.per
+            )
+
+        c = found[0]
+        if isinstance(c, ranges):
+            return sum(n * per_layer(part) for n, part in c.parts)
+        return prices.per * per_layer(c)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._checkpoint import Checkpoint, set_checkpoint
 from ._engine import Layers, Schedule
-from ._flops import count_flops
+from ._flops import FlopCount, count_flops
 from ._hardware import Hardware
 from ._jaxpr import is_literal, open_jaxpr, scan_sizes, sub_jaxprs
 from ._policies import _KEEP, offload_names, save_names
@@ -127,8 +127,10 @@ def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
 class Option(NamedTuple):
     """A checkpoint priced per layer and per chip: the bytes it keeps across the
     stack on the device and on the host, the FLOPs it adds to `None`'s (the
-    whole program's, per layer), the estimated time that costs one chip, and
-    the whole function's FLOPs under it."""
+    whole program's, per layer), the step time of the whole function under
+    it, per layer (the planner's cost: a mix of `n` layers of one option and
+    `D - n` of another takes `n * a.time + (D - n) * b.time`), and the whole
+    function's FLOPs under it."""
 
     checkpoint: Checkpoint
     bytes: float
@@ -141,12 +143,13 @@ class Option(NamedTuple):
 Real = float | int
 
 
-def option_time(hw: Hardware, flops: Real, host_bytes: Real) -> float:
-    """Estimated seconds on one chip for `flops` (that chip's share) at its
-    peak, and `host_bytes` offloaded over its host link: out in the forward
-    pass, back in the backward pass. Offloading is never free."""
+def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> float:
+    """The roofline's seconds on one chip: `flops` (that chip's share) at its
+    peak, plus the bytes it `moved` through its memory at the memory's
+    bandwidth, plus `host_bytes` offloaded over its host link, out in the
+    forward pass and back in the backward pass. Offloading is never free."""
     link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
-    return max(flops, 0.0) / hw.peak_flops + link
+    return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link
 
 
 def price(
@@ -154,16 +157,30 @@ def price(
     args: tuple,
     checkpoint: Checkpoint,
     depths: frozenset[int],
-) -> tuple[int, int, int, list[str]]:
-    """`(bytes, host_bytes, flops, tags)`: what `checkpoint` keeps across the
-    stacks of `fn` (whole program, on the device and on the host), the whole
-    function's FLOPs, and the `checkpoint_name` tags in its program. Traced,
-    not compiled."""
+) -> tuple[int, int, int, int, list[str]]:
+    """`(bytes, host_bytes, flops, moved, tags)`: what `checkpoint` keeps across
+    the stacks of `fn` (whole program, on the device and on the host), the
+    whole function's FLOPs, the bytes it moves through device memory (see
+    `bytes_moved`), and the `checkpoint_name` tags in its program. Traced, not
+    compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
     jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
     device, host = saved_across(jaxpr, depths)
-    return device, host, int(count_flops(fn, *checkpointed)), tags(jaxpr)
+    flops = count_flops(fn, *checkpointed)
+    return device, host, int(flops), bytes_moved(flops, device), tags(jaxpr)
+
+
+def bytes_moved(flops: FlopCount, saved: int) -> int:
+    """The bytes a function moves through device memory, as the roofline
+    counts them: what it saves across its stacks three times (JAX's scan
+    zero-fills each stacked buffer before the loop, the forward pass writes
+    it, the backward pass reads it back: seen in the compiled program, issue
+    28's profile), and the operands and results of its matrix products
+    ([`eqx_remat.FlopCount`][]`.dot_bytes`, loop trip counts and
+    recomputation included). Elementwise work is taken to be fused into its
+    neighbours and to move nothing of its own."""
+    return 3 * saved + flops.dot_bytes
 
 
 def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
@@ -177,7 +194,7 @@ def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
 
 
 def prefix_options(
-    singles: Sequence[tuple[str, float, float]], host: bool
+    singles: Sequence[tuple[str, Real, Real]], host: bool
 ) -> list[Checkpoint]:
     """Save the tags that save the most recomputation per byte first: from
     `(tag, bytes, flops)` of each tag saved alone (relative to saving none), the

@@ -8,22 +8,43 @@ messages). It is documented and tested, but not part of the stable API of
 """
 
 from ._checkpoint import check_checkpoint as check_checkpoint
-from ._hardware import HARDWARE as HARDWARE, Hardware as Hardware
+from ._clock import (
+    Timing as Timing,
+    concrete as concrete,
+    time_interleaved as time_interleaved,
+)
+from ._hardware import (
+    HARDWARE as HARDWARE,
+    Hardware as Hardware,
+    cpu_hardware as cpu_hardware,
+    hardware as hardware,
+)
 from ._memory import compiled_report as compiled_report
 from ._pallas import with_pallas_costs as with_pallas_costs
-from ._plan import needed_bytes as needed_bytes
-from ._util import format_flops as format_flops, is_array_like as is_array_like
+from ._plan import needed_bytes as needed_bytes, roofline_seconds as roofline_seconds
+from ._util import (
+    format_flops as format_flops,
+    is_array_like as is_array_like,
+    traceable as traceable,
+)
 from ._validate import check_int as check_int
 
 
 __all__ = [
     "HARDWARE",
     "Hardware",
+    "Timing",
     "check_checkpoint",
     "check_int",
     "compiled_report",
+    "concrete",
+    "cpu_hardware",
     "format_flops",
+    "hardware",
     "is_array_like",
     "needed_bytes",
+    "roofline_seconds",
+    "time_interleaved",
+    "traceable",
     "with_pallas_costs",
 ]

@@ -357,6 +357,7 @@ def test_flop_count_is_an_int_with_details():
         "transcendentals": 3,
         "unknown": {"sort": 1},
         "dynamic_loops": 0,
+        "dot_bytes": 0,
     }
     assert "unknown={'sort': 1}" in repr(n)
     m = pickle.loads(pickle.dumps(n))

@@ -634,3 +634,26 @@ def test_bad_options(kwargs, match):
     args.update(kwargs)
     with raises_bad_input(match, param=next(iter(kwargs))):
         zoo.Transformer(**args, num_layers=2, key=jr.key(0))
+
+
+@pytest.mark.parametrize("ck", [None, "everything"], ids=["None", "everything"])
+def test_gelu_saves_one_derivative(ck):
+    """Without recomputation, each block keeps two `(seq, d_ff)` arrays for its
+    GELU MLP: the GELU's output (for `mlp_out`'s weight gradient) and its
+    derivative — not the tanh formula's intermediates (`jax.nn.gelu`
+    differentiated as written left six, 4 x 8 MiB per layer more on the
+    fit-a-budget model, which a plain scan saved for every layer)."""
+    model = er.set_checkpoint(tiny(3), ck)  # d_ff 32
+    shapes = [r.shape for r in er.residuals(loss, model, TOKENS)]
+    assert shapes.count((3, 2, 7, 32)) == 2, shapes
+
+
+def test_gelu_is_jax_gelu():
+    """`_gelu` is `jax.nn.gelu(approximate=True)`, and so is its derivative."""
+    from zoo._layers import _gelu
+
+    x = jnp.linspace(-6.0, 6.0, 101)
+    assert jnp.array_equal(_gelu(x), jax.nn.gelu(x))
+    d = jax.vmap(jax.grad(_gelu))(x)
+    ref = jax.vmap(jax.grad(jax.nn.gelu))(x)
+    np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-6)

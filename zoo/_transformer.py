@@ -21,6 +21,7 @@ from ._layers import (
     Norm,
     _apply_norm,
     _dense_in,
+    _gelu,
     _matmul_t,
     _norm,
     _rope,
@@ -121,7 +122,7 @@ class _Block(eqx.Module):
             h = _apply_norm(self.mlp_norm, x)
             up = checkpoint_name(self.mlp_in(h), "mlp_hidden")
             if self.mlp_gate is None:
-                hidden = jax.nn.gelu(up)
+                hidden = _gelu(up)
             else:
                 gate = checkpoint_name(self.mlp_gate(h), "mlp_gate")
                 hidden = jax.nn.silu(gate) * up

@@ -25,7 +25,13 @@ last `--val-fraction` of the bytes is held out for the evaluation loss.
   than one; `--mesh dp:N` / `fsdp:N` pick the strategy (FSDP splits each parameter
   and its Adam moments on their largest axis divisible by N; see `zoo.shard`).
   `--distributed` calls `jax.distributed.initialize()` for a multi-host slice: run
-  the same command on every host; only process 0 logs and writes metrics.
+  the same command on every host; only process 0 logs and writes metrics, each
+  process reads only its rows of a batch. Where JAX cannot find the processes
+  itself (not a TPU slice, Slurm or Open MPI; or two processes on one machine),
+  give `--coordinator-address HOST:PORT --num-processes N --process-id I` (or
+  `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`). SIGTERM to
+  any process stops every one after the same step, saved; a process that dies
+  ends the others with one `error:` line and exit status 1.
 - `--remat` picks how the stack of blocks is rematerialised (its `checkpoint`), in
   the syntax of every benchmark script (`benchmarks._common.parse_checkpoint`):
   `None`, a policy name (`dots`, `nothing`, ...; see `eqx_remat.POLICIES`),

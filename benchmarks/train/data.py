@@ -97,8 +97,15 @@ def corpus_for(c: RunConfig) -> Corpus:
     return Corpus(train, val, digest, source)
 
 
-def sample(data: np.ndarray, seq: int, batch: int, seed: Sequence[int]) -> np.ndarray:
+def sample(
+    data: np.ndarray,
+    seq: int,
+    batch: int,
+    seed: Sequence[int],
+    rows: slice = slice(None),
+) -> np.ndarray:
     """`batch` windows of `seq + 1` bytes at offsets drawn from `seed`: int32
-    `(batch, seq + 1)`, inputs `[:, :-1]` and next-byte targets `[:, 1:]`."""
+    `(batch, seq + 1)`, inputs `[:, :-1]` and next-byte targets `[:, 1:]`. With
+    `rows`, only those rows of that batch are read (a process's share)."""
     starts = np.random.default_rng(list(seed)).integers(0, len(data) - seq, batch)
-    return data[starts[:, None] + np.arange(seq + 1)].astype(np.int32)
+    return data[starts[rows, None] + np.arange(seq + 1)].astype(np.int32)

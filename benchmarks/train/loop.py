@@ -4,9 +4,12 @@ evaluation and saving (`train`), and report where it stopped."""
 import argparse
 import dataclasses
 import math
+import os
+import sys
 import time
+import traceback
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import equinox as eqx
 import jax
@@ -104,11 +107,42 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
         if made_later:
             mgr = ckpt.open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
+    except Exception as e:
+        if jax.process_count() > 1 and not isinstance(e, UsageError):
+            abandon(e, args)
+        raise
     finally:
         stop.uninstall()
         if mgr is not None:
             mgr.wait_until_finished()
             mgr.close()
+
+
+def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
+    """End this process of a multi-process run that cannot go on: one line that
+    says why, then exit 1 at once. A failed collective means another process has
+    stopped or died; any other error is this process's own (its traceback comes
+    first), and exiting at once ends the run on the other processes too (their
+    next collective fails), where waiting for JAX's orderly shutdown would wait
+    for processes that are gone (until `--heartbeat-timeout`, then abort)."""
+    me = f"process {jax.process_index()} of {jax.process_count()}"
+    first = (str(e) or type(e).__name__).strip().splitlines()[0][:300]
+    resume = (
+        f" Continue from the last saved step with --resume --save-dir {args.save_dir}."
+        if args.save_dir is not None
+        else ""
+    )
+    if isinstance(e, jax.errors.JaxRuntimeError):
+        why = (
+            f"{me}: a computation shared with the other processes failed ({first}): "
+            "another process of the run has stopped or died; see its log."
+        )
+    else:
+        traceback.print_exception(e)
+        why = f"{me} failed ({type(e).__name__}: {first}); stopping every process."
+    print(f"train_lm.py: error: {why}{resume}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 # ---------------------------------------------------------------------------- setup
@@ -333,10 +367,18 @@ def _progress(args: argparse.Namespace) -> Progress:
     return Progress(*columns, console=Console(), disable=disable)
 
 
+def _batch(run: Run, data, seed: tuple[int, ...]):
+    """The batch of `seed`: read whole on one device, else split over the mesh,
+    each process reading only its devices' rows."""
+    c = run.c
+    if run.placement is None:
+        return sample(data, c.seq, c.batch, seed)
+    read = lambda rows: sample(data, c.seq, c.batch, seed, rows)
+    return run.placement.batch_from(read, (c.batch, c.seq + 1))
+
+
 def _step(run: Run, state: TrainState, step: int) -> tuple[jax.Array, TrainState]:
-    tokens = sample(run.corpus.train, run.c.seq, run.c.batch, (run.c.seed, 0, step))
-    if run.placement is not None:
-        tokens = run.placement.batch(tokens)
+    tokens = _batch(run, run.corpus.train, (run.c.seed, 0, step))
     return train_step((tokens, jnp.int32(step)), state, run.optimizer, run.placement)
 
 
@@ -344,9 +386,7 @@ def held_out_loss(run: Run, model) -> float:
     """The mean loss of `--eval-batches` batches of the held-out bytes."""
     c, total = run.c, 0.0
     for i in range(run.args.eval_batches):
-        tokens = sample(run.corpus.val, c.seq, c.batch, (c.seed, 1, i))
-        if run.placement is not None:
-            tokens = run.placement.batch(tokens)
+        tokens = _batch(run, run.corpus.val, (c.seed, 1, i))
         total += float(eval_loss(model, tokens))
     return total / run.args.eval_batches
 

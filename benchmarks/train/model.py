@@ -3,14 +3,16 @@ AdamW, a `TrainState` that holds everything a resumed run needs, and where its
 arrays live (`Placement`)."""
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import optax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import eqx_remat
 import zoo
@@ -30,9 +32,26 @@ class Placement(NamedTuple):
     def batch(self, tree):
         return zoo.shard_batch(tree, self.mesh)
 
+    def batch_from(
+        self, read: Callable[[slice], np.ndarray], shape: tuple[int, ...]
+    ) -> jax.Array:
+        """The global batch of `shape`, split over the mesh like `batch`, from
+        `read(rows)`: each process reads only the rows of its own devices."""
+        spec = PartitionSpec("data", *[None] * (len(shape) - 1))
+        sharding = NamedSharding(self.mesh, spec)
+        return jax.make_array_from_callback(shape, sharding, lambda i: read(i[0]))
+
 
 def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement | None:
     """The `Placement` of `--mesh` (`config.mesh_spec`'s value), or `None`."""
+    processes = jax.process_count()
+    if spec is None or (spec[1] is not None and spec[1] != jax.device_count()):
+        if processes > 1:  # a process outside the mesh would have nothing to do
+            given = "none" if spec is None else f"{spec[0]}:{spec[1]}"
+            raise UsageError(
+                f"--mesh {given}: with {processes} processes the mesh must span "
+                f"all {jax.device_count()} devices. Use --mesh auto, dp or fsdp."
+            )
     if spec is None:
         return None
     strategy, n = spec

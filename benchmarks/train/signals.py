@@ -1,5 +1,11 @@
-"""Preemption: SIGTERM and Ctrl-C stop the run after the current step, saved."""
+"""Preemption: SIGTERM and Ctrl-C stop the run after the current step, saved.
 
+With several processes (`--distributed`), SIGTERM to any one of them (a slice's
+preemption reaches every host; here one is enough) is caught by JAX's preemption
+notifier, which tells every process; they agree on a step to stop after
+(`multihost_utils.reached_preemption_sync_point`), save it together and exit 0."""
+
+import os
 import signal
 from typing import Any
 
@@ -31,9 +37,14 @@ class StopRequest:
         self.previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
         for s in self.previous:
             signal.signal(s, signal.SIG_DFL)
+        if jax.process_count() > 1:
+            # Ctrl-C on one process of several: handed to JAX's preemption
+            # notifier as a SIGTERM, so that every process stops after one step.
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.signum = signum
 
     @property
     def name(self) -> str:

@@ -1,0 +1,112 @@
+"""Timing compiled programs on the device at hand: the clock behind
+[`eqx_remat.plan`][]'s measured step times (and the benchmarks').
+
+Times are medians of interleaved rounds after a warm-up: each round runs every
+program once, in turn, so that drift (another process, a clock that changes)
+hits every program alike; the ratio of two medians is what means something.
+"""
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Timing(NamedTuple):
+    """The step time of one program.
+
+    **Attributes:**
+
+    - `seconds`: the median over the rounds.
+    - `spread`: the interquartile range over the median (0 for fewer than 4
+      rounds... then the range): how far one round strays.
+    - `rounds`: how many timed runs.
+    """
+
+    seconds: float
+    spread: float
+    rounds: int
+
+
+def concrete(dynamic: Any, seed: int = 0) -> Any:
+    """Arrays for the array leaves of `dynamic`: a `jax.ShapeDtypeStruct`
+    becomes an array of its shape, dtype and sharding (small normal values for
+    floating dtypes, zeros otherwise: valid indices and token ids); an array
+    stays as it is."""
+    key = jax.random.key(seed)
+
+    def make(i: int, x: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        sharding = getattr(x, "sharding", None)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            k = jax.random.fold_in(key, i)
+            value = jax.jit(
+                lambda: 0.02 * jax.random.normal(k, x.shape, x.dtype),
+                out_shardings=sharding,
+            )()
+        else:
+            value = jax.jit(
+                lambda: jnp.zeros(x.shape, x.dtype), out_shardings=sharding
+            )()
+        return value
+
+    leaves, treedef = jax.tree.flatten(dynamic)
+    return jax.tree.unflatten(treedef, [make(i, x) for i, x in enumerate(leaves)])
+
+
+def device_memory_bytes() -> int | None:
+    """Memory one device of the default backend can give a program: the
+    allocator's limit on an accelerator, the host's available memory on the
+    CPU, `None` where neither is known."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def _run(program: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(program())
+    return time.perf_counter() - start
+
+
+def time_interleaved(
+    programs: Sequence[Callable[[], Any]],
+    *,
+    rounds: int,
+    warmup: bool = True,
+) -> list[Timing]:
+    """Time each of `programs` (callables that run one step) over `rounds`
+    interleaved rounds, after one warm-up run each: their [`Timing`][]s, in
+    order."""
+    if warmup:
+        for p in programs:
+            _run(p)
+    times: list[list[float]] = [[] for _ in programs]
+    for _ in range(rounds):
+        for ts, p in zip(times, programs):
+            ts.append(_run(p))
+    return [timing(ts) for ts in times]
+
+
+def timing(times: Sequence[float]) -> Timing:
+    """The [`Timing`][] of the step times `times`."""
+    median = statistics.median(times)
+    if len(times) >= 4:
+        q1, q3 = np.percentile(times, [25, 75])
+        spread = float(q3 - q1)
+    else:
+        spread = max(times) - min(times)
+    return Timing(median, spread / median if median > 0 else math.inf, len(times))
