@@ -58,6 +58,42 @@ def scale_for(ax: Any, axis: str, values: Sequence[float]) -> None:
     which.set_minor_formatter(NullFormatter())
 
 
+def zero_based_if_narrow(ax: Any, axis: str, values: Sequence[float]) -> None:
+    """On a linear axis, start at 0 when `values` span less than a fifth of their
+    largest: a range of 1.02 to 1.10 would make a 7% difference look large."""
+    positive = [v for v in values if v and v > 0]
+    if not positive or getattr(ax, f"get_{axis}scale")() != "linear":
+        return
+    if (max(positive) - min(positive)) < 0.2 * max(positive):
+        getattr(ax, f"set_{axis}lim")(0, max(positive) * 1.08)
+
+
+def coinciding(
+    series: dict[str, Sequence[float | None]], rtol: float = 0.03
+) -> dict[str, str]:
+    """For each series that another, earlier one hides (equal within `rtol` at
+    every point), the name of that one: curves drawn on top of each other are
+    then said to be, in the legend."""
+    out: dict[str, str] = {}
+    names = list(series)
+    for i, b in enumerate(names):
+        for a in names[:i]:
+            xs, ys = series[a], series[b]
+            if (
+                len(xs) == len(ys)
+                and xs
+                and all(
+                    x is not None
+                    and y is not None
+                    and abs(x - y) <= rtol * max(abs(x), 1e-30)
+                    for x, y in zip(xs, ys)
+                )
+            ):
+                out[b] = out.get(a, a)
+                break
+    return out
+
+
 def panel_title(ax: Any, name: str, describe: str, width: int = 62) -> None:
     """A panel's title: its name, then what it is, wrapped to the panel."""
     ax.set_title(f"{name}\n{textwrap.fill(describe, width)}", fontsize=9, loc="left")
@@ -85,8 +121,9 @@ def spread(times: Sequence[float], centre: float, ref: float) -> tuple[float, fl
 
 
 def suptitle(fig: Any, text: str, fontsize: float = 10) -> None:
-    """The figure's title, each line wrapped to the figure's width."""
-    width = max(40, int(fig.get_figwidth() * 72 / (0.5 * fontsize)))
+    """The figure's title, each line wrapped to the figure's width (at 0.6 of the
+    font size per character, wide enough for a line of digits and capitals)."""
+    width = max(40, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))
     lines = [textwrap.fill(line, width) for line in text.splitlines()]
     fig.suptitle("\n".join(lines), fontsize=fontsize)
 

@@ -159,7 +159,14 @@ class EveryCheckpoint:
             f"{worst['temp_bytes'] / base:.3f}x None"
             + (f", {x:.3f}x the allowance" if self.layers else "")
         )
-        return [_verdict(name, group, "temp_bytes", 1.0, x, measured)]
+        why = ""
+        if not self.layers and group in PARAMS:
+            why = (
+                "the strict form; on a parameter-dominated stack the target is "
+                "the relaxed one below (+ 2 layers' parameters): a checkpoint "
+                "may hold a layer's parameters or their gradient once more"
+            )
+        return [_verdict(name, group, "temp_bytes", 1.0, x, measured, why)]
 
 
 NOISY = "CPU timings on a shared 2-core machine are noisy"

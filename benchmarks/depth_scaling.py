@@ -190,11 +190,29 @@ def plot(data: dict, path: Path) -> None:
     pyplot = C.plt()
     fig, axes = pyplot.subplots(1, 3, figsize=(15, 5))
     base = {r["depth"]: r.get("flops") for r in data["rows"] if r["spec"] == "None"}
-    for spec in dict.fromkeys(r["spec"] for r in data["rows"]):
-        pts = sorted((r["depth"], r) for r in data["rows"] if r["spec"] == spec)
+    specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
+    by_spec = {
+        s: sorted((r["depth"], r) for r in data["rows"] if r["spec"] == s)
+        for s in specs
+    }
+    # Curves that another hides: said in the legend.
+    hidden_memory = P.coinciding(
+        {s: [r["temp_bytes"] for _, r in pts] for s, pts in by_spec.items()}
+    )
+    hidden_flops = P.coinciding(
+        {s: [r.get("flops") for _, r in pts] for s, pts in by_spec.items()}
+    )
+    for spec in specs:
+        pts = by_spec[spec]
         ds = [d for d, _ in pts]
+        notes = [
+            f"{what} as {hidden[spec]}"
+            for what, hidden in (("memory", hidden_memory), ("FLOPs", hidden_flops))
+            if spec in hidden
+        ]
+        label = spec + (f" ({', '.join(notes)}: hidden)" if notes else "")
         axes[0].plot(
-            ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o", label=spec
+            ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o", label=label
         )
         fl = [(d, r["flops"] / base[d]) for d, r in pts if r.get("flops")]
         axes[1].plot(*zip(*fl) if fl else ([], []), marker="o")
@@ -221,7 +239,7 @@ def plot(data: dict, path: Path) -> None:
     axes[1].set_ylim(bottom=0)
     axes[2].set_ylim(bottom=0)
     fig.legend(
-        *axes[0].get_legend_handles_labels(), loc="lower center", ncols=8, fontsize=9
+        *axes[0].get_legend_handles_labels(), loc="lower center", ncols=4, fontsize=9
     )
     meta = data["meta"]
     P.suptitle(

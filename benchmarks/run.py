@@ -115,6 +115,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         X.worker(variants[i], repeats=args.repeats, limit=args.memory_limit, path=path)
         return {}
     t0 = time.perf_counter()
+    console.print(
+        f"run.py: {len(variants)} variants of {len(presets)} presets, each "
+        "compiled (and, but for --target, run) in turn; the default sweep takes "
+        "about 4 minutes on a 2-core CPU, --quick a minute."
+    )
     rows = measure(args, variants, console)
     if args.deferred:  # the measuring processes know how many devices there are
         presets = {n: p.on(rows[0].get("device_count") or 1) for n, p in base.items()}
@@ -140,8 +145,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     path = C.write(args, stem, data, plot)
     show(console, data, C.where(args, data))
+    console.print(LEGEND)
     console.print(
-        f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; results in {path}"
+        f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; results in {path} "
+        f"and beside it {path.with_suffix('.csv').name} (every row) and "
+        f"{path.with_suffix('.png').name} (the plot)"
+        if path is not None
+        else f"{len(rows)} variants in {data['meta']['seconds']:.0f} s"
     )
     return data
 
@@ -167,6 +177,19 @@ SWEEP = (
 """The sweep table's columns, one table per preset (`/None`: the ratio to
 `checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
 second); columns `n/a` in every row (the device's on a CPU) are not printed."""
+
+
+LEGEND = (
+    "Columns: temp = compiled temporary memory of the step (per chip for a "
+    "target); /None = that figure divided by checkpoint=None's in the same "
+    "preset; FLOPs = eqx_remat.count_flops, recomputation included; ms = median "
+    "step time; peak = measured peak device memory (AOT: the compiler's figure); "
+    "rate = tokens (or examples) per second; MFU / HFU = model / hardware FLOP "
+    "utilisation; fits = whether XLA compiled it within one device's memory. "
+    "Targets: met / NOT met against the threshold named; a note says why a "
+    "target is expected to miss here (noisy CPU timings, a strict form beside "
+    "its relaxed one)."
+)
 
 
 def _rate(r: dict) -> str:
@@ -281,7 +304,11 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         )  # fmt: skip
         if impl == "eqx_remat":
             labelled += [(x, y, r["checkpoint"]) for x, y, r in zip(xs, ys, pts)]
-        else:
+        elif len(pts) <= 3:  # a peer's few points (the chains'): named
+            labelled += [
+                (x, y, f"{impl} ({r['checkpoint']})") for x, y, r in zip(xs, ys, pts)
+            ]
+        else:  # a peer beside every policy: its colour, in the legend
             others += list(zip(xs, ys))
     describe = data["presets"][group]
     describe = describe["describe"] if isinstance(describe, dict) else describe
@@ -291,6 +318,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         ylabel=f"temp memory ({unit})",
     )
     P.scale_for(ax, "y", [p[1] for p in labelled + others])
+    P.zero_based_if_narrow(ax, "y", [p[1] for p in labelled + others])
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
         ax.legend(fontsize=8.5)

@@ -25,15 +25,22 @@ Checkpoint: TypeAlias = None | str | Callable[..., Any] | Schedule
 a JAX policy callable, or a [`eqx_remat.Schedule`][]."""
 
 
+# The schedules a `checkpoint` may be, as messages list them; a part of a
+# `ranges(...)` may be any of them but `ranges`.
+_SCHEDULES = "eqx_remat.every, nested, recursive, binomial, ranges"
+_SCHEDULES_IN_RANGES = "eqx_remat.every, nested, recursive, binomial"
+
+
 def normalise_checkpoint(
-    spec: Any, *, name: str = "checkpoint"
+    spec: Any, *, name: str = "checkpoint", schedules: str = _SCHEDULES
 ) -> Schedule | Policy | None:
     """`spec` as it is applied: a schedule as it is, a policy or its name as a
     JAX policy, `None` as `None`.
 
     **Raises:**
 
-    `ValueError` starting with `name`, listing the valid policy names.
+    `ValueError` starting with `name`, listing the valid policy names and the
+    `schedules` accepted there.
     """
     if isinstance(spec, Schedule):
         return spec
@@ -42,11 +49,13 @@ def normalise_checkpoint(
     except ValueError as e:
         raise ValueError(
             f"{name} expected None, a policy name, a JAX policy or a schedule "
-            f"(eqx_remat.every, nested, recursive, binomial, ranges). {e}"
+            f"({schedules}). {e}"
         ) from None
 
 
-def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Checkpoint:
+def check_checkpoint(
+    spec: Any, *, name: str = "checkpoint", schedules: str = _SCHEDULES
+) -> Checkpoint:
     """Check that `spec` can be a `checkpoint`: `None`, a policy name, a JAX
     policy callable or a [`eqx_remat.Schedule`][].
 
@@ -72,6 +81,7 @@ def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Checkpoint:
 
     - `spec`: the value to check.
     - `name`: what to call it in the message (e.g. `"MLP: checkpoint"`).
+    - `schedules`: the schedules the message lists as accepted.
 
     **Returns:**
 
@@ -81,7 +91,7 @@ def check_checkpoint(spec: Any, *, name: str = "checkpoint") -> Checkpoint:
 
     `ValueError` starting with `name`, listing the valid policy names.
     """
-    normalise_checkpoint(spec, name=name)
+    normalise_checkpoint(spec, name=name, schedules=schedules)
     return spec
 
 

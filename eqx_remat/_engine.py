@@ -50,7 +50,13 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._policies import _to_jax_policy, checkpointed
+from ._policies import (
+    _is_name_policy,
+    _to_jax_policy,
+    check_tags,
+    checkpoint_names,
+    checkpointed,
+)
 
 
 try:  # Private: which trace a primitive bound now would be processed by.
@@ -562,6 +568,15 @@ class Schedule(abc.ABC):
         `depth`)."""
         del depth
 
+    def policies(self) -> tuple[Any, ...]:
+        """Every inner policy this schedule applies to layers: `(self.policy,)`
+        unless a schedule says otherwise ([`eqx_remat.ranges`][] gives each
+        part's). The engine checks the names of the name policies among them
+        against the layer's `checkpoint_name` tags when it traces the stack,
+        forward pass included, so a typo fails at the same point as a policy
+        given directly."""
+        return (self.policy,)
+
     def kept(self, depth: int) -> tuple[int, int] | None:
         """What this schedule holds at once for a stack of `depth` layers, as
         `(carries, layers)`: the most layer inputs it stores at once, and the
@@ -599,10 +614,29 @@ def remat_scan(
     `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     schedule.check_depth(depth)
+    _check_inner_names(step, consts, stacked, carry, schedule)
     if _innermost_is_vmap():
         vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
         return vmapped(consts, stacked, carry)
     return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
+
+
+def _check_inner_names(step, consts, stacked, carry, schedule: Schedule) -> None:
+    """Check the names of the schedule's inner name policies against the tags
+    of one layer (`check_tags`), on the forward pass: otherwise they are
+    checked only where they are applied, in the backward pass, and a typo
+    would go unnoticed by a function that is not differentiated. Traces one
+    layer, only when there is a name policy to check."""
+    pols = [_to_jax_policy(p) for p in schedule.policies()]
+    pols = [p for p in pols if _is_name_policy(p)]
+    if not pols:
+        return
+    args = (consts, _index(stacked, 0), carry)
+    dynamic, static = eqx.partition(args, eqx.is_array)
+    jaxpr = jax.make_jaxpr(lambda d: step(*eqx.combine(d, static)))(dynamic)
+    tags = checkpoint_names(jaxpr.jaxpr)
+    for pol in pols:
+        check_tags(pol, tags)
 
 
 def _vmapped(step, depth, schedule, unroll, names: dict[str, Any]):

@@ -2,9 +2,11 @@
 
 import contextlib
 import functools
+import glob
 import importlib.util
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -130,6 +132,12 @@ def memory_report(
       policies on shapes too small to leave VMEM — pass
       `compiler_options={"xla_vf_vmem_memory_space_assignment": False}` (a
       libtpu flag, found in libtpu 0.0.42; not a stable interface).
+    - On a machine with libtpu installed and no TPU, importing `eqx_remat`
+      tells libtpu so (`TPU_ACCELERATOR_TYPE`, `TPU_WORKER_HOSTNAMES` and
+      `TPU_SKIP_MDS_QUERY`, where unset), so that JAX's first use of a backend,
+      which loads libtpu, prints none of its "could not determine TPU
+      accelerator type" start-up errors (import `eqx_remat` before JAX runs
+      anything for this to apply).
     - Offloading policies ([`eqx_remat.offload_names`][],
       `"offload_dots_no_batch"`) show up as `host_temp_bytes`. On the CPU there
       is one memory: offloaded values stay where they are, `host_temp_bytes` is
@@ -177,7 +185,7 @@ def memory_report(
         name = jax.default_backend()
     else:
         name, mesh = _v5e(target)
-        warn_replicated("memory_report", name, mesh, dynamic, stacklevel=3)
+        warn_replicated("memory_report", name, mesh, dynamic)
         dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
 
     f, _ = traceable(fn, args)
@@ -282,7 +290,7 @@ def _v5e(target: Any) -> tuple[str, Mesh]:
             f"Unknown target {target!r}: a slice needs at least one chip per "
             f"side. It needs to be one of {_VALID_TARGETS}."
         )
-    if importlib.util.find_spec("libtpu") is None:
+    if not _installed("libtpu"):
         raise ImportError(
             f"memory_report(target={target!r}): libtpu is not installed. "
             + _TPU_EXTRA_HINT
@@ -319,6 +327,43 @@ def _mesh(a: int, b: int) -> Mesh:
     return topologies.make_mesh(topo, (n,), ("data",))
 
 
+def _has_tpu() -> bool:
+    """Whether this machine has TPU chips (a TPU VM exposes them as `/dev/accel*`
+    or `/dev/vfio/*`: the test the benchmarks' `--device auto` makes)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _describe_no_slice() -> None:
+    """On a machine with libtpu installed (the `tpu` extra, for compiling for
+    v5e ahead of time) and no TPU, JAX's first use of a backend loads libtpu to
+    look for chips. Asked nothing about the slice it runs on, libtpu looks for
+    it, finds none and prints errors on stderr ("could not determine TPU
+    accelerator type", "unexpected worker hostname", a source location trace)
+    that look like a crash, though JAX then settles on the CPU as it should.
+    Tell it, the way `_libtpu_environment` does: a value the user has set is
+    kept, and a machine with TPU chips is left alone. Nothing else changes: the
+    backend JAX picks, and what libtpu compiles for a target, are the same."""
+    if _installed("libtpu") and not _has_tpu():
+        for k, v in _SLICE_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+# What libtpu asks a machine's metadata server when it loads, said instead (the
+# chip count is filled in per target by `_libtpu_environment`).
+_SLICE_DEFAULTS = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_SKIP_MDS_QUERY": "1",
+}
+
+
 @contextlib.contextmanager
 def _libtpu_environment(chips: int) -> Iterator[None]:
     """The environment variables libtpu reads when it loads (in
@@ -334,11 +379,7 @@ def _libtpu_environment(chips: int) -> Iterator[None]:
       (pytest-xdist workers, parallel benchmarks) must not fail: allow several
       loads, for this load only.
     """
-    defaults = {
-        "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "TPU_SKIP_MDS_QUERY": "1",
-    }
+    defaults = {**_SLICE_DEFAULTS, "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}"}
     values = {k: v for k, v in defaults.items() if k not in os.environ}
     values["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     previous = {k: os.environ.get(k) for k in values}
@@ -354,11 +395,17 @@ def _libtpu_environment(chips: int) -> Iterator[None]:
 
 
 def warn_replicated(
-    fn: str, target: str, mesh: Mesh, dynamic: Any, *, stacklevel: int
+    fn: str, target: str, mesh: Mesh, dynamic: Any, *, stacklevel: int | None = None
 ) -> None:
     """Warn (`ReplicatedArgumentsWarning`) when `mesh` has several chips and no
     array leaf of `dynamic` is a `ShapeDtypeStruct` with a sharding: everything
-    is replicated on every chip. One message for `memory_report` and `plan`."""
+    is replicated on every chip. One message for `memory_report` and `plan`.
+
+    The warning points at the user's line: the first caller outside `eqx_remat`
+    (`stacklevel=None`, the default), however deep the library's own calls are;
+    an explicit `stacklevel` counts from the caller of this function, as
+    `warnings.warn`'s does. Call it once per user call, and silence it around
+    the library's own calls of `memory_report` (as `plan` does)."""
     leaves = jax.tree.leaves(dynamic)
     if mesh.size == 1 or any(
         isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None for x in leaves
@@ -376,8 +423,25 @@ def warn_replicated(
         f"{target!r}), PartitionSpec('data')))`. To replicate on purpose, "
         "silence eqx_remat.ReplicatedArgumentsWarning.",
         ReplicatedArgumentsWarning,
-        stacklevel=stacklevel + 1,
+        stacklevel=_user_stacklevel() if stacklevel is None else stacklevel + 1,
     )
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` for a `warnings.warn` made by this function's caller that
+    points at the first frame outside `eqx_remat`: the user's line, not `sys:1`
+    (where too large a fixed level lands) nor the library's own."""
+    frame = sys._getframe(1)  # the caller, which calls `warnings.warn`
+    level = 1
+    while frame.f_back is not None and os.path.dirname(
+        os.path.abspath(frame.f_code.co_filename)
+    ).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _place(mesh: Mesh, name: str, x: Any) -> jax.ShapeDtypeStruct:
@@ -399,3 +463,6 @@ def _place(mesh: Mesh, name: str, x: Any) -> jax.ShapeDtypeStruct:
         sharding=sharding,
         weak_type=getattr(x, "weak_type", False),
     )
+
+
+_describe_no_slice()

@@ -293,12 +293,14 @@ def _offload_policy(
 
 _SECOND_ORDER_OFFLOAD = (
     "Differentiating the backward pass of an offloading policy "
-    "(offload_names, 'offload_dots_no_batch') — grad of grad, jax.hessian — is "
+    "(offload_names, save_and_offload_names, 'offload_dots_no_batch') — grad of "
+    "grad, jax.hessian — is "
     "not supported: JAX's offloading reloads the saved values from host memory "
     "in the backward pass, and differentiating that reload fails in jax "
     "(<= 0.10.2: 'Expected cotangent type float32[...] but got "
     "float32<host>[...]'). Use the matching saving policy for higher-order "
-    "derivatives (save_names with the same names, or 'dots_no_batch'); "
+    "derivatives (save_names with the same names — for save_and_offload_names, "
+    "its save and offload names together — or 'dots_no_batch'); "
     "forward-over-reverse (jax.jvp of jax.grad) works."
 )
 

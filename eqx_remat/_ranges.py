@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from ._checkpoint import Checkpoint, check_checkpoint
+from ._checkpoint import _SCHEDULES_IN_RANGES, Checkpoint, check_checkpoint
 from ._engine import Layers, Schedule
 from ._validate import check_int
 
@@ -111,7 +111,11 @@ class ranges(Schedule):
                     f"ranges expected a checkpoint that is not itself a ranges(...) "
                     f"in pair {k}: list its pairs instead. Got {c!r}."
                 )
-            check_checkpoint(c, name=f"ranges: pair {k} ({n}, {c!r}):")
+            check_checkpoint(
+                c,
+                name=f"ranges: pair {k} ({n}, {c!r}):",
+                schedules=_SCHEDULES_IN_RANGES,
+            )
             checked.append((n, c))
         object.__setattr__(self, "parts", tuple(checked))
 
@@ -125,6 +129,15 @@ class ranges(Schedule):
     @property
     def policy(self) -> None:
         return None
+
+    def policies(self) -> tuple[Any, ...]:
+        """Each part's policy: a policy part's own, a schedule part's
+        `policies()`."""
+        return tuple(
+            p
+            for _, c in self.parts
+            for p in (c.policies() if isinstance(c, Schedule) else (c,))
+        )
 
     def _ranges(self) -> Iterator[tuple[int, int, int, Checkpoint]]:
         """`(k, start, count, checkpoint)` for each range."""

@@ -94,6 +94,50 @@ HEAVY = frozenset(
         "tests/test_zoo.py::test_unroll_keeps_gradients[dots-MLP]",
         "tests/test_zoo.py::test_unroll_keeps_gradients[dots-Transformer]",
         "tests/test_zoo.py::test_unroll_keeps_gradients[recursive(policy=None)-Transformer]",
+        # Issue 32: the quick suite within 600 CPU-seconds (4.4 s or more each).
+        "tests/test_plan.py::test_a_schedule_compiles_to_no_less_than_its_floor[binomial(slots=2, policy=None)]",  # noqa: E501
+        "tests/test_plan.py::test_a_schedule_compiles_to_no_less_than_its_floor[recursive(policy=None)]",  # noqa: E501
+        "tests/test_schedules.py::test_forward_over_reverse_matches_unchecked[nested(levels=2, policy=None)]",  # noqa: E501
+        "tests/test_schedules.py::test_vmap_conventions[recursive(policy=None)]",
+        "tests/test_transformer.py::test_dropout_gradients[nothing]",
+        "tests/test_transformer.py::test_option_gradients[nothing-rms]",
+        "tests/test_transformer.py::test_option_gradients[nothing-rope]",
+        "tests/test_zoo.py::test_unroll_keeps_gradients[None-MLP]",
+        "tests/test_benchmarks.py::test_each_variant_in_its_own_process",
+        "tests/test_benchmarks.py::test_plan_sweep_quick",
+        "tests/test_benchmarks.py::test_variant_that_does_not_fit_is_a_row",
+        "tests/test_combinators.py::test_list_memory_is_stacking_by_hand_no_switch[None]",  # noqa: E501
+        "tests/test_combinators.py::test_list_memory_is_stacking_by_hand_no_switch[every(k=2, policy=None)]",  # noqa: E501
+        "tests/test_docs.py::test_page_code_runs[README.md]",
+        "tests/test_docs.py::test_page_code_runs[api/zoo/transformer.md]",
+        "tests/test_docs.py::test_page_code_runs[tutorials/fit-a-budget.md]",
+        "tests/test_plan.py::test_a_mispriced_pick_loses_to_a_compiled_uniform_option",
+        "tests/test_plan.py::test_a_schedule_compiles_to_no_less_than_its_floor[every(k=2, policy='dots')]",  # noqa: E501
+        "tests/test_plan.py::test_a_schedule_compiles_to_no_less_than_its_floor[every(k=2, policy=None)]",  # noqa: E501
+        "tests/test_plan.py::test_a_schedule_compiles_to_no_less_than_its_floor[nested(levels=2, policy=None)]",  # noqa: E501
+        "tests/test_plan.py::test_after_mixes_that_do_not_fit_the_planner_chooses_among_uniform_options",  # noqa: E501
+        "tests/test_plan.py::test_an_option_refused_on_every_layer_is_predicted_from_compiled_mixes",  # noqa: E501
+        "tests/test_plan.py::test_solver_on_priced_options_matches_an_exhaustive_search",  # noqa: E501
+        "tests/test_plan.py::test_the_cheapest_option_that_fits_needs_no_more_than_the_two_ends",  # noqa: E501
+        "tests/test_ranges.py::test_a_range_of_one_layer_keeps_what_longer_ranges_keep[None]",  # noqa: E501
+        "tests/test_ranges.py::test_a_range_of_one_layer_keeps_what_longer_ranges_keep[dots]",  # noqa: E501
+        "tests/test_ranges.py::test_a_range_of_one_layer_keeps_what_longer_ranges_keep[nothing]",  # noqa: E501
+        "tests/test_ranges.py::test_parameter_dominated_stack_stays_within_none_plus_one_layer[plain]",  # noqa: E501
+        "tests/test_ranges.py::test_parameter_dominated_stack_stays_within_none_plus_one_layer[vmap]",  # noqa: E501
+        "tests/test_ranges.py::test_scan_layers_chain_and_set_checkpoint_take_ranges[D7]",  # noqa: E501
+        "tests/test_schedules.py::test_count_flops_follows_the_evaluations_of_every_schedule[16]",  # noqa: E501
+        "tests/test_schedules.py::test_forward_over_reverse_matches_unchecked[every(k=3, policy='dots')]",  # noqa: E501
+        "tests/test_schedules.py::test_forward_over_reverse_matches_unchecked[recursive(policy=None)]",  # noqa: E501
+        "tests/test_schedules.py::test_grad_of_grad[recursive(policy=None)]",
+        "tests/test_schedules.py::test_parameter_dominated_stack_never_exceeds_none[vmap]",  # noqa: E501
+        "tests/test_schedules.py::test_vmap_conventions[every(k=3, policy=None)]",
+        "tests/test_transformer.py::test_bf16_gradients[nothing]",
+        "tests/test_transformer.py::test_memory[nothing-0.3]",
+        "tests/test_transformer.py::test_option_gradients[every(k=2, policy=None)-dot_product]",  # noqa: E501
+        "tests/test_transformer.py::test_option_gradients[every(k=2, policy=None)-flash]",  # noqa: E501
+        "tests/test_transformer.py::test_option_gradients[every(k=2, policy=None)-mqa]",
+        "tests/test_zoo.py::test_integer_arguments_take_any_integer_type[Transformer-vocab_size-np.int64]",  # noqa: E501
+        "tests/test_zoo.py::test_save_all_but_names_compiled_memory[Transformer-out_proj]",  # noqa: E501
     }
 )
 

@@ -195,6 +195,53 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
         assert noise not in proc.stderr, proc.stderr
 
 
+def test_sweep_explains_its_columns_and_its_strict_targets():
+    """run.py's legend names every column its tables print, and the strict
+    form of a target that has a relaxed twin says so beside its verdict."""
+    from benchmarks import _targets as T, run as sweep
+
+    for column in set(sweep.SWEEP) - {"impl", "checkpoint"}:
+        assert f"{column} = " in sweep.LEGEND or f"{column} / " in sweep.LEGEND
+    rows = json.loads((ROOT / "benchmarks/results/sweep-cpu.json").read_text())["rows"]
+
+    class Preset:
+        def layer_param_bytes(self):
+            return 0
+
+    (strict,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-params", Preset())
+    assert "relaxed one below" in strict["why"], strict
+    (other,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-s", Preset())
+    assert other["why"] == ""
+
+
+def test_plots_note_hidden_curves_narrow_axes_and_peers():
+    """Curves drawn on top of each other are found (and said in the legend),
+    a narrow range starts at zero, a chain panel names its peers' points, and
+    a long figure title stays within the figure."""
+    from benchmarks import _plots as P, run as sweep
+
+    series = {"a": [1.0, 2.0], "b": [1.01, 2.0], "c": [3.0, 4.0], "d": [1.0, 2.0]}
+    assert P.coinciding(series) == {"b": "a", "d": "a"}
+    pyplot = C.plt()
+    fig, ax = pyplot.subplots()
+    ax.plot([0, 1], [1.02, 1.10])
+    P.zero_based_if_narrow(ax, "y", [1.02, 1.10])
+    assert ax.get_ylim()[0] == 0
+    ax.set_ylim(1, 100)
+    P.zero_based_if_narrow(ax, "y", [1.0, 100.0])
+    assert ax.get_ylim() == (1, 100)
+    P.suptitle(fig, "Planner sweep: 10 budgets, TPU v5e 2x4, 16 GiB per chip; " * 8)
+    fig.canvas.draw()
+    title = fig._suptitle.get_window_extent()  # type: ignore[attr-defined]
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.x1, (title, fig.bbox)
+    pyplot.close(fig)
+    data = json.loads((ROOT / "benchmarks/results/sweep-cpu.json").read_text())
+    fig, ax = pyplot.subplots()
+    labelled, _ = sweep._plot_preset(ax, data, "chain-s", "time_ratio")
+    assert any(text.startswith("eqxi.scan (") for _, _, text in labelled)
+    pyplot.close(fig)
+
+
 def test_peak_flops_by_device_kind():
     assert _device.peak_flops_per_chip("TPU v5 lite") == 197e12
     assert _device.peak_flops_per_chip("TPU v6 lite") == 918e12

@@ -211,6 +211,7 @@ def test_vmap_conventions():
     assert tree_allclose(g(ens, xs, ck), g(ens, xs, None))
 
 
+@pytest.mark.heavy
 def test_second_order():
     layers = make_layers(6, 3)
     x = jnp.array([[0.1, 0.2, -0.3]])

@@ -17,6 +17,7 @@ rewrites its ```text output blocks with what the code prints now (read the diff:
 the prose around them may need to change too).
 """
 
+import ast
 import doctest
 import functools
 import importlib
@@ -186,6 +187,47 @@ def _normalise(out: str, script: Path) -> str:
     # Line and column numbers of source locations.
     out = re.sub(r"(\.py):\d+(?::\d+)?", r"\1:L", out)
     return "\n".join(line.rstrip() for line in out.splitlines()).strip() + "\n"
+
+
+def _undefined(code: str) -> set[str]:
+    """Names a block reads at module level that it neither imports nor assigns
+    (nor Python provides)."""
+    import builtins
+
+    tree = ast.parse(code)
+    defined = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+    used = {
+        n.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
+    return used - defined
+
+
+def test_readme_snippets_stand_alone_and_change_one_thing():
+    """Each README snippet runs on its own (a reader copies one), and the
+    first compares checkpoints on one target: it changes nothing else."""
+    blocks = [b.code for b in _blocks(ROOT / "README.md")]
+    python = [b for b in blocks if "import" in b]
+    assert len(python) >= 2
+    for code in python:
+        assert not _undefined(code), (_undefined(code), code)
+    first = ast.parse(python[0])
+    reports = [
+        n
+        for n in ast.walk(first)
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "memory_report"
+    ]
+    assert len(reports) == 1 and not reports[0].keywords, python[0]
 
 
 @pytest.mark.parametrize(("page", "slow"), _cases())

@@ -740,6 +740,43 @@ def test_v5e_leaves_the_environment_as_it_was():
 
 
 @needs_libtpu
+def test_v5e_is_quiet_and_warns_once_at_the_users_line(tmp_path):
+    """The README's first snippet on a CPU machine with libtpu installed: JAX's
+    first backend use loads libtpu, which must print none of its start-up errors
+    ("could not determine TPU accelerator type", "unexpected worker hostname");
+    one `memory_report` call with replicated arguments warns once, at the
+    user's line (not `sys:1`)."""
+    script = tmp_path / "snippet.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import jax, jax.numpy as jnp
+            import eqx_remat as er
+            x = jnp.ones((64, 256))  # the first backend use: libtpu loads here
+            fn = lambda x: jnp.tanh(x @ x.T)
+            print(er.memory_report(fn, x, target="v5e").target)
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    env.pop("JAX_PLATFORMS", None)  # as a user runs it: JAX picks the backend
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(er.__file__))
+    out = subprocess.run(
+        [sys.executable, "-W", "default", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["v5e:2x2"]
+    for noise in ("accelerator type", "worker hostname", "Source Location", "E0000"):
+        assert noise not in out.stderr, out.stderr
+    assert out.stderr.count(": ReplicatedArgumentsWarning:") == 1, out.stderr
+    assert f"{script}:6: ReplicatedArgumentsWarning" in out.stderr, out.stderr
+
+
+@needs_libtpu
 def test_v5e_bad_slice_shape():
     with pytest.raises(ValueError, match="v5e:AxB"):
         er.memory_report(jnp.sin, S((2,), f32), target="v5e:3x3")
@@ -865,6 +902,7 @@ def test_residuals_take_shape_dtype_structs_modules_and_scalars():
     assert sum(r.nbytes for r in concrete) > 0
 
 
+@pytest.mark.heavy
 def test_residuals_look_inside_scans(capsys):
     import zoo
 

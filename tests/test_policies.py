@@ -179,8 +179,12 @@ def test_residuals_with_prng_keys():
 
 @pytest.mark.parametrize(
     "pol",
-    ["offload_dots_no_batch", er.offload_names("h")],
-    ids=["offload_dots_no_batch", "offload_names"],
+    [
+        "offload_dots_no_batch",
+        er.offload_names("h"),
+        er.save_and_offload_names(offload=("h",)),
+    ],
+    ids=["offload_dots_no_batch", "offload_names", "save_and_offload_names"],
 )
 def test_offloading_under_second_order(pol):
     w = jnp.ones((4, 4)) / 4 + jnp.eye(4)
@@ -195,8 +199,11 @@ def test_offloading_under_second_order(pol):
     hvp = lambda pol: jax.jvp(lambda x: jax.grad(f)(x, pol), (x,), (x,))[1]
     assert jnp.allclose(hvp(pol), hvp(None), rtol=1e-5, atol=1e-6)
     # Reverse-over-reverse raises a clear error while tracing.
-    with pytest.raises(NotImplementedError, match="grad of grad.*not supported"):
+    with pytest.raises(NotImplementedError, match="grad of grad.*not supported") as e:
         jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
+    # The message names every offloading policy, the one raising included.
+    for name in ("offload_names", "save_and_offload_names", "offload_dots_no_batch"):
+        assert name in str(e.value)
 
 
 # --- name policies whose names tag nothing ---------------------------------------
@@ -258,6 +265,20 @@ def test_name_policy_with_a_name_that_tags_nothing_raises(make, place):
     match = r"Got 'mlp_hiden', 'qkv_projj', which tag nothing\."
     with pytest.raises(ValueError, match=match):
         _trace_transformer_grad(place(make("qkv_projj", "mlp_hiden"), 3))
+
+
+@pytest.mark.parametrize("place", PLACEMENTS.values(), ids=PLACEMENTS.keys())
+def test_a_name_that_tags_nothing_raises_on_the_forward_pass(place):
+    """The same typo fails at the same point wherever the policy is: tracing
+    the forward pass alone, not only its gradient (a schedule applies its
+    inner policy, and a range its policy, in the backward pass)."""
+    model = zoo.Transformer(16, 8, 8, 2, 3, key=jax.random.key(0))
+    tokens = jnp.arange(8) % 16
+    forward = eqx.filter_make_jaxpr(lambda m, t: m(t))
+    forward(er.set_checkpoint(model, place(er.save_names("qkv_proj"), 3)), tokens)
+    bad = er.set_checkpoint(model, place(er.save_names("qkv_projj"), 3))
+    with pytest.raises(ValueError, match=r"Got 'qkv_projj', which tags nothing"):
+        forward(bad, tokens)
 
 
 if hasattr(er, "save_and_offload_names"):
@@ -442,6 +463,7 @@ def _two_tags_loss(w, x, pol):
     return jax.lax.scan(lambda c, w: (f(c, w), None), x, w)[0].sum()
 
 
+@pytest.mark.heavy
 def test_save_and_offload_names_saves_offloads_and_recomputes_by_name():
     w = jnp.ones((4, 64, 64)) / 64  # every(2) divides the depth: no padding
     x = jnp.ones((16, 64))
@@ -492,6 +514,7 @@ class _Tagged(eqx.Module):
     importlib.util.find_spec("libtpu") is None,
     reason="needs libtpu: pip install 'eqx-remat[tpu]'",
 )
+@pytest.mark.heavy
 def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
     # Compiled for TPU v5e, where host memory is real (the CPU has one memory
     # and reports no host bytes). Every intermediate in HBM (no VMEM), so that

@@ -66,6 +66,16 @@ def test_ranges_validation_names_the_bad_pair(parts, match):
         er.ranges(*parts)
 
 
+def test_a_bad_part_lists_what_a_part_may_be():
+    """The schedules a part may be are listed, and `ranges`, which a part may
+    not be, is not among them (a `checkpoint` elsewhere may be a `ranges`)."""
+    with pytest.raises(ValueError) as part:
+        er.ranges((2, "dot"))
+    assert "binomial)" in str(part.value) and "ranges)" not in str(part.value)
+    with pytest.raises(ValueError, match=r"binomial, ranges\)"):
+        er.set_checkpoint(None, "dot")
+
+
 def test_counts_that_do_not_add_up_fail_at_trace_time():
     layers = make_layers(5, 3)
     ck = er.ranges((2, None), (2, "dots"))
@@ -190,6 +200,7 @@ def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
     assert model.checkpoint == ck
 
 
+@pytest.mark.heavy
 def test_second_order_through_ranges():
     # grad of grad, and forward-over-reverse (float64, tight), through
     # per-layer ranges and a schedule range.

@@ -249,6 +249,7 @@ def test_parameter_dominated_stack_never_exceeds_none(vmapped):
         assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
 
 
+@pytest.mark.heavy
 def test_vmap_costs_at_most_one_layer_more_on_a_parameter_dominated_chain():
     # zoo.ResidualChain (eqx.nn.Linear: an (out, in) weight), width 512, depth
     # 16, batch 2 under jax.vmap. Under vmap the weight gradient of a layer is a
@@ -412,6 +413,7 @@ def _treeverse_grad(checkpoints):
     return jax.grad(loss)
 
 
+@pytest.mark.heavy
 def test_recursive_memory_beats_treeverse():
     # Residual tanh layers, width 128, batch 4096, f32 (2 MiB per carry).
     mem = {}
@@ -425,6 +427,7 @@ def test_recursive_memory_beats_treeverse():
     assert mem[1024][0] <= 1.6 * mem[64][0]
 
 
+@pytest.mark.heavy
 def test_recursive_memory_grows_logarithmically():
     carry = 4096 * 128 * 4
     mem = [
@@ -438,6 +441,7 @@ def test_recursive_memory_grows_logarithmically():
     assert plain > 10 * mem[2]
 
 
+@pytest.mark.heavy
 def test_no_schedule_uses_more_memory_than_none_under_vmap():
     # The Equinox convention: per-example layers, vmap over the batch, grad outside.
     layers, _ = _residual_stack(64, 128, 1)

@@ -52,6 +52,7 @@ def test_padded_segments_keep_memory_space_and_sharding():
     run_sharded_check("padded")
 
 
+@pytest.mark.heavy
 def test_flash_attention_stays_per_device_under_every_schedule():
     """`jax.vmap(model, spmd_axis_name="data")` over a flash-attention Llama: the
     traced gradient's `shard_map` around the kernel has `in_specs` `P('data')`
@@ -59,6 +60,7 @@ def test_flash_attention_stays_per_device_under_every_schedule():
     run_sharded_check("flash_specs")
 
 
+@pytest.mark.heavy
 def test_fsdp_gathers_one_layer_of_weights_not_the_activations():
     """On 8 devices with Auto axes, the compiled FSDP gradient step of a bf16
     Llama under `"nothing"` all-gathers only weights: one layer's (its matrices

@@ -163,9 +163,12 @@ def test_sigterm_then_resume_is_bit_identical(uninterrupted, tmp_path):
         proc.send_signal(signal.SIGTERM)  # handled once the compile returns
         rest = proc.stderr.read()
         assert proc.wait(timeout=300) == 0, rest
-    assert rest.splitlines() == [
+    lines = rest.splitlines()
+    assert all(line.startswith("  ") for line in lines[:4]), rest  # the header
+    assert lines[4:] == [
         f"SIGTERM: stopped after step 1 of 8; saved step 1 to {tmp_path}; continue "
-        f"with --resume --save-dir {tmp_path}"
+        f"with --resume --save-dir {tmp_path}",
+        f"loss curve: {tmp_path / 'loss.png'}",
     ]
     assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [1]
 
@@ -261,9 +264,12 @@ def test_damaged_newest_checkpoint_falls_back(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"warning: checkpoint {save_dir / '8'} is damaged (")
     assert err[0].endswith("); falling back to step 4")
-    assert err[1].startswith("zoo.Transformer: ") and len(err) == 4, err
-    assert err[2].startswith("step      8  loss ")
-    assert err[3:] == [f"step 8 of 8: saved step 8 to {save_dir}"], err
+    assert err[1].startswith("zoo.Transformer: ") and len(err) == 9, err
+    assert err[6].startswith("step      8  loss ")
+    assert err[7:] == [
+        f"step 8 of 8: saved step 8 to {save_dir}",
+        f"loss curve: {save_dir / 'loss.png'}",
+    ], err
     assert not [r for r in caplog.records if r.name == "asyncio"]
     assert resumed.first_step == 4 and resumed.losses == result.losses[4:]
     assert_same_state(resumed.state, result.state)
@@ -399,6 +405,73 @@ def test_bad_flag_script(flags, message, tmp_path):
     proc = script(*flags, "--save-dir", str(tmp_path))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+def _refused(flags, tmp_path) -> str:
+    """Run with `flags` and a --save-dir that does not exist: a `UsageError`
+    (one `error:` line, rc 2, from the command line), and nothing written."""
+    save_dir = tmp_path / "run"
+    with pytest.raises(config.UsageError) as e:
+        train_lm.main([*TINY, *flags, "--save-dir", str(save_dir)])
+    assert not save_dir.exists(), sorted(save_dir.iterdir())
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--steps", "6", "--warmup", "30"], "--warmup must be in [0, steps). Got 30"),
+        (["--mesh", f"fsdp:{jax.device_count() + 1}"], "expected 1 to"),
+        (["--seq", "2000", "--data-bytes", "2000"], "too small for --seq 2000"),
+        (
+            ["--remat", "ranges(1:dots, 5:None)", "--layers", "4"],
+            "add up to the depth of the stack, 4 layers. Got 1 + 5 = 6 layers",
+        ),
+        (
+            ["--remat", "every:4", "--layers", "2"],
+            "every(4) stores one carry every 4 layers, but there are 2 layers",
+        ),
+        (
+            ["--remat", "ranges(1:dots, 2:every:3)"],
+            "every(3) stores one carry every 3 layers, but there are 2 layers in a "
+            "range of 2",
+        ),
+    ],
+    ids=["warmup", "mesh", "data", "ranges", "every", "every-in-ranges"],
+)
+def test_flags_checked_together_write_nothing(flags, message, tmp_path):
+    """Errors that combine flags (or a flag and the machine) are found before
+    anything is written: no metrics, no TensorBoard file, no --save-dir."""
+    assert message in _refused(flags, tmp_path)
+
+
+def test_defaults_that_depend_on_steps_scale_with_it():
+    """`--steps 20` alone runs: the warmup is a tenth of the steps unless given
+    (30 of the default 300), and a given one is kept."""
+    from benchmarks.train import __doc__ as doc
+
+    def warmup(*flags):
+        args = config.parse_args(list(flags), config.build_parser(doc))
+        return config.run_config(args, None, "cpu").warmup
+
+    assert warmup() == 30 and warmup("--steps", "20") == 2
+    assert warmup("--steps", "5") == 0 and warmup("--steps", "20", "--warmup", "7") == 7
+
+
+def test_console_lines_fit_80_columns():
+    """The log line at its widest (six-digit step, held-out loss, millions of
+    tokens/s, MFU and peak memory) is two lines of at most 80 columns."""
+    from benchmarks.train.metrics import log_line
+
+    row = {"step": 999_999, "loss": 5.5452, "loss_avg": 5.5452, "eval_loss": 5.5452,
+           "lr": 3e-3, "tokens_per_s": 9_999_999.0, "mfu": 0.512, "hfu": 0.634,
+           "peak_bytes": 15.5 * 2**30}  # fmt: skip
+    lines = log_line(row).splitlines()
+    assert len(lines) == 2 and max(map(len, lines)) <= 80, lines
+    cpu = {**row, "tokens_per_s": None, "mfu": None, "hfu": None, "peak_bytes": None}
+    assert log_line(cpu).splitlines() == [
+        "step 999999  loss 5.5452 (avg 5.5452)  eval 5.5452  lr 3.0e-03  compiled"
+    ]
 
 
 def test_remat_spec_uses_the_shared_parser():
@@ -575,6 +648,12 @@ def test_data_trains_on_a_file_into_the_default_run_directory(
     assert f"--data {corpus}: 19,000 + 1,000 held-out bytes" in err
     assert f"metrics in {run_dir}" in err
     assert f"step      4  loss {row['loss']:.4f} (avg {row['loss_avg']:.4f}" in err
+    # The header says where it runs in words, the end where the plot went.
+    header = err.splitlines()[:5]
+    assert header[0].startswith("zoo.Transformer: ") and "x1" not in err
+    assert f"  on {jax.device_count()} cpu device" in err
+    assert all(len(line) <= 80 for line in header[:3]), header  # no path there
+    assert err.splitlines()[-1] == f"loss curve: {run_dir / 'loss.png'}"
 
 
 @pytest.mark.parametrize(

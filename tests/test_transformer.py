@@ -292,6 +292,25 @@ def test_bf16_activations():
     assert 0 < max_rel_error(grads(model, TOKENS), grads(tiny(3), TOKENS)) < 0.1
 
 
+@pytest.mark.heavy
+def test_dtype_none_follows_the_default_float_type():
+    """`dtype=None` is JAX's default float type, as in Equinox: float32, and
+    float64 under x64, where everything (parameters, norms, softmax, logits)
+    is float64, and eager and jitted gradients agree to float64 precision."""
+    assert tiny(1).dtype == jnp.float32
+    with jax.enable_x64(True):
+        model = tiny(2, position="rope")
+        tokens = TOKENS.astype(jnp.int64)
+        assert model.dtype == jnp.float64
+        params = jax.tree.leaves(eqx.filter(model, eqx.is_array))
+        assert all(p.dtype == jnp.float64 for p in params)
+        assert eqx.filter_eval_shape(jax.vmap(model), tokens).dtype == jnp.float64
+        assert all(r.dtype != jnp.float32 for r in er.residuals(loss, model, tokens))
+        eager = eqx.filter_grad(loss)(model, tokens)
+        jitted = eqx.filter_jit(eqx.filter_grad(loss))(model, tokens)
+        assert max_rel_error(eager, jitted) < 1e-12
+
+
 # --- compiled memory -------------------------------------------------------------
 
 
@@ -317,6 +336,7 @@ def test_memory(ck, ratio):
     assert lm_temp_bytes(ck, 0.0) <= ratio * lm_temp_bytes(None, 0.0)
 
 
+@pytest.mark.heavy
 def test_memory_dropout():
     """Dropout masks are recomputed, not saved: "nothing" with dropout costs at most
     15% more temp memory than without."""
@@ -519,6 +539,7 @@ def test_llama():
     assert _forward(tied, TOKENS).shape == (2, 7, 16)
 
 
+@pytest.mark.heavy
 def test_swiglu_tags_both_hidden_projections():
     """`mlp_gate` and `mlp_hidden` each name a `(seq, d_ff)` projection of the
     SwiGLU MLP: saving either one saves one more stacked array than "nothing"."""

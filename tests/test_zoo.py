@@ -166,6 +166,7 @@ def test_residual_chain_deep_gradients(ck):
     assert_same_gradients(chain(2000), x, ck)
 
 
+@pytest.mark.heavy
 def test_residual_chain_recursive_saves_memory():
     """D = 1024: bisection keeps O(log D) carries instead of D layers' residuals."""
     x = jnp.zeros((4, 64))
@@ -416,7 +417,7 @@ EXCLUSION_MODELS = {
     "ResidualChain": (
         lambda ck: zoo.ResidualChain(16, 2, checkpoint=ck, key=jr.key(0)),
         jnp.ones(16),
-        {"tanh"},
+        set(),
     ),
     "Transformer": (
         lambda ck: build(zoo.Transformer, **_TF, checkpoint=ck, key=jr.key(0)),
@@ -515,6 +516,30 @@ def test_save_all_but_names_under_vmap():
 
 
 # --- no silent no-ops ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["MLP", "ResidualChain"])
+def test_every_documented_tag_changes_what_save_names_keeps(model):
+    """A model tags only values a name policy can act on: saving each tag keeps
+    more than `"nothing"`, a value tagged with it. (ResidualChain tagged
+    `tanh(h)`, whose derivative reads `tanh`'s own output: `save_names("tanh")`
+    kept exactly what `"nothing"` keeps.) A name it does not tag is an error."""
+    make, x, _ = EXCLUSION_MODELS[model]
+
+    def kept(ck):
+        return sorted(
+            (r.shape, str(r.dtype), r.name or "")
+            for r in er.residuals(_model_loss, make(ck), x)
+        )
+
+    nothing = kept("nothing")
+    for tag in getattr(zoo, model).ACTIVATION_NAMES:
+        more = [r for r in kept(er.save_names(tag)) if r not in nothing]
+        assert [r[2] for r in more] == [tag], (tag, more)
+    for pol in (er.save_names("tanh"), er.offload_names("tanh")):
+        with pytest.raises(ValueError, match="'tanh', which tags nothing"):
+            er.residuals(_model_loss, make(pol), x)
+
 
 
 @pytest.mark.parametrize(

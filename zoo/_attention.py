@@ -12,6 +12,7 @@ from jaxtyping import Array
 
 import eqx_remat.internal
 
+from ._layers import wide
 from ._sharding import _mesh_of, _platform
 
 
@@ -23,17 +24,19 @@ FLASH_BLOCK = 128
 
 def _xla_attention(q: Array, k: Array, v: Array) -> Array:
     """Causal attention written out: `q` `(seq, heads, hd)`, `k`, `v` `(seq,
-    kv_heads, hd)`. Scores and softmax in float32; stores `(heads, seq, seq)`."""
+    kv_heads, hd)`. Scores and softmax in at least float32; stores `(heads, seq,
+    seq)`."""
     seq, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    f = wide(q.dtype)
     if kv_heads == heads:
-        scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32)
+        scores = jnp.einsum("qhd,khd->hqk", q, k).astype(f)
     else:
         qg = q.reshape(seq, kv_heads, heads // kv_heads, head_dim)
-        scores = jnp.einsum("qngd,knd->ngqk", qg, k).astype(jnp.float32)
+        scores = jnp.einsum("qngd,knd->ngqk", qg, k).astype(f)
     scores = scores / math.sqrt(head_dim)
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(causal, scores, jnp.finfo(f).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     if kv_heads == heads:
         return jnp.einsum("hqk,khd->qhd", weights, v)

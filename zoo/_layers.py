@@ -35,7 +35,8 @@ class Dense(eqx.Module):
     against the same model with `(in, out)` weights; with those, and the norms
     of `_apply_norm`, the temp bytes are Flax linen's to the byte).
 
-    The parameters stay in their own dtype (float32) and are cast inside the
+    The parameters stay in their own dtype (JAX's default float type) and are
+    cast inside the
     product to the input's dtype, so a low-precision compute dtype never
     materialises a second copy of a whole stack's weights.
     """
@@ -143,8 +144,16 @@ def _norm(kind: Norm, d_model: int) -> eqx.nn.LayerNorm | eqx.nn.RMSNorm:
     return eqx.nn.RMSNorm(d_model, use_bias=False)
 
 
+def wide(dtype: Any) -> np.dtype:
+    """The dtype norms, softmax and rotary embeddings compute in for a compute
+    dtype: at least float32 (`float32` for bfloat16, float64 for float64)."""
+    dtype = jnp.dtype(dtype)
+    return dtype if dtype.itemsize >= 4 else jnp.dtype(jnp.float32)
+
+
 def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
-    """`norm` applied to each row of `x`, in float32, returned in `x.dtype`.
+    """`norm` applied to each row of `x`, in at least float32 (`wide`), returned
+    in `x.dtype`.
 
     Computed as Flax does, the weight folded into the per-row scale first
     (`(x - mean) * (rsqrt(var + eps) * weight) + bias`): the backward pass then
@@ -157,11 +166,12 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
     and keeps one more per-row buffer (+32 KiB on the v5e benchmark preset under
     `"nothing"`). `count_flops` counts both subtractions.
     """
-    x32 = x.astype(jnp.float32)
+    f = wide(x.dtype)
+    x32 = x.astype(f)
     row = (1,) * (x.ndim - 1) + (-1,)
     if norm.weight is None:  # `_norm` always gives the norm a weight
         raise ValueError(f"_apply_norm expected a norm with a weight. Got {norm}.")
-    weight = norm.weight.astype(jnp.float32).reshape(row)
+    weight = norm.weight.astype(f).reshape(row)
     if isinstance(norm, eqx.nn.LayerNorm):
         mean = jnp.expand_dims(jnp.mean(x32, axis=-1), -1)
         var = jnp.expand_dims(jnp.mean(lax.square(x32 - mean), axis=-1), -1)
@@ -170,20 +180,21 @@ def _apply_norm(norm: eqx.nn.LayerNorm | eqx.nn.RMSNorm, x: Array) -> Array:
         ms = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         out = x32 * (lax.rsqrt(ms + norm.eps) * weight)
     if norm.bias is not None:
-        out = out + norm.bias.astype(jnp.float32).reshape(row)
+        out = out + norm.bias.astype(f).reshape(row)
     return out.astype(x.dtype)
 
 
 def _rope(x: Array) -> Array:
     """Rotary position embedding of `x`, `(seq, heads, head_dim)`, positions
     `0 … seq - 1`, rotating the two halves of each head (Llama's convention), in
-    float32."""
+    at least float32 (`wide`)."""
     seq, _, head_dim = x.shape
     half = head_dim // 2
-    inv_freq = ROPE_BASE ** (-jnp.arange(half, dtype=jnp.float32) * 2 / head_dim)
-    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    f = wide(x.dtype)
+    inv_freq = ROPE_BASE ** (-jnp.arange(half, dtype=f) * 2 / head_dim)
+    angles = jnp.arange(seq, dtype=f)[:, None] * inv_freq[None, :]
     cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(f)
     x1, x2 = x32[..., :half], x32[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)

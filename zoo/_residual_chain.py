@@ -23,7 +23,10 @@ class _Residual(eqx.Module):
     def __call__(self, x):
         x = checkpoint_name(x, "layer_input")
         h = checkpoint_name(self.linear(x), "linear")
-        return x + self.step * checkpoint_name(jnp.tanh(h), "tanh")
+        # `tanh(h)` is not tagged: its derivative reads the output of `tanh`
+        # itself, never a tagged copy, so a policy naming such a tag could not
+        # change what the backward pass keeps (save_names would do nothing).
+        return x + self.step * jnp.tanh(h)
 
 
 class ResidualChain(AbstractModel):
@@ -40,11 +43,13 @@ class ResidualChain(AbstractModel):
     Each layer tags its intermediates with `jax.ad_checkpoint.checkpoint_name`,
     one tag per name in `ResidualChain.ACTIVATION_NAMES`, for name-based policies
     ([`eqx_remat.save_names`][], [`eqx_remat.save_all_but_names`][], ...):
-    `layer_input` (the layer's input `x`), `linear` (`W_i x + b_i`) and `tanh`
-    (`f_i(x)`), all of shape `(width,)`.
+    `layer_input` (the layer's input `x`) and `linear` (`W_i x + b_i`), both of
+    shape `(width,)`. Each changes what [`eqx_remat.save_names`][] keeps;
+    `f_i(x)` is not tagged, because the backward pass of `tanh` keeps `tanh`'s
+    own output, which no tag can name.
     """
 
-    ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = ("layer_input", "linear", "tanh")
+    ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = ("layer_input", "linear")
 
     layers: _Residual
     width: int = eqx.field(static=True)

@@ -25,6 +25,7 @@ from ._layers import (
     _matmul_t,
     _norm,
     _rope,
+    wide,
 )
 from ._sharding import _embed, _gathered
 
@@ -155,7 +156,8 @@ class Transformer(AbstractModel):
 
     - Pre-norm blocks `x + attention(norm(x))`, `x + mlp(norm(x))`, then a final
       norm and the output head (no bias). Norms, the attention softmax and rotary
-      embeddings are computed in float32.
+      embeddings are computed in at least float32 (float64 for a float64
+      model).
     - The queries, keys and values come from one fused `qkv` projection, of size
       `(num_heads + 2 num_kv_heads) head_dim`.
     - Dropout (`dropout > 0`) is applied to the embeddings and to the output of
@@ -274,9 +276,11 @@ class Transformer(AbstractModel):
         - `d_ff`: the hidden size of each block's MLP. Default `4 * d_model`.
         - `dropout`: the dropout rate, in `[0, 1)`. Default `0.0` (no dropout).
         - `dtype`: the compute dtype of the activations and matrix multiplies,
-          e.g. `jnp.bfloat16`. Parameters are always float32 (and are cast inside
-          each layer); norms, attention softmax and the returned logits are
-          float32. Default `None`: float32 throughout.
+          e.g. `jnp.bfloat16`. Parameters are in JAX's default float type (and
+          are cast inside each layer); norms, attention softmax and the returned
+          logits are in at least float32. Default `None`: JAX's default float
+          type throughout (float32, or float64 under `jax_enable_x64`), as in
+          Equinox.
         - `attention`: `"xla"` (default), `"dot_product"` or `"flash"` (see
           above).
         - `norm`: `"layer"` (default, `LayerNorm`) or `"rms"` (`RMSNorm`).
@@ -451,7 +455,8 @@ class Transformer(AbstractModel):
 
         **Returns:**
 
-        The next-token logits, float32, shape `(seq, vocab_size)`: row `i` depends
+        The next-token logits, float32 (float64 for a float64 model), shape
+        `(seq, vocab_size)`: row `i` depends
         only on `tokens[: i + 1]`.
         """
         seq = tokens.shape[0]
@@ -495,7 +500,7 @@ class Transformer(AbstractModel):
             logits = _matmul_t(x, token_embedding.weight)
         else:
             logits = head(x)
-        return logits.astype(jnp.float32)
+        return logits.astype(wide(self.dtype))
 
 
 def _check_options(
@@ -559,9 +564,12 @@ def _check_dropout(cls: str, dropout: Any) -> float:
 
 
 def _check_dtype(cls: str, dtype: Any) -> np.dtype:
-    """`dtype` as a floating `np.dtype` (`None`: float32)."""
+    """`dtype` as a floating `np.dtype` (`None`: JAX's default float type, float64
+    under `jax_enable_x64`, as Equinox's layers take it)."""
+    if dtype is None:
+        return jnp.dtype(jax.dtypes.canonicalize_dtype(float))
     try:
-        dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
+        dtype = jnp.dtype(dtype)
     except TypeError:
         raise ValueError(
             f"{cls}: dtype must be a floating dtype such as jnp.bfloat16. "

@@ -175,7 +175,9 @@ def _optimiser_args(run: argparse._ArgumentGroup) -> None:
         "or constant (a run that --resume can extend) (cosine)",
     )
     run.add_argument(
-        "--warmup", type=C.non_negative_int, help=f"linear warmup steps ({d.warmup})"
+        "--warmup",
+        type=C.non_negative_int,
+        help=f"linear warmup steps (a tenth of --steps: {d.warmup} at {d.steps})",
     )
     run.add_argument(
         "--min-lr-ratio",
@@ -255,6 +257,11 @@ def parse_args(
     args = parser.parse_args(argv)
     if args.resume and args.save_dir is None:
         parser.error("argument --resume: needs --save-dir.")
+    if args.resume and not args.save_dir.is_dir():
+        parser.error(
+            f"argument --resume: {args.save_dir} is not a directory: there is no "
+            "run to resume."
+        )
     if args.data is not None:
         problem = data_problem(Path(args.data))
         if problem:
@@ -263,16 +270,34 @@ def parse_args(
         args.run_dir = C.run_dir(SCRIPT)
         return args
     args.run_dir = args.save_dir
-    try:
-        args.run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=args.run_dir):
-            pass
-    except OSError as e:
+    problem = writable_problem(args.run_dir)
+    if problem:
         parser.error(
             f"argument --save-dir: {args.run_dir} is not a writable directory "
-            f"({e.strerror or e})."
+            f"({problem})."
         )
     return args
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why `path` cannot be a directory to write in, or `None`. Tried, not
+    guessed: the directories missing on the way are made, a file written and
+    removed, and what was made removed again, so that a run whose other flags
+    fail leaves nothing behind (the run makes it when it starts writing)."""
+    made = []
+    try:
+        for parent in [*reversed(path.absolute().parents), path.absolute()]:
+            if not parent.exists():
+                parent.mkdir()
+                made.append(parent)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return str(e.strerror or e)
+    finally:
+        for d in reversed(made):
+            d.rmdir()
+    return None
 
 
 def data_problem(path: Path) -> str | None:
@@ -310,6 +335,8 @@ def run_config(
     if saved is None:
         if "dtype" not in given and platform == "tpu":
             given["dtype"] = "bfloat16"
+        if "warmup" not in given:  # scales with --steps (30 of the default 300)
+            given["warmup"] = given.get("steps", RunConfig.steps) // 10
         return RunConfig(**given)
     saved = {**dataclasses.asdict(RunConfig()), **saved}
     mismatched = [
@@ -337,6 +364,30 @@ def check_config(c: RunConfig) -> None:
         raise UsageError(
             f"--warmup must be in [0, steps). Got {c.warmup} with {c.steps} steps."
         )
+
+
+def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
+    """`--remat` against `--layers`, before anything runs: `ranges` counts must
+    add up to the layers, and a schedule must be able to act as asked
+    (`every(k)` needs `k` layers or more in its range: with fewer there is one
+    segment, and nothing is split)."""
+    import eqx_remat as er
+
+    if isinstance(checkpoint, er.Schedule):
+        try:
+            checkpoint.check_depth(layers)
+        except ValueError as e:
+            raise UsageError(f"--remat {spec} with --layers {layers}: {e}") from None
+    ranged = isinstance(checkpoint, er.ranges)
+    parts = checkpoint.parts if ranged else [(layers, checkpoint)]
+    for n, c in parts:
+        if isinstance(c, er.every) and c.k > n:
+            where = "" if n == layers else f" in a range of {n}"
+            raise UsageError(
+                f"--remat {spec}: every({c.k}) stores one carry every {c.k} layers, "
+                f"but there are {n} layers{where} (--layers {layers}): it would "
+                f"store only the input. Use every(K) with K <= {n}."
+            )
 
 
 def learning_rate_schedule(c: RunConfig) -> optax.Schedule:

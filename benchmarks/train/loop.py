@@ -38,6 +38,7 @@ from .config import (
     build_parser,
     check_config,
     check_extension,
+    check_remat,
     learning_rate_schedule,
     parse_args,
     run_config,
@@ -94,11 +95,17 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
     args = parse_args(argv, parser)
     platform = _device.select_device(args, parser)
     setup_logging()
-    mgr = ckpt.open_manager(args.save_dir, args.keep) if args.save_dir else None
+    # A --save-dir that does not exist yet is made once every flag is checked
+    # (`prepare`): a run refused for its flags leaves nothing behind.
+    made_later = args.save_dir is not None and not args.save_dir.exists()
+    opened = args.save_dir is not None and not made_later
+    mgr = ckpt.open_manager(args.save_dir, args.keep) if opened else None
     stop = StopRequest()
     stop.install()  # a signal before the first step stops the run after it
     try:
         run, state = prepare(args, platform, mgr)
+        if made_later:
+            mgr = ckpt.open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
     except Exception as e:
         if jax.process_count() > 1 and not isinstance(e, UsageError):
@@ -155,6 +162,7 @@ def prepare(
     c = run_config(args, saved and saved["config"], platform)
     check_config(c)
     checkpoint = parse_checkpoint(args.remat, depth=c.layers)
+    check_remat(args.remat, checkpoint, c.layers)
     placement = make_placement(args.mesh, c.batch)
     corpus = corpus_for(c)
     if args.resume:
@@ -204,17 +212,27 @@ def resume(
 
 
 def describe(run: Run, state: TrainState) -> str:
-    c, p = run.c, run.placement
+    """The header: what is trained, on what, where, and where metrics go; one
+    line each (80 columns, a long path aside)."""
+    c, p, n = run.c, run.placement, run.n_devices
     params = sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
-    return (
-        f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, {c.layers} "
-        f"layers, {c.heads} heads, seq {c.seq}, batch {c.batch}, {c.dtype}; "
-        f"remat {checkpoint_label(run.checkpoint)}; "
-        f"{_device.device_kind()} x{run.n_devices} "
-        f"({'none' if p is None else 'fsdp' if p.fsdp else 'dp'}); "
-        f"{run.corpus.source}: {len(run.corpus.train):,} + "
-        f"{len(run.corpus.val):,} held-out bytes; steps {run.first} -> {run.last} "
-        f"of {c.steps}; metrics in {run.args.run_dir}"
+    devices = f"{n} {_device.device_kind()} device{'s' if n > 1 else ''}"
+    if p is None:
+        devices += ", no sharding"
+    else:
+        devices += ", FSDP" if p.fsdp else ", data parallel"
+    return "\n".join(
+        [
+            f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, "
+            f"{c.layers} layers, {c.heads} heads",
+            f"  batch {c.batch} x seq {c.seq}, {c.dtype}, "
+            f"remat {checkpoint_label(run.checkpoint)}",
+            f"  on {devices}",
+            f"  data: {run.corpus.source}: {len(run.corpus.train):,} + "
+            f"{len(run.corpus.val):,} held-out bytes",
+            f"  steps {run.first} -> {run.last} of {c.steps}, "
+            f"warmup {c.warmup}; metrics in {run.args.run_dir}",
+        ]
     )
 
 
@@ -282,6 +300,7 @@ def train(
     _report(run, done, stopped_by, final_eval, saved=mgr is not None)
     if writer is not None:
         plot_losses(writer.path, run.args.run_dir / PLOT_FILE)
+        log.info(f"loss curve: {run.args.run_dir / PLOT_FILE}")
     losses = [float(x) for x in losses]
     return TrainResult(state, losses, run.first, final_eval, done < run.c.steps)
 

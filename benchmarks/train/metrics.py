@@ -3,7 +3,6 @@ scalars as TensorBoard events, a log line on the console, and `loss.png`."""
 
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,26 +61,27 @@ def setup_logging() -> None:
 
 
 def log_line(row: dict[str, Any]) -> str:
-    """The console line of a metrics row: the logged loss (that step's), and the
-    average since the previous line."""
+    """The console line of a metrics row: the logged loss (that step's), the
+    average since the previous line, the held-out loss (`eval`), the learning
+    rate and the speed, within 80 columns (steps up to 999,999); where the
+    device tells them, MFU and peak memory on a second, indented line.
+    Everything else is in `metrics.jsonl`."""
     parts = [
         f"step {row['step']:>6}",
-        f"loss {row['loss']:.4f} (avg {row['loss_avg']:.4f}, "
-        f"{row['loss_avg'] / math.log(2):.3f} bits/byte)",
+        f"loss {row['loss']:.4f} (avg {row['loss_avg']:.4f})",
     ]
     if row["eval_loss"] is not None:
-        parts.append(f"held-out {row['eval_loss']:.4f}")
-    parts.append(f"lr {row['lr']:.2e}")
-    parts.append(
-        "tokens/s n/a (the first step compiled)"
-        if row["tokens_per_s"] is None
-        else f"{row['tokens_per_s']:,.0f} tokens/s"
-    )
+        parts.append(f"eval {row['eval_loss']:.4f}")
+    parts.append(f"lr {row['lr']:.1e}")
+    speed = row["tokens_per_s"]
+    parts.append("compiled" if speed is None else f"{speed:,.0f} tok/s")
+    device = []
     if row["mfu"] is not None:
-        parts.append(f"MFU {row['mfu']:.1%} (HFU {row['hfu']:.1%})")
+        device.append(f"MFU {row['mfu']:.1%} (HFU {row['hfu']:.1%})")
     if row["peak_bytes"] is not None:
-        parts.append(f"peak {row['peak_bytes'] / 2**30:.2f} GiB")
-    return "  ".join(parts)
+        device.append(f"peak {row['peak_bytes'] / 2**30:.2f} GiB")
+    line = "  ".join(parts)
+    return line if not device else line + "\n" + " " * 13 + "  ".join(device)
 
 
 # ---------------------------------------------------------------------------- files
