@@ -551,10 +551,10 @@ def plan(
     - `measure`: time programs by running them. `None` (the default): where
       the target is the device at hand and this is the only process (with
       several, each would time on its own clock and could choose
-      differently: the roofline gives every process the same answer). Timing runs each program a few times
-      after a warm-up, round-robin with the others, within about the time its
-      compiles took; a program whose memory is over what the device has free
-      is never run.
+      differently: the roofline gives every process the same answer).
+      Timing runs each program a few times after a warm-up, round-robin with
+      the others, within about the time its compiles took; a program whose
+      memory is over what the device has free is never run.
     - `progress`: what it does, on stderr: `True` a few lines (the stages,
       counts and times), `"verbose"` every option priced and every compile,
       `False` nothing.
@@ -610,7 +610,7 @@ def plan(
         )
     if target is not None:
         name, mesh = _v5e(target)
-        warn_replicated("plan", name, mesh, split_args(args)[0], stacklevel=2)
+        warn_replicated("plan", name, mesh, split_args(args)[0])
     say = _Progress(progress)
     with warnings.catch_warnings(), traced_for(target):
         # Said once, above; not again for every compile.
@@ -1177,11 +1177,13 @@ class _Planner:
             n * heavy.time + rest * light.time,
         )
 
-    def _schedule_time(self, c: Schedule, flops: int) -> float:
+    def _schedule_time(self, c: Checkpoint, flops: int) -> float:
         """A schedule's estimated step time: where its inner policy (or
         `"nothing"`) was timed, that time scaled by the FLOPs (a schedule
-        recomputes what its inner policy would, more often); else the
-        roofline of its FLOPs."""
+        recomputes what its inner policy would, more often); else, and for a
+        checkpoint that is not a schedule, the roofline of its FLOPs."""
+        if not isinstance(c, Schedule):
+            return self.estimate(flops)
         inner = c.policy if c.policy is not None else "nothing"
         t = self.timings.get(inner)
         record = self.compiled.get(inner)
@@ -1236,7 +1238,7 @@ class _Planner:
         smallest memory there is."""
         assert self.prices is not None
         least = min(
-            (r.memory_bytes for r in self.compiled.values() if r.report is not None),
+            (r.report.total_bytes for r in self.compiled.values() if r.report),
             default=None,
         )
         for c, _ in self.prices.schedules:

@@ -541,7 +541,6 @@ def test_every_documented_tag_changes_what_save_names_keeps(model):
             er.residuals(_model_loss, make(pol), x)
 
 
-
 @pytest.mark.parametrize(
     "tree",
     [eqx.nn.Linear(2, 2, key=jr.key(0)), {"w": jnp.ones(3)}, None],
