@@ -24,14 +24,17 @@ class Timing(NamedTuple):
     **Attributes:**
 
     - `seconds`: the median over the rounds.
-    - `spread`: the interquartile range over the median (0 for fewer than 4
-      rounds... then the range): how far one round strays.
+    - `spread`: the interquartile range of the rounds over the median (for
+      fewer than 4 rounds, their range): how far one round strays.
     - `rounds`: how many timed runs.
+    - `times`: each round's time, in order (for ratios taken round by
+      round: [`paired_ratio`][]).
     """
 
     seconds: float
     spread: float
     rounds: int
+    times: tuple[float, ...] = ()
 
 
 def concrete(dynamic: Any, seed: int = 0) -> Any:
@@ -61,15 +64,17 @@ def concrete(dynamic: Any, seed: int = 0) -> Any:
     return jax.tree.unflatten(treedef, [make(i, x) for i, x in enumerate(leaves)])
 
 
-def device_memory_bytes() -> int | None:
-    """Memory one device of the default backend can give a program: the
-    allocator's limit on an accelerator, the host's available memory on the
-    CPU, `None` where neither is known."""
+def device_memory_bytes(*, free: bool = True) -> int | None:
+    """Memory one device of the default backend can give a program: what its
+    allocator has free (`free`), or its limit; on the CPU, the host's
+    available memory. `None` where it is not known."""
     device = jax.devices()[0]
     if device.platform != "cpu":
         stats = device.memory_stats() or {}
         limit = stats.get("bytes_limit")
-        return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
+        if limit is None:
+            return None
+        return int(limit) - (int(stats.get("bytes_in_use", 0)) if free else 0)
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not a POSIX system
@@ -109,4 +114,16 @@ def timing(times: Sequence[float]) -> Timing:
         spread = float(q3 - q1)
     else:
         spread = max(times) - min(times)
-    return Timing(median, spread / median if median > 0 else math.inf, len(times))
+    return Timing(
+        median, spread / median if median > 0 else math.inf, len(times), tuple(times)
+    )
+
+
+def paired_ratio(a: Timing, b: Timing) -> float:
+    """The median over rounds of `a`'s time over `b`'s in the same round:
+    for two programs timed in the same interleaved rounds, a ratio that
+    drift between rounds does not move (the ratio of medians where their
+    rounds were not recorded)."""
+    if a.times and len(a.times) == len(b.times):
+        return statistics.median(x / y for x, y in zip(a.times, b.times))
+    return a.seconds / b.seconds

@@ -120,6 +120,17 @@ _FALLBACK = {"tpu": "TPU v5 lite", "gpu": "NVIDIA A100-SXM4-80GB"}
 _V5E = re.compile(r"v5e(:\d+x\d+)?")
 
 
+_CPU_NOMINAL = Hardware(
+    "cpu",
+    1e11,
+    1e10,
+    None,
+    None,
+    "nominal (100 GFLOP/s, 10 GB/s): one figure for every process of a "
+    "multi-process run, where measured ones would differ between them",
+)
+
+
 @functools.cache
 def cpu_hardware() -> Hardware:
     """This CPU's figures, measured once per process (about a second): the
@@ -164,6 +175,10 @@ def hardware(target: str | None) -> tuple[Hardware, bool]:
         return HARDWARE["TPU v5 lite"], True
     device = jax.devices()[0]
     if device.platform == "cpu":
+        if jax.process_count() > 1:
+            # Each process would measure other figures, and could plan
+            # differently: all take the same nominal ones.
+            return _CPU_NOMINAL, True
         return cpu_hardware(), True
     if device.device_kind in HARDWARE:
         return HARDWARE[device.device_kind], True

@@ -21,6 +21,7 @@ import math
 import re
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,7 +38,13 @@ from ._checkpoint import (
     map_checkpoints,
     set_checkpoint,
 )
-from ._clock import Timing, concrete, device_memory_bytes, time_interleaved
+from ._clock import (
+    Timing,
+    concrete,
+    device_memory_bytes,
+    paired_ratio,
+    time_interleaved,
+)
 from ._engine import Schedule
 from ._flops import count_flops
 from ._hardware import hardware
@@ -212,11 +219,15 @@ class PlanResult:
         return set_checkpoint(tree, self.checkpoint)
 
     def __str__(self) -> str:
+        checkpoints = [self.checkpoint, *(p.checkpoint for p in self.frontier)]
+        checkpoints += [e.checkpoint for e in self.table]
+        return _fit(checkpoints, self._render)
+
+    def _render(self, names: "_Names") -> str:
         e = self.entry
-        names = _Names([self.checkpoint] + [p.checkpoint for p in self.frontier])
         lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={names.full(self.checkpoint)}"
+            f"[{self.target}]: checkpoint={names.short(self.checkpoint)}"
         ]
         how = "measured" if e.measured else "estimated"
         lines.append(
@@ -224,17 +235,17 @@ class PlanResult:
             f"{format_flops(e.flops)} FLOPs, {_format_time(e.time_s)} per step "
             f"({how})"
         )
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [_wrap(f"note: {n}", "  ", "    ") for n in self.notes]
         if self.frontier:
             lines += [
                 "frontier:",
                 _frontier_table(self.frontier, self.checkpoint, names),
             ]
         if self.table:
-            lines.append(_table(self.table, self.entry))
+            lines.append(_table(self.table, self.entry, names))
         legend = names.legend()
         if legend:
-            lines += ["where:"] + [f"  {line}" for line in legend]
+            lines += ["where:"] + [_wrap(line, "  ", "    ") for line in legend]
         return "\n".join(lines)
 
 
@@ -678,7 +689,13 @@ class _Planner:
         self.inputs: list[Any] = []
         # Where one device holds less than the budget, the budget is that.
         if target is None:
-            capacity = device_memory_bytes() if jax.default_backend() != "cpu" else None
+            # The device's limit, not what is free now: the same on every
+            # process of a multi-process run.
+            capacity = (
+                device_memory_bytes(free=False)
+                if jax.default_backend() != "cpu"
+                else None
+            )
         else:
             capacity = self.hw.memory_bytes
         self.budget = budget
@@ -811,16 +828,17 @@ class _Planner:
         return _Program(self.compiled[c], inputs)
 
     def ratio(self, a: Checkpoint, b: Checkpoint) -> tuple[float, float]:
-        """`(time of a / time of b, spread)`, both run round-robin now."""
+        """`(time of a / time of b, spread)`, both run round-robin now: the
+        median of the rounds' ratios."""
         programs = [self._program(a), self._program(b)]
         compile_s = self.compiled[a].compile_s
         start = time.perf_counter()
         ta, tb = time_interleaved(programs, rounds=1)
         step = ta.seconds + tb.seconds
-        rounds = int(min(9, max(3, compile_s / max(step, 1e-9) - 1)))
+        rounds = int(max(5, min(15, compile_s / max(step, 1e-9) - 1)))
         ta, tb = time_interleaved(programs, rounds=rounds, warmup=False)
         self.timed_s += time.perf_counter() - start
-        return ta.seconds / tb.seconds, max(ta.spread, tb.spread)
+        return paired_ratio(ta, tb), max(ta.spread, tb.spread)
 
     def time_s(self, c: Checkpoint, estimate: float) -> tuple[float, bool]:
         """`(seconds, measured)`: `c`'s measured step time, else `estimate`."""
@@ -1479,13 +1497,17 @@ def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
 def _raise_nothing_fits(
     table: Sequence[PlanEntry], budget: int, target: str
 ) -> NoReturn:
+    def render(names: _Names) -> str:
+        legend = [_wrap(line, "", "    ") for line in names.legend()]
+        return "\n".join([_table(table, None, names), *legend])
+
+    listed = _fit([e.checkpoint for e in table], render)
     measured = [e for e in table if e.report is not None]
     if not measured:
         raise ValueError(
             f"No candidate fits in budget_bytes={format_bytes(budget)} "
             f"[{target}]: XLA refused to compile every one of them "
-            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n"
-            + _table(table, None)
+            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n" + listed
         )
     best = min(measured, key=lambda e: e.memory_bytes or 0)
     smallest = best.memory_bytes or 0  # compiled: never None
@@ -1493,7 +1515,7 @@ def _raise_nothing_fits(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
         f"[{target}]. The smallest achievable memory is "
         f"{format_bytes(smallest)} ({smallest} bytes), with "
-        f"checkpoint={_name(best.checkpoint)}.\n" + _table(table, None)
+        f"checkpoint={_name(best.checkpoint)}.\n" + listed
     )
 
 
@@ -1501,19 +1523,20 @@ def _name(c: Checkpoint) -> str:
     return repr(c) if c is None or isinstance(c, str) else str(c)
 
 
+_COLUMNS = 100
+
+
 class _Names:
-    """Short names for long checkpoints in tables (`P1`, `P2`, ...), with a
-    legend, so that a table fits 100 columns; a `ranges` mix is named by its
-    parts."""
+    """Checkpoint names for tables: in full, or, for those longer than
+    `longest` characters, short aliases (`P1`, `P2`, ...) with a legend; a
+    `ranges` mix is named by its parts."""
 
-    _LONG = 26
-
-    def __init__(self, checkpoints: Sequence[Checkpoint]):
+    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float):
         self.alias: dict[Checkpoint, str] = {}
         for c in checkpoints:
             parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
             for p in parts:
-                if len(_name(p)) > self._LONG and p not in self.alias:
+                if len(_name(p)) > longest and p not in self.alias:
                     self.alias[p] = f"P{len(self.alias) + 1}"
 
     def short(self, c: Checkpoint) -> str:
@@ -1522,15 +1545,32 @@ class _Names:
             return f"ranges({inner})"
         return self.alias.get(c, _name(c))
 
-    def full(self, c: Checkpoint) -> str:
-        return self.short(c) if self.alias else _name(c)
-
     def legend(self) -> list[str]:
         return [f"{a} = {_name(c)}" for c, a in self.alias.items()]
 
 
-def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
-    names = _Names([e.checkpoint for e in table])
+def _fit(checkpoints: Sequence[Checkpoint], render: Callable[[_Names], str]) -> str:
+    """`render(names)` with names in full where that fits `_COLUMNS`, else
+    with the longest ones aliased, fewer first."""
+    text = ""
+    for longest in (math.inf, 48, 36, 24, 0):
+        text = render(_Names(checkpoints, longest))
+        if max(map(len, text.splitlines())) <= _COLUMNS:
+            break
+    return text
+
+
+def _wrap(text: str, indent: str, subsequent: str) -> str:
+    return textwrap.fill(
+        text,
+        _COLUMNS,
+        initial_indent=indent,
+        subsequent_indent=subsequent,
+        break_on_hyphens=False,
+    )
+
+
+def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) -> str:
     base = min(e.flops for e in table) or 1
     rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
     for e in table:
@@ -1545,8 +1585,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None) -> str:
                 "yes" if e.fits else "no",
             )
         )
-    legend = names.legend()
-    return _columns(rows) + ("\n" + "\n".join(legend) if legend else "")
+    return _columns(rows)
 
 
 def _frontier_table(

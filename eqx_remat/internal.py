@@ -11,6 +11,7 @@ from ._checkpoint import check_checkpoint as check_checkpoint
 from ._clock import (
     Timing as Timing,
     concrete as concrete,
+    paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
 from ._hardware import (
@@ -43,6 +44,7 @@ __all__ = [
     "hardware",
     "is_array_like",
     "needed_bytes",
+    "paired_ratio",
     "roofline_seconds",
     "time_interleaved",
     "traceable",
