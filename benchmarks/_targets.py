@@ -405,6 +405,14 @@ def between_measured(timed: Rows, budget: int) -> bool:
     return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
 
 
+def clock_ratio(pick: dict[str, Any]) -> float:
+    """The pick's measured time over the fastest fitting uniform checkpoint's:
+    the median of their rounds' ratios where the row has it."""
+    if pick.get("clock_ratio") is not None:
+        return pick["clock_ratio"]
+    return pick["measured_s"] / pick["best_uniform_measured_s"]
+
+
 def _clock_picks(rows: Rows, group: str) -> list[dict[str, Any]]:
     return [r for r in _picks(rows, group) if r.get("best_uniform_measured_s")]
 
@@ -422,7 +430,7 @@ class ClockPickVsUniform:
         picks = _clock_picks(rows, group)
         if not picks:
             return []
-        ratios = [r["measured_s"] / r["best_uniform_measured_s"] for r in picks]
+        ratios = [clock_ratio(r) for r in picks]
         worst = max(ratios)
         spread = max(r["spread"] for r in picks)
         name = (
@@ -448,9 +456,9 @@ class ClockFasterBetween:
         between = [r for r in _clock_picks(rows, group) if r.get("clock_between")]
         if not between:
             return []
-        faster = [r for r in between if r["measured_s"] < r["best_uniform_measured_s"]]
+        faster = [r for r in between if clock_ratio(r) < 1.0]
         share = len(faster) / len(between)
-        gains = [1 - r["measured_s"] / r["best_uniform_measured_s"] for r in faster]
+        gains = [1 - clock_ratio(r) for r in faster]
         measured = f"{len(faster)} of {len(between)} budgets" + (
             f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)"
             if gains
@@ -469,9 +477,11 @@ class ClockFasterBetween:
 
 @dataclasses.dataclass(frozen=True)
 class RankCorrelation:
-    """Over the frontier points timed afresh: Spearman's rank correlation of
-    `key` (the planner's predicted time, or the roofline's) with the measured
-    time is at least `at_least`."""
+    """Over every checkpoint timed afresh (the frontier's points, the picks
+    and the uniform candidates: the frontier by the clock alone has two or
+    three points, too few to rank): Spearman's rank correlation of `key` (the
+    planner's predicted time, or the roofline's) with the measured time is
+    at least `at_least`."""
 
     on: Any
     key: str = "predicted_s"
@@ -479,21 +489,21 @@ class RankCorrelation:
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
         timed = [r for r in rows if r["group"] == group and r["kind"] == "timed"]
-        front = [r for r in timed if r["on_frontier"]]
-        if not front:
+        if not timed:
             return []
-        rho = spearman([r[self.key] for r in front], [r["measured_s"] for r in front])
+        rho = spearman([r[self.key] for r in timed], [r["measured_s"] for r in timed])
+        front = [r for r in timed if r["on_frontier"]]
+        on = spearman([r[self.key] for r in front], [r["measured_s"] for r in front])
         what = "predicted" if self.key == "predicted_s" else "roofline"
         name = (
-            f"{what} times rank the frontier as measured ones do "
+            f"{what} times rank the timed checkpoints as measured ones do "
             f"(Spearman >= {self.at_least})"
         )
-        every = spearman([r[self.key] for r in timed], [r["measured_s"] for r in timed])
         measured = (
             ("n/a" if rho is None else f"{rho:.3f}")
-            + f" over {len(front)} frontier points; "
-            + ("n/a" if every is None else f"{every:.3f}")
-            + f" over all {len(timed)} timed"
+            + f" over {len(timed)} timed; "
+            + ("n/a" if on is None else f"{on:.3f}")
+            + f" over the {len(front)} on the frontier"
         )
         return [
             _verdict(name, group, "step_s", self.at_least, rho, measured, at_least=True)

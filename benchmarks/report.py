@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import _common as C
+from benchmarks import _common as C, _targets as T
 
 
 def provenance(data: dict) -> str:
@@ -231,8 +231,71 @@ def plan_sweep(data: dict) -> str:
         for r in rows
         if r["kind"] == "pick"
     ]
+    parts = ["\n".join(out), C.markdown_table(cols, table)]
+    timed = [r for r in rows if r["kind"] == "timed"]
+    if timed:
+        parts.append(_clock(rows, timed))
+    return "\n\n".join(parts + [targets(data)])
+
+
+def _clock(rows: list[dict], timed: list[dict]) -> str:
+    """By the clock: each pick's measured time beside the fastest fitting
+    uniform checkpoint's, then every checkpoint timed afresh."""
+    picks = [
+        [
+            r["group"],
+            C.fmt_bytes(r["budget_bytes"]),
+            f"`{r['checkpoint']}`",
+            _ms(r["measured_s"]),
+            f"`{r['best_uniform_measured']}`",
+            _ms(r["best_uniform_measured_s"]),
+            f"{T.clock_ratio(r):.3f}x",
+        ]
+        for r in rows
+        if r["kind"] == "pick" and r.get("best_uniform_measured_s")
+    ]
+    points = [
+        [
+            r["group"],
+            f"`{r['checkpoint']}`",
+            C.fmt_bytes(r["memory_bytes"]),
+            _ms(r["measured_s"]),
+            f"{100 * r['spread']:.1f}%",
+            _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else " (est.)"),
+            _ms(r["roofline_s"]),
+            "yes" if r["on_frontier"] else "",
+        ]
+        for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
+    ]
     return (
-        "\n".join(out) + "\n\n" + C.markdown_table(cols, table) + "\n\n" + targets(data)
+        "By the clock (every pick and uniform checkpoint timed afresh, "
+        "round-robin):\n\n"
+        + C.markdown_table(
+            [
+                "preset",
+                "budget",
+                "pick",
+                "measured",
+                "fastest fitting uniform",
+                "measured",
+                "pick / it",
+            ],
+            picks,
+        )
+        + "\n\n"
+        + C.markdown_table(
+            [
+                "preset",
+                "checkpoint",
+                "memory",
+                "measured",
+                "spread",
+                "predicted",
+                "roofline",
+                "on the frontier",
+            ],
+            points,
+        )
     )
 
 
@@ -255,6 +318,7 @@ SECTIONS = (
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
     ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
     ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),
+    ("Planner sweep, NVIDIA H200", "plan_sweep-cuda", plan_sweep),
 )
 
 
