@@ -1199,15 +1199,39 @@ class _Planner:
         """A schedule's estimated step time: where its inner policy (or
         `"nothing"`) was timed, that time scaled by the FLOPs (a schedule
         recomputes what its inner policy would, more often); else, and for a
-        checkpoint that is not a schedule, the roofline of its FLOPs."""
+        checkpoint that is not a schedule, the roofline's (`roofline`)."""
         if not isinstance(c, Schedule):
-            return self.estimate(flops)
+            return self.roofline(c)
         inner = c.policy if c.policy is not None else "nothing"
         t = self.timings.get(inner)
         record = self.compiled.get(inner)
         if t is not None and record is not None and record.flops > 0:
             return t.seconds * flops / record.flops
-        return self.estimate(flops)
+        return self.roofline(c)
+
+    def roofline(self, c: Checkpoint) -> float:
+        """The roofline's step time of `c` on every layer, scaled to the clock:
+        a per-layer option's price, else `c` priced by tracing (once: the
+        cache keeps it), its FLOPs, bytes moved and offloaded bytes alike.
+        A `ranges` mix is its parts' times per layer, weighted by their
+        layers."""
+        if isinstance(c, ranges):
+            depth = sum(n for n, _ in c.parts)
+            return sum(n * self.roofline(part) for n, part in c.parts) / depth
+        o = None if self.prices is None else self.prices.option(c)
+        if o is not None:
+            return self.scale() * o.time * self.per
+        depths = CACHE.get(
+            self.fn,
+            self._k("depths"),
+            lambda: frozenset(stack_depths(self.fn, self.args)),
+        )
+        device, host, flops, moved, _ = CACHE.get(
+            self.fn,
+            self._k("price", c),
+            lambda: price(self.fn, self.args, c, depths),
+        )
+        return self.estimate(flops, moved, host)
 
     def _try_schedules(self, pick: FrontierPoint | None) -> FrontierPoint | None:
         """The fastest schedule that is faster than `pick` and fits, else
@@ -1401,9 +1425,7 @@ class _Planner:
         self.say(f"compiling {len(candidates)} candidates for {self._target()}")
         records = [self.compile(c) for c in candidates]
         self.time(candidates)
-        table = [
-            self.entry(r, self.estimate(r.flops, 0, r.host_bytes)) for r in records
-        ]
+        table = [self.entry(r, self.roofline(r.checkpoint)) for r in records]
         fitting = [e for e in table if e.fits]
         if not fitting:
             _raise_nothing_fits(table, self.budget, self._target_name())
@@ -1658,21 +1680,4 @@ def roofline_seconds(
     with warnings.catch_warnings(), traced_for(target):
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         planner = _Planner(fn, args, 2**62, target, False, _Progress(False), True)
-        prices = planner.prices
-        assert prices is not None
-
-        def per_layer(c: Checkpoint) -> float:
-            o = prices.option(c)
-            if o is not None:
-                return o.time
-            depths = frozenset(prices.depths)
-            device, host, flops, moved, _ = price(fn, args, c, depths)
-            s = prices.share
-            return (
-                roofline_time(planner.hw, s * flops, s * moved, s * host) / prices.per
-            )
-
-        c = found[0]
-        if isinstance(c, ranges):
-            return sum(n * per_layer(part) for n, part in c.parts)
-        return prices.per * per_layer(c)
+        return planner.roofline(found[0])

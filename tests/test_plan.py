@@ -985,3 +985,37 @@ def test_concrete_inputs_keep_shapes_dtypes_and_arrays():
     assert 0 < float(jnp.std(out["w"])) < 0.1  # small, not all zero
     assert out["tokens"].dtype == jnp.int32 and not out["tokens"].any()
     assert out["given"] is given
+
+
+def test_the_roofline_is_one_estimate_whichever_way_plan_is_asked(fresh):
+    # The same checkpoint, estimated by the roofline: as a candidate, as a
+    # frontier point of a plan that solves, and by roofline_seconds, alike;
+    # a schedule's estimate counts the bytes it moves, as a policy's does.
+    from eqx_remat.internal import roofline_seconds
+
+    solved = er.plan(
+        TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False, measure=False
+    )
+    listed = er.plan(
+        TINY_GRAD,
+        TINY,
+        TOKENS,
+        budget_bytes="1TiB",
+        progress=False,
+        measure=False,
+        candidates=["dots", "nothing", er.every(2)],
+    )
+    by = {e.checkpoint: e.time_s for e in listed.table}
+    for c in ("dots", "nothing", er.every(2)):
+        want = roofline_seconds(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), c))
+        assert by[c] == pytest.approx(want, rel=1e-9)
+    for p in solved.frontier:
+        if not isinstance(p.checkpoint, er.ranges) and p.checkpoint in by:
+            assert p.time_s == pytest.approx(by[p.checkpoint], rel=1e-9)
+    # every(2) moves what it saves: more than its FLOPs alone.
+    flops = er.count_flops(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), er.every(2)))
+    assert by[er.every(2)] > flops / _CPU.peak_flops
+    mix = er.ranges((2, "nothing"), (2, "dots"))
+    want = (2 * by["nothing"] + 2 * by["dots"]) / 4
+    got = roofline_seconds(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), mix))
+    assert got == pytest.approx(want, rel=1e-9)
