@@ -170,11 +170,19 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
             quick=args.quick, accelerator=bool(args.target)
         )
         cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
-        none = er.plan(
-            fn, model, batch, budget_bytes=cap, target=args.target, candidates=[None]
-        ).table[0]
+        try:
+            none = er.plan(
+                fn,
+                model,
+                batch,
+                budget_bytes=cap,
+                target=args.target,
+                candidates=[None],
+            ).entry.memory_bytes
+        except ValueError:  # None does not fit one device (XLA refuses it)
+            none = None
         above = 1.0 if args.target else 1.1
-        budgets = _budgets(top, none.memory_bytes, cap, args.budgets, above)
+        budgets = _budgets(top, none, cap, args.budgets, above)
         if not args.target:
             budgets = sorted(set(budgets) | set(_between(top)))
         results = []
