@@ -28,7 +28,7 @@ class Timing(NamedTuple):
       fewer than 4 rounds, their range): how far one round strays.
     - `rounds`: how many timed runs.
     - `times`: each round's time, in order (for ratios taken round by
-      round: [`paired_ratio`][]).
+      round: [`eqx_remat.internal.paired_ratio`][]).
     """
 
     seconds: float
@@ -94,8 +94,8 @@ def time_interleaved(
     warmup: bool = True,
 ) -> list[Timing]:
     """Time each of `programs` (callables that run one step) over `rounds`
-    interleaved rounds, after one warm-up run each: their [`Timing`][]s, in
-    order."""
+    interleaved rounds, after one warm-up run each (`warmup`): their
+    [`eqx_remat.internal.Timing`][]s, in order."""
     if warmup:
         for p in programs:
             _run(p)
@@ -107,7 +107,7 @@ def time_interleaved(
 
 
 def timing(times: Sequence[float]) -> Timing:
-    """The [`Timing`][] of the step times `times`."""
+    """The [`eqx_remat.internal.Timing`][] of the step times `times`."""
     median = statistics.median(times)
     if len(times) >= 4:
         q1, q3 = np.percentile(times, [25, 75])
