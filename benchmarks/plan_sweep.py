@@ -119,6 +119,23 @@ def _budgets(
     return budgets_between(min(compiled), high, n)
 
 
+def _sweep_budgets(args, fn, model, batch, top: er.PlanResult, cap: int) -> list[int]:
+    """The budgets to plan: evenly spaced from the lightest option's memory to
+    `None`'s (1.1x on the device), and on the device half-way between the
+    first plan's uniform points too."""
+    try:
+        none = er.plan(
+            fn, model, batch, budget_bytes=cap, target=args.target, candidates=[None]
+        ).entry.memory_bytes
+    except ValueError:  # None does not fit one device (XLA refuses it)
+        none = None
+    above = 1.0 if args.target else 1.1
+    budgets = _budgets(top, none, cap, args.budgets, above)
+    if not args.target:
+        budgets = sorted(set(budgets) | set(_between(top)))
+    return budgets
+
+
 def _between(top: er.PlanResult) -> list[int]:
     """Half-way between neighbours among the compiled uniform points of the
     frontier of `top` (by the clock, on the device): where a mix of two
@@ -170,21 +187,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
             quick=args.quick, accelerator=bool(args.target)
         )
         cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
-        try:
-            none = er.plan(
-                fn,
-                model,
-                batch,
-                budget_bytes=cap,
-                target=args.target,
-                candidates=[None],
-            ).entry.memory_bytes
-        except ValueError:  # None does not fit one device (XLA refuses it)
-            none = None
-        above = 1.0 if args.target else 1.1
-        budgets = _budgets(top, none, cap, args.budgets, above)
-        if not args.target:
-            budgets = sorted(set(budgets) | set(_between(top)))
+        budgets = _sweep_budgets(args, fn, model, batch, top, cap)
         results = []
         for b in budgets:
             if b == cap:  # planned already
@@ -471,39 +474,7 @@ def show(console: C.Console, data: dict, where: str) -> None:
             if r["kind"] == "pick"
         ],
     )
-    timed = [r for r in rows if r["kind"] == "timed"]
-    if timed:
-        console.table(
-            f"Timed afresh [{where}]: predicted against measured",
-            (
-                "preset",
-                "checkpoint",
-                "memory",
-                "measured",
-                "spread",
-                "predicted",
-                "roofline",
-                "frontier",
-            ),
-            [
-                (
-                    r["group"],
-                    r["checkpoint"],
-                    C.fmt_bytes(r["memory_bytes"]),
-                    _ms(r["measured_s"]),
-                    f"{100 * r['spread']:.1f}%",
-                    _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else "*"),
-                    _ms(r["roofline_s"]),
-                    "yes" if r["on_frontier"] else "",
-                )
-                for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
-            ],
-        )
-        console.print(
-            "predicted: the planner's time (* estimated: a mix from its options' "
-            "measured times per layer); roofline: FLOPs at peak + bytes moved at "
-            "bandwidth, this CPU's figures; spread: interquartile range / median"
-        )
+    _show_timed(console, rows, where)
     for r in rows:
         if r["kind"] == "planning":
             console.print(
@@ -512,6 +483,44 @@ def show(console: C.Console, data: dict, where: str) -> None:
                 f"(load average {r['load_average']:.1f})"
             )
     C.show_targets(console, data["targets"])
+
+
+def _show_timed(console: C.Console, rows: list[dict], where: str) -> None:
+    """Every checkpoint timed afresh: measured, predicted and roofline."""
+    timed = [r for r in rows if r["kind"] == "timed"]
+    if not timed:
+        return
+    console.table(
+        f"Timed afresh [{where}]: predicted against measured",
+        (
+            "preset",
+            "checkpoint",
+            "memory",
+            "measured",
+            "spread",
+            "predicted",
+            "roofline",
+            "frontier",
+        ),
+        [
+            (
+                r["group"],
+                r["checkpoint"],
+                C.fmt_bytes(r["memory_bytes"]),
+                _ms(r["measured_s"]),
+                f"{100 * r['spread']:.1f}%",
+                _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else "*"),
+                _ms(r["roofline_s"]),
+                "yes" if r["on_frontier"] else "",
+            )
+            for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
+        ],
+    )
+    console.print(
+        "predicted: the planner's time (* estimated: a mix from its options' "
+        "measured times per layer); roofline: FLOPs at peak + bytes moved at "
+        "bandwidth, this CPU's figures; spread: interquartile range / median"
+    )
 
 
 def _ms(seconds: float | None) -> str:

@@ -794,8 +794,6 @@ class _Planner:
         timed = [c for c in self.timings if self.runnable(c)]
         reference = min(timed, key=lambda c: self.timings[c].seconds) if timed else None
         run = new + ([reference] if reference is not None else [])
-        if not self.inputs:
-            self.inputs.extend(jax.tree.leaves(concrete(split_args(self.args)[0])))
         programs = [self._program(c) for c in run]
         start = time.perf_counter()
         warm = []
@@ -823,6 +821,8 @@ class _Planner:
         )
 
     def _program(self, c: Checkpoint) -> _Program:
+        if not self.inputs:  # made once, at the first program run
+            self.inputs.extend(jax.tree.leaves(concrete(split_args(self.args)[0])))
         dynamic = split_args(set_checkpoint(self.args, c))[0]
         inputs = jax.tree.unflatten(jax.tree.structure(dynamic), self.inputs)
         return _Program(self.compiled[c], inputs)
@@ -1553,7 +1553,7 @@ class _Names:
     `longest` characters, short aliases (`P1`, `P2`, ...) with a legend; a
     `ranges` mix is named by its parts."""
 
-    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float):
+    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float | int):
         self.alias: dict[Checkpoint, str] = {}
         for c in checkpoints:
             parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
