@@ -490,6 +490,26 @@ def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def fmt_ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
+
+
+def timed_cells(r: dict[str, Any], checkpoint: str, estimated: str) -> list[str]:
+    """One row of `plan_sweep`'s afresh timing, in the order of its tables:
+    preset, `checkpoint` (as the table writes it), memory, measured, spread,
+    predicted (`estimated` marks an estimate), roofline, on the frontier."""
+    return [
+        r["group"],
+        checkpoint,
+        fmt_bytes(r["memory_bytes"]),
+        fmt_ms(r["measured_s"]),
+        f"{100 * r['spread']:.1f}%",
+        fmt_ms(r["predicted_s"]) + ("" if r["predicted_measured"] else estimated),
+        fmt_ms(r["roofline_s"]),
+        "yes" if r["on_frontier"] else "",
+    ]
+
+
 WIDTH = 100
 """The width tables are laid out for when the output is not a terminal."""
 

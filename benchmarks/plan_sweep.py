@@ -503,16 +503,7 @@ def _show_timed(console: C.Console, rows: list[dict], where: str) -> None:
             "frontier",
         ),
         [
-            (
-                r["group"],
-                r["checkpoint"],
-                C.fmt_bytes(r["memory_bytes"]),
-                _ms(r["measured_s"]),
-                f"{100 * r['spread']:.1f}%",
-                _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else "*"),
-                _ms(r["roofline_s"]),
-                "yes" if r["on_frontier"] else "",
-            )
+            C.timed_cells(r, r["checkpoint"], "*")
             for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
         ],
     )

@@ -255,16 +255,7 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
         if r["kind"] == "pick" and r.get("best_uniform_measured_s")
     ]
     points = [
-        [
-            r["group"],
-            f"`{r['checkpoint']}`",
-            C.fmt_bytes(r["memory_bytes"]),
-            _ms(r["measured_s"]),
-            f"{100 * r['spread']:.1f}%",
-            _ms(r["predicted_s"]) + ("" if r["predicted_measured"] else " (est.)"),
-            _ms(r["roofline_s"]),
-            "yes" if r["on_frontier"] else "",
-        ]
+        C.timed_cells(r, f"`{r['checkpoint']}`", " (est.)")
         for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
     ]
     return (
