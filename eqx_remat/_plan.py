@@ -1598,7 +1598,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) 
     for e in table:
         rows.append(
             (
-                "*" if e is chosen else "",
+                "*" if chosen is not None and e.checkpoint == chosen.checkpoint else "",
                 names.short(e.checkpoint),
                 _format_memory(e),
                 format_flops(e.flops),
