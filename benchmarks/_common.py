@@ -494,6 +494,19 @@ def fmt_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
 
 
+TIMED_COLUMNS = (
+    "preset",
+    "checkpoint",
+    "memory",
+    "measured",
+    "spread",
+    "predicted",
+    "roofline",
+    "on the frontier",
+)
+"""The columns of `timed_cells`."""
+
+
 def timed_cells(r: dict[str, Any], checkpoint: str, estimated: str) -> list[str]:
     """One row of `plan_sweep`'s afresh timing, in the order of its tables:
     preset, `checkpoint` (as the table writes it), memory, measured, spread,

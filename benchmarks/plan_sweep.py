@@ -492,16 +492,7 @@ def _show_timed(console: C.Console, rows: list[dict], where: str) -> None:
         return
     console.table(
         f"Timed afresh [{where}]: predicted against measured",
-        (
-            "preset",
-            "checkpoint",
-            "memory",
-            "measured",
-            "spread",
-            "predicted",
-            "roofline",
-            "frontier",
-        ),
+        C.TIMED_COLUMNS,
         [
             C.timed_cells(r, r["checkpoint"], "*")
             for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))

@@ -275,16 +275,7 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
         )
         + "\n\n"
         + C.markdown_table(
-            [
-                "preset",
-                "checkpoint",
-                "memory",
-                "measured",
-                "spread",
-                "predicted",
-                "roofline",
-                "on the frontier",
-            ],
+            list(C.TIMED_COLUMNS),
             points,
         )
     )
