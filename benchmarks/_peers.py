@@ -5,7 +5,10 @@ it is compared with, and how to build it (`make(preset, model) -> (fn, params)`)
 `of(preset)` lists a preset's peers.
 
 Each peer computes the same function as the zoo model, on the same weights (taken
-from the zoo model's arrays), so its loss equals ours up to float rounding:
+from the zoo model's arrays), so its loss equals ours up to float rounding. The
+transformer peers use the zoo's activation, `zoo.gelu` (whose backward keeps one
+array, where `jax.nn.gelu`'s keeps several), so that the programs differ in how
+the layers are stacked and checkpointed, not in the model:
 
 - `handwritten_transformer`: the transformer written as plain functions, one
   example at a time (vmapped over the batch, like the zoo), its blocks applied
@@ -32,6 +35,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
+import zoo
 
 from ._models import ChainPreset, Preset, TransformerPreset, cross_entropy
 
@@ -182,7 +186,7 @@ def handwritten_transformer(
         x = x + checkpoint_name(_linear(ctx, p["out_w"], p["out_b"]), "out_proj")
         h = _layer_norm(x, p["ln2_w"], p["ln2_b"])
         h = checkpoint_name(_linear(h, p["in_w"], p["in_b"]), "mlp_hidden")
-        m = _linear(jax.nn.gelu(h), p["mlp_w"], p["mlp_b"])
+        m = _linear(zoo.gelu(h), p["mlp_w"], p["mlp_b"])
         return x + checkpoint_name(m, "mlp_out"), None
 
     if pol is not None:
@@ -226,7 +230,7 @@ def _flax_lm(preset: TransformerPreset, d_ff: int, pol: Any) -> Any:
             ctx = checkpoint_name(ctx, "attention_context")
             x = x + dense(d, "out", "out_proj", ctx)
             h = dense(d_ff, "mlp_in", "mlp_hidden", norm("ln2")(x))
-            m = nn.Dense(d, dtype=dtype, name="mlp_out")(jax.nn.gelu(h))
+            m = nn.Dense(d, dtype=dtype, name="mlp_out")(zoo.gelu(h))
             return x + checkpoint_name(m, "mlp_out"), None
 
     block = Block if pol is None else nn.remat(Block, policy=pol, prevent_cse=False)

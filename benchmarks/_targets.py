@@ -227,6 +227,12 @@ def between_uniform(rows: Rows, group: str, budget: int) -> bool:
     return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
 
 
+NOTHING_BETWEEN = (
+    "no budget lies between two uniform checkpoints of the frontier: one of them "
+    "is both the smallest and the fastest"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class PickFits:
     """At every budget the planner's pick fits when compiled: the largest
@@ -286,20 +292,17 @@ class CheaperBetween:
     at_least: float = 0.5
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
-        between = [
-            r
-            for r in _picks(rows, group)
-            if between_uniform(rows, group, r["budget_bytes"])
-        ]
-        if not between:
+        picks = _picks(rows, group)
+        if not picks:
             return []
+        between = [r for r in picks if between_uniform(rows, group, r["budget_bytes"])]
         cheaper = [
             r
             for r in between
             if r.get("time_s") is not None
             and r["time_s"] < r["best_uniform_time_s"] * (1 - 1e-6)
         ]
-        share = len(cheaper) / len(between)
+        share = len(cheaper) / len(between) if between else None
         gains = [1 - r["time_s"] / r["best_uniform_time_s"] for r in cheaper]
         measured = f"{len(cheaper)} of {len(between)} budgets" + (
             f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)"
@@ -312,7 +315,14 @@ class CheaperBetween:
         )
         return [
             _verdict(
-                name, group, "time_s", self.at_least, share, measured, at_least=True
+                name,
+                group,
+                "time_s",
+                self.at_least,
+                share,
+                measured,
+                "" if between else NOTHING_BETWEEN,
+                at_least=True,
             )
         ]
 
@@ -453,11 +463,12 @@ class ClockFasterBetween:
     at_least: float = 0.5
 
     def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
-        between = [r for r in _clock_picks(rows, group) if r.get("clock_between")]
-        if not between:
+        picks = _clock_picks(rows, group)
+        if not picks:
             return []
+        between = [r for r in picks if r.get("clock_between")]
         faster = [r for r in between if clock_ratio(r) < 1.0]
-        share = len(faster) / len(between)
+        share = len(faster) / len(between) if between else None
         gains = [1 - clock_ratio(r) for r in faster]
         measured = f"{len(faster)} of {len(between)} budgets" + (
             f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)"
@@ -470,7 +481,14 @@ class ClockFasterBetween:
         )
         return [
             _verdict(
-                name, group, "step_s", self.at_least, share, measured, at_least=True
+                name,
+                group,
+                "step_s",
+                self.at_least,
+                share,
+                measured,
+                "" if between else NOTHING_BETWEEN,
+                at_least=True,
             )
         ]
 

@@ -285,18 +285,27 @@ def test_a_range_of_one_layer_keeps_what_longer_ranges_keep(c):
     model = zoo.Transformer(64, 128, 64, 2, depth, key=jr.key(0))
     tokens = jnp.zeros((2, 128), dtype=jnp.int32)
 
-    def temp(ck):
-        def loss(model, tokens):
-            return jnp.sum(jax.vmap(model)(tokens) ** 2)
+    def loss(model, tokens):
+        return jnp.sum(jax.vmap(model)(tokens) ** 2)
 
+    def temp(ck):
         m = er.set_checkpoint(model, ck)
         return er.memory_report(eqx.filter_grad(loss), m, tokens).temp_bytes
 
     uniform = temp(er.ranges((depth, c)))
     first = temp(er.ranges((1, c), (depth - 1, c)))
-    assert first <= 1.02 * uniform, (first, uniform)
-    if c is not None:  # None recomputes nothing: out of a loop, XLA does better
-        assert first >= 0.98 * uniform, (first, uniform)
+    if c is None:
+        # None recomputes nothing, so nothing can be hoisted: the ranges save
+        # exactly the same bytes, and their compiled temp differs only by XLA's
+        # schedule of two loops (0.95x with jax.nn.gelu, 1.04x with zoo.gelu).
+        def saved(ck):
+            m = er.set_checkpoint(model, ck)
+            return sum(r.nbytes for r in er.residuals(loss, m, tokens))
+
+        assert saved(er.ranges((1, c), (depth - 1, c))) == saved(er.ranges((depth, c)))
+        assert first <= 1.05 * uniform, (first, uniform)
+    else:
+        assert 0.98 * uniform <= first <= 1.02 * uniform, (first, uniform)
     # A last range's backward step follows its forward pass: never more.
     last = temp(er.ranges((depth - 1, c), (1, c)))
     assert last <= 1.02 * uniform, (last, uniform)

@@ -649,11 +649,9 @@ def test_gelu_saves_one_derivative(ck):
 
 
 def test_gelu_is_jax_gelu():
-    """`_gelu` is `jax.nn.gelu(approximate=True)`, and so is its derivative."""
-    from zoo._layers import _gelu
-
+    """`zoo.gelu` is `jax.nn.gelu(approximate=True)`, and so is its derivative."""
     x = jnp.linspace(-6.0, 6.0, 101)
-    assert jnp.array_equal(_gelu(x), jax.nn.gelu(x))
-    d = jax.vmap(jax.grad(_gelu))(x)
+    assert jnp.array_equal(zoo.gelu(x), jax.nn.gelu(x))
+    d = jax.vmap(jax.grad(zoo.gelu))(x)
     ref = jax.vmap(jax.grad(jax.nn.gelu))(x)
     np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-6)

@@ -113,8 +113,9 @@ def _matmul_t(x: Array, weight: Array) -> Array:
 
 
 @jax.custom_jvp
-def _gelu(x: Array) -> Array:
-    """`jax.nn.gelu(x)` (tanh approximation), whose derivative is one array.
+def gelu(x: Array) -> Array:
+    """`jax.nn.gelu(x)` (tanh approximation), whose derivative is one array: the
+    GELU of `zoo.Transformer`.
 
     Differentiated as written, the tanh formula leaves the backward pass five
     `x`-sized intermediates besides the output (`x`, `x**2`-terms, `tanh`, ...),
@@ -128,7 +129,7 @@ def _gelu(x: Array) -> Array:
     return jax.nn.gelu(x, approximate=True)
 
 
-@_gelu.defjvp
+@gelu.defjvp
 def _gelu_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     c = np.sqrt(2 / np.pi).astype(x.dtype)

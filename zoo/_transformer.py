@@ -21,10 +21,10 @@ from ._layers import (
     Norm,
     _apply_norm,
     _dense_in,
-    _gelu,
     _matmul_t,
     _norm,
     _rope,
+    gelu,
     wide,
 )
 from ._sharding import _embed, _gathered
@@ -122,7 +122,7 @@ class _Block(eqx.Module):
             h = _apply_norm(self.mlp_norm, x)
             up = checkpoint_name(self.mlp_in(h), "mlp_hidden")
             if self.mlp_gate is None:
-                hidden = _gelu(up)
+                hidden = gelu(up)
             else:
                 gate = checkpoint_name(self.mlp_gate(h), "mlp_gate")
                 hidden = jax.nn.silu(gate) * up
