@@ -132,6 +132,7 @@ def _chain_loss(mods, x, depth, ck):
 _chain_grad = jax.jit(jax.grad(_chain_loss, argnums=(0, 1)), static_argnums=(2, 3))
 
 
+@pytest.mark.heavy
 @given(
     depth=st.integers(1, 64),
     slots=st.integers(1, 8),
@@ -183,6 +184,7 @@ def test_chain_gradients(depth, slots):
     assert tree_allclose(g, g_ref)
 
 
+@pytest.mark.heavy
 def test_vmap_conventions():
     depth, width, batch, ck = 11, 4, 3, er.binomial(3)
     layers = make_layers(depth, width)
@@ -282,6 +284,7 @@ def test_count_flops_is_exact_on_deep_stacks(depth, slots):
     assert count.transcendentals == optimal_evaluations(depth, slots) + depth
 
 
+@pytest.mark.heavy
 def test_memory_falls_and_evaluations_rise_as_slots_fall():
     depth, width, batch = 48, 16, 256  # a carry (16 KiB) outweighs a layer (1 KiB)
     layers = make_layers(depth, width)

@@ -79,7 +79,15 @@ def _stack_by_hand(bs):
     return eqx.combine(stacked, eqx.filter(bs[0], eqx.is_array, inverse=True))
 
 
-@pytest.mark.parametrize("ck", [None, "dots", er.every(2)], ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(None, marks=pytest.mark.heavy),
+        "dots",
+        pytest.param(er.every(2), marks=pytest.mark.heavy),
+    ],
+    ids=str,
+)
 def test_list_memory_is_stacking_by_hand_no_switch(ck):
     """Width 64, 6 blocks: the list path compiles to what stacking by hand inside
     the step compiles to (±2%), and costs at most the stack and its gradient

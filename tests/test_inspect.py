@@ -842,6 +842,7 @@ def test_v5e_dots_saves_memory_in_the_default_compile():
     assert dots.temp_bytes < 0.6 * none.temp_bytes
 
 
+@pytest.mark.heavy
 @needs_libtpu
 def test_v5e_flash_attention_with_unsharded_arguments():
     """`attention="flash"` needs a TPU: on a v5e target the function is traced on

@@ -154,6 +154,7 @@ def _loss(model, x, vmapped):
 _grad = quick_jit(eqx.filter_grad(_loss))
 
 
+@pytest.mark.heavy
 @given(
     parts=st.lists(
         st.tuples(st.integers(1, 3), st.sampled_from(RANGE_CHECKPOINTS)),
@@ -175,7 +176,9 @@ def test_gradients_equal_the_unchecked_ones(parts, model, vmapped, unroll):
     )
 
 
-@pytest.mark.parametrize("depth", [1, 7], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize(
+    "depth", [1, pytest.param(7, marks=pytest.mark.heavy)], ids=lambda d: f"D{d}"
+)
 def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
     layers = make_layers(depth, 3)
     x = jnp.array([[0.1, -0.4, 0.3]])
@@ -251,6 +254,7 @@ PARAMETER_RANGES = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
 def test_parameter_dominated_stack_stays_within_none_plus_one_layer(vmapped):
     # Wide layers, a batch of two: parameters dominate. No range copies its
@@ -275,6 +279,7 @@ def test_parameter_dominated_stack_stays_within_none_plus_one_layer(vmapped):
         assert temp(ck) <= base + layer_bytes, (ck, temp(ck), base, layer_bytes)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("c", [None, "dots", "nothing"], ids=str)
 def test_a_range_of_one_layer_keeps_what_longer_ranges_keep(c):
     # Out of a loop, XLA would run a policy's recomputation as early as the

@@ -62,6 +62,7 @@ _grad = jax.jit(jax.grad(_loss, argnums=(0, 1)), static_argnums=3)
 _value = jax.jit(_loss, static_argnums=3)
 
 
+@pytest.mark.heavy
 @given(
     depth=st.integers(1, 64),
     width=st.sampled_from([2, 5]),
@@ -96,7 +97,15 @@ def test_chain_gradients(depth, ck):
     assert tree_allclose(g, g_ref)
 
 
-@pytest.mark.parametrize("ck", [er.every(3), er.nested(2), er.recursive()], ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(er.every(3), marks=pytest.mark.heavy),
+        er.nested(2),
+        pytest.param(er.recursive(), marks=pytest.mark.heavy),
+    ],
+    ids=str,
+)
 def test_vmap_conventions(ck):
     depth, width, batch = 11, 4, 3
     layers = make_layers(depth, width)
@@ -149,7 +158,11 @@ def test_vmap_axis_name_reaches_the_layers(ck):
     assert tree_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("ck", [er.every(2), er.nested(2), er.recursive()], ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [er.every(2), er.nested(2), pytest.param(er.recursive(), marks=pytest.mark.heavy)],
+    ids=str,
+)
 def test_grad_of_grad(ck):
     layers = make_layers(6, 3)
     x = jnp.array([[0.1, 0.2, -0.3]])
@@ -169,7 +182,14 @@ DEPTH_SCHEDULES = [
 ]
 
 
-@pytest.mark.parametrize("ck", DEPTH_SCHEDULES, ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(ck, marks=pytest.mark.heavy) if i < 4 else ck
+        for i, ck in enumerate(DEPTH_SCHEDULES)
+    ],
+    ids=str,
+)
 def test_forward_over_reverse_matches_unchecked(ck):
     # Hessian-vector products (jax.jvp of jax.grad) and jax.hessian work through
     # every schedule and equal the un-checkpointed ones (float64).
@@ -224,6 +244,7 @@ PARAMETER_CHECKPOINTS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
 def test_parameter_dominated_stack_never_exceeds_none(vmapped):
     # Wide layers, a batch of two: parameters dominate (LLM fine-tuning with
@@ -280,7 +301,9 @@ def test_vmap_costs_at_most_one_layer_more_on_a_parameter_dominated_chain():
 # --- exact evaluation counts ----------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [1, 5, 13, 16])
+@pytest.mark.parametrize(
+    "depth", [1, *(pytest.param(d, marks=pytest.mark.heavy) for d in (5, 13, 16))]
+)
 def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
     # Each layer computes `width` tanh's per example, and nothing else in the
     # program is transcendental: the transcendentals of a gradient differ

@@ -35,6 +35,7 @@ def run_sharded_check(*checks: str) -> None:
     assert proc.stdout.splitlines()[-1] == "ok"
 
 
+@pytest.mark.heavy
 def test_sharded_gradients_equal_single_device_gradients():
     """On 8 devices, DP and FSDP gradients of the Transformer under `"dots"` and
     `recursive()` equal the single-device gradients (f32, rtol 1e-5, atol 1e-6),
@@ -42,6 +43,7 @@ def test_sharded_gradients_equal_single_device_gradients():
     run_sharded_check("grads")
 
 
+@pytest.mark.heavy
 def test_padded_segments_keep_memory_space_and_sharding():
     """Depths that a schedule's split does not divide (3 and 5 layers): every
     schedule, with no inner policy or an offloading one (`offload_dots_no_batch`,
@@ -142,6 +144,7 @@ def test_shard_errors():
         zoo.shard_batch({"x": x, "y": jnp.float32(1)}, mesh())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("llama", [False, True], ids=["gpt2", "llama"])
 def test_explicit_mesh_one_device(llama):
     """Sharding in types on one device: `zoo.shard` (FSDP) and `zoo.shard_batch`
