@@ -9,6 +9,10 @@ import jax  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 
+# Eight CPU devices in this process, for the multi-device tests (set before JAX
+# first initialises its backends, as Equinox's conftest does). A test that depends
+# on one device says so: it uses `jax.devices()[0]` or a mesh of one device.
+jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
