@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import pytest
-from helpers import tree_allclose
 from hypothesis import given
 from test_schedules import make_layers
 from zoo_helpers import build, quick_jit
@@ -171,7 +170,7 @@ def test_gradients_equal_the_unchecked_ones(parts, model, vmapped, unroll):
     g = _grad(m, x, vmapped)
     g_ref = _grad(er.set_checkpoint(m, None), x, vmapped)
     # The leaves: the gradients' static `checkpoint` fields differ.
-    assert tree_allclose(
+    assert eqx.tree_equal(
         jax.tree.leaves(g), jax.tree.leaves(g_ref), rtol=1e-4, atol=1e-6
     )
 
@@ -190,7 +189,7 @@ def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
         return jnp.sum(er.scan_layers(layers, x, ts, checkpoint=ck) ** 2)
 
     g = jax.grad(loss, argnums=(0, 1))
-    assert tree_allclose(g(layers, x, ck), g(layers, x, None))
+    assert eqx.tree_equal(g(layers, x, ck), g(layers, x, None), rtol=1e-5, atol=1e-6)
     w = jnp.array([0.5, 0.9, -0.4])
 
     def chained(x, w, ck):
@@ -198,7 +197,7 @@ def test_scan_layers_chain_and_set_checkpoint_take_ranges(depth):
         return jnp.sum(er.chain([fns[i % 3] for i in range(depth)], checkpoint=ck)(x))
 
     g = jax.grad(chained, argnums=(0, 1))
-    assert tree_allclose(g(x[0], w, ck), g(x[0], w, None))
+    assert eqx.tree_equal(g(x[0], w, ck), g(x[0], w, None), rtol=1e-5, atol=1e-6)
     model = er.set_checkpoint(zoo.ResidualChain(3, depth, key=jr.key(0)), ck)
     assert model.checkpoint == ck
 
@@ -217,7 +216,9 @@ def test_second_order_through_ranges():
     def gg(x, ck):
         return jnp.sum(jax.grad(loss)(layers, x, ck).w)
 
-    assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
+    assert eqx.tree_equal(
+        jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4, atol=1e-6
+    )
     with jax.enable_x64(True):
         l64 = jax.tree.map(lambda a: a.astype(jnp.float64), layers)
         x64 = x.astype(jnp.float64)
@@ -226,7 +227,7 @@ def test_second_order_through_ranges():
             g = jax.grad(lambda x: loss(l64, x, ck))
             return jax.jvp(g, (x64,), (jnp.ones_like(x64),))[1]
 
-        assert tree_allclose(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
+        assert eqx.tree_equal(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
 
 
 def test_plan_takes_ranges_among_its_candidates():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import temp_bytes, tree_allclose
+from helpers import temp_bytes
 from hypothesis import given
 from zoo_helpers import build, quick_jit
 
@@ -64,7 +64,7 @@ def assert_same_gradients(model, x, ck, *, rtol=1e-5):
     # atol relative to the largest gradient: entries near zero are differences
     # of O(1) terms, so rtol alone would be too strict for them.
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
-    assert tree_allclose(got, ref, rtol=rtol, atol=rtol * scale), ck_id(ck)
+    assert eqx.tree_equal(got, ref, rtol=rtol, atol=rtol * scale), ck_id(ck)
 
 
 def mlp(depth=3, *, in_size=3, out_size=2, width=5, seed=0, **kwargs):
@@ -217,7 +217,7 @@ def test_set_checkpoint_switches_schedule(make, size):
         ):
             assert a is b
         g = er.set_checkpoint(_grads(switched, x), None)
-        assert tree_allclose(g, _grads(model, x))
+        assert eqx.tree_equal(g, _grads(model, x), rtol=1e-5, atol=1e-6)
     back = er.set_checkpoint(er.set_checkpoint(model, er.recursive()), None)
     assert back.checkpoint is None
 
@@ -338,7 +338,7 @@ def test_integer_arguments_take_any_integer_type(model, arg, to):
         assert type(getattr(got, arg)) is int
         assert getattr(got, arg) == kwargs[arg]
     arrays = [jax.tree.leaves(eqx.filter(m, eqx.is_array)) for m in (got, want)]
-    assert tree_allclose(*arrays, rtol=0, atol=0)
+    assert eqx.tree_equal(*arrays, rtol=0, atol=0)
 
 
 # bool is an integer type but no size: rejected (except `unroll=True`, the whole
@@ -369,8 +369,8 @@ def test_scan_layers_unroll_takes_any_integer_type(to):
     want = er.scan_layers(model.hidden, x, unroll=2)
     got = er.scan_layers(model.hidden, x, unroll=to(2))
     got_ck = er.scan_layers(model.hidden, x, checkpoint=er.recursive(), unroll=to(2))
-    assert tree_allclose(got, want, rtol=0, atol=0)
-    assert tree_allclose(got_ck, want, rtol=1e-6, atol=1e-6)
+    assert eqx.tree_equal(got, want, rtol=0, atol=0)
+    assert eqx.tree_equal(got_ck, want, rtol=1e-6, atol=1e-6)
 
 
 def test_zoo_models_state_the_contract():
@@ -514,7 +514,7 @@ def test_save_all_but_names_residual_bytes(model, tag, strict):
     ref = _model_grads(m, x)
     got = _model_grads(er.set_checkpoint(m, er.save_all_but_names(tag)), x)
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
-    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+    assert eqx.tree_equal(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("model, tag, strict", MEMORY_EXCLUSIONS)
@@ -620,7 +620,7 @@ def test_switching_checkpoint_mid_training_covers_the_optimiser_state():
     ref, _ = step(model, opt_state)
     assert got.checkpoint == "nothing"
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
-    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+    assert eqx.tree_equal(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
 
 
 UNROLL_MODELS = {
@@ -663,6 +663,6 @@ def test_unroll_keeps_gradients(ck, make, x):
 
     ref = jax.tree.leaves(grads(1))
     for unroll in (2, True):
-        assert tree_allclose(jax.tree.leaves(grads(unroll)), ref, rtol=1e-5, atol=1e-6)
+        assert eqx.tree_equal(jax.tree.leaves(grads(unroll)), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="unroll must be an int >= 1"):
         make(unroll=0)
