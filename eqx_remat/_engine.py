@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+from . import _jax_private
 from ._policies import (
     _is_name_policy,
     _to_jax_policy,
@@ -59,36 +60,23 @@ from ._policies import (
 )
 
 
-try:  # Private: which trace a primitive bound now would be processed by.
-    from jax._src.core import no_axis_name as _no_axis_name, trace_ctx as _trace_ctx
-    from jax._src.interpreters.batching import BatchTrace as _BatchTrace
-except ImportError:  # pragma: no cover - depends on the jax version
-    _trace_ctx = _BatchTrace = _no_axis_name = None
-
-
-try:  # Private: zeros of an abstract value, with its weak type and sharding.
-    from jax._src.ad_util import zeros_like_aval as _zeros_like_aval
-except ImportError:  # pragma: no cover - depends on the jax version
-    _zeros_like_aval = None
-
-
 _warned_no_vmap_rule = False
 
 
 def _innermost_is_vmap() -> bool:
     global _warned_no_vmap_rule
-    if _trace_ctx is None or _BatchTrace is None:  # pragma: no cover - jax version
+    if not _jax_private.sees_traces():  # pragma: no cover - jax version
         if not _warned_no_vmap_rule:
             _warned_no_vmap_rule = True
             warnings.warn(
-                "eqx_remat: this jax version has no `jax._src.core.trace_ctx` "
+                "eqx_remat: this jax version hides which trace is innermost "
                 f"(jax {jax.__version__}; eqx_remat is tested with jax 0.10.2). "
                 "Schedules under jax.vmap still give correct gradients, but "
                 "per-example parameter gradients are materialised.",
                 stacklevel=3,
             )
         return False
-    return isinstance(_trace_ctx.trace, _BatchTrace)
+    return _jax_private.innermost_is_vmap()
 
 
 def _vmap_names() -> dict[str, Any]:
@@ -96,17 +84,7 @@ def _vmap_names() -> dict[str, Any]:
     keyword arguments of `jax.vmap`, so that the `custom_vmap` rule batches
     with them: collectives over the axis name still work, and values stay split
     over the mesh axes of `spmd_axis_name` (a `shard_map`'s specs keep them)."""
-    if _trace_ctx is None:  # pragma: no cover - then `_innermost_is_vmap` is False
-        return {}
-    axis = getattr(_trace_ctx.trace, "axis_data", None)
-    name = getattr(axis, "name", None)
-    spmd = getattr(axis, "spmd_name", None)
-    names = {}
-    if name is not None and name is not _no_axis_name:
-        names["axis_name"] = name
-    if spmd is not None:
-        names["spmd_axis_name"] = spmd
-    return names
+    return _jax_private.vmap_axis_names()
 
 
 def _is_diff(x: Any) -> bool:
@@ -141,10 +119,7 @@ def _zeros_of_type(t: Any) -> jax.Array:
     """Zeros of the abstract value `t` with all that its type carries (shape,
     dtype, weak type, sharding, memory space): what a `lax.cond` branch that
     skips a layer returns in place of values the other branch computes."""
-    if _zeros_like_aval is None:  # pragma: no cover - depends on the jax version
-        z = jnp.zeros(t.shape, t.dtype)
-    else:
-        z = _zeros_like_aval(t)
+    z = _jax_private.zeros_like_aval(t)
     space = getattr(t, "memory_space", None)
     if space is not None and space != jax.memory.Space.Device:
         z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory

@@ -15,11 +15,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
 from typing_extensions import TypeIs
 
-
-try:  # Only for the source locations of re-evaluated equations; optional.
-    from jax._src import source_info_util as _source_info_util
-except ImportError:  # pragma: no cover - depends on the jax version
-    _source_info_util = None
+from . import _jax_private
 
 
 # Primitives that call one jaxpr once, and the parameter that holds it.
@@ -208,15 +204,7 @@ def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list:
 
 def _user_context(eqn: JaxprEqn):
     """Bind an equation re-evaluated from a jaxpr at its original source location."""
-    if _source_info_util is None:
-        return contextlib.nullcontext()
-    try:
-        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
-        return _source_info_util.user_context(
-            eqn.source_info.traceback, name_stack=name_stack
-        )
-    except AttributeError:  # pragma: no cover
-        return contextlib.nullcontext()
+    return _jax_private.source_context(eqn.source_info)
 
 
 def trace(fn: Callable[..., Any], *args: Any) -> tuple[ClosedJaxpr, list, Any]:

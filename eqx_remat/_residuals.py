@@ -7,15 +7,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from . import _jax_private
 from ._jaxpr import CALLS, is_literal, open_jaxpr, producers, scan_sizes
 from ._policies import _KEEP
 from ._util import format_bytes, traceable
-
-
-try:  # Only for the file:line of each residual's source.
-    from jax._src.source_info_util import summarize as _summarize
-except ImportError:  # pragma: no cover
-    _summarize = None
 
 
 class Residual(NamedTuple):
@@ -154,7 +149,7 @@ def _residual(aval, source, name, layers) -> Residual:
 
 
 def _where(eqn) -> str:
-    where = None if _summarize is None else _summarize(eqn.source_info)
+    where = _jax_private.summarize_source(eqn.source_info)
     return where or "an unknown location"
 
 

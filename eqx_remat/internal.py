@@ -20,6 +20,7 @@ from ._hardware import (
     cpu_hardware as cpu_hardware,
     hardware as hardware,
 )
+from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._memory import compiled_report as compiled_report
 from ._pallas import with_pallas_costs as with_pallas_costs
 from ._plan import needed_bytes as needed_bytes, roofline_seconds as roofline_seconds
@@ -44,6 +45,7 @@ __all__ = [
     "hardware",
     "is_array_like",
     "needed_bytes",
+    "pallas_interpreting",
     "paired_ratio",
     "roofline_seconds",
     "time_interleaved",

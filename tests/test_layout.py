@@ -3,8 +3,9 @@
 (imports inside functions and under `if TYPE_CHECKING:` count: they dodge a cycle,
 they do not remove it); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
 and `benchmarks` use only the names `eqx_remat` exports, its public namespace and
-the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; and
-no function in `eqx_remat`, `zoo` or `benchmarks` is over 80 lines of code.
+the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; only
+`eqx_remat/_jax_private.py` imports `jax._src`; and no function in `eqx_remat`,
+`zoo` or `benchmarks` is over 80 lines of code.
 
 Each check is a function returning what it found, so that the checks themselves
 are tested on small made-up packages (they can fail).
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "eqx_remat"
 INTERNAL = "internal"
 CLIENTS = ("zoo", "benchmarks")
+PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
 MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
 
 
@@ -194,6 +196,25 @@ def function_sizes(path: Path) -> list[tuple[str, int]]:
     return sizes
 
 
+def jax_private_imports(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """`package/file.py:line module` for each import of `jax._src` (at any depth,
+    `from jax import _src` too) in the packages under `root`."""
+    out = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in _imports(path)[1]:
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif node.level == 0:
+                    names = [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                for n in names:
+                    if n == "jax._src" or n.startswith("jax._src."):
+                        out.append(f"{path.relative_to(root)}:{node.lineno} {n}")
+    return out
+
+
 def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> list[str]:
     """`package/file.py:line:name n` for each function of the packages under `root`
     (every `.py` file, at any depth) with more than `limit` lines of code."""
@@ -224,6 +245,12 @@ def test_eqx_remat_never_imports_zoo_or_benchmarks():
 def test_clients_use_only_exported_names(client):
     public, internal = set(eqx_remat.__all__), set(eqx_remat.internal.__all__)
     assert private_uses(ROOT / client, public, internal) == []
+
+
+def test_private_jax_is_imported_by_one_module():
+    found = jax_private_imports(ROOT, (PACKAGE, *CLIENTS))
+    assert found, "the parse found no import of jax._src at all"
+    assert {f.split(":")[0] for f in found} == {f"{PACKAGE}/{PRIVATE_JAX}"}, found
 
 
 def test_no_function_is_over_80_lines_of_code():
@@ -323,6 +350,23 @@ def test_private_uses_are_found(tmp_path):
         "_bad.py:7 er.check_int",
         "_bad.py:7 er._plan",
         "_bad.py:7 er.internal.nope",
+    ]
+
+
+def test_private_jax_imports_are_found(tmp_path):
+    _package(
+        tmp_path,
+        "pkg",
+        {
+            "_a.py": "import jax\nfrom jax._src import core\n",
+            "_b.py": "def f():\n    import jax._src.ad_util as u\n",
+            "_c.py": "from jax import _src, numpy\nimport jax.extend\n",
+        },
+    )
+    assert jax_private_imports(tmp_path, ("pkg",)) == [
+        "pkg/_a.py:2 jax._src.core",
+        "pkg/_b.py:2 jax._src.ad_util",
+        "pkg/_c.py:1 jax._src",
     ]
 
 
