@@ -64,7 +64,7 @@ def sees_traces() -> bool:
 
 def innermost_is_vmap() -> bool:
     """Whether the innermost transformation being traced is a `jax.vmap`."""
-    if not sees_traces():  # pragma: no cover - depends on the jax version
+    if _trace_ctx is None or _BatchTrace is None:  # pragma: no cover - jax version
         return False
     return isinstance(_trace_ctx.trace, _BatchTrace)
 
@@ -134,8 +134,7 @@ def summarize_source(source_info: Any) -> str | None:
 def pallas_interpreting() -> bool:
     """Whether Pallas TPU kernels run in interpret mode
     (`jax.experimental.pallas.tpu.force_tpu_interpret_mode()`)."""
-    try:
-        context = _config.pallas_tpu_interpret_mode_context_manager  # pyright: ignore
-        return context.value is not None
-    except AttributeError:  # pragma: no cover - depends on the jax version
+    context = getattr(_config, "pallas_tpu_interpret_mode_context_manager", None)
+    if context is None:  # pragma: no cover - depends on the jax version
         return False
+    return context.value is not None
