@@ -1,7 +1,7 @@
 import jax
 import jax.numpy as jnp
 
-from eqx_remat._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
+from eqx_remat._inspect._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
 
 
 def temp_bytes(fn, *args) -> int:

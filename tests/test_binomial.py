@@ -11,7 +11,7 @@ from helpers import count_primitive
 from hypothesis import given
 
 import eqx_remat as er
-from eqx_remat._binomial import _schedule, optimal_evaluations
+from eqx_remat._schedules._binomial import _schedule, optimal_evaluations
 
 
 # --- the cost model, computed independently ------------------------------------

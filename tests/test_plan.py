@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eqx_remat as er
-from eqx_remat import _hardware, _plan, _solve
-from eqx_remat._binomial import optimal_evaluations
+from eqx_remat._planning import _hardware, _plan, _solve
+from eqx_remat._schedules._binomial import optimal_evaluations
 from eqx_remat.internal import Hardware, Timing
 
 

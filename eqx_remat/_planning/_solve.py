@@ -21,13 +21,13 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._checkpoint import Checkpoint, set_checkpoint
-from ._engine import Layers, Schedule
-from ._flops import FlopCount, count_flops
+from .._inspect._flops import FlopCount, count_flops
+from .._inspect._jaxpr import is_literal, open_jaxpr, scan_sizes, sub_jaxprs
+from .._policies._values import _KEEP, offload_names, save_names
+from .._schedules._checkpoint import Checkpoint, set_checkpoint
+from .._schedules._engine import Layers, Schedule
+from .._util import traceable
 from ._hardware import Hardware
-from ._jaxpr import is_literal, open_jaxpr, scan_sizes, sub_jaxprs
-from ._policies import _KEEP, offload_names, save_names
-from ._util import traceable
 
 
 # --- the stacks ---------------------------------------------------------------

@@ -13,8 +13,8 @@ from typing import Any, TypeAlias, TypeVar
 import equinox as eqx
 import jax.tree_util as jtu
 
+from .._policies._values import Policy, _to_jax_policy
 from ._engine import Schedule
-from ._policies import Policy, _to_jax_policy
 
 
 _T = TypeVar("_T")

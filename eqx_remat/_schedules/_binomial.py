@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._validate import check_int
 from ._checkpoint import check_policy
 from ._engine import Layers, Schedule
-from ._validate import check_int
 
 
 @dataclasses.dataclass(frozen=True)

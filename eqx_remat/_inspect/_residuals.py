@@ -7,10 +7,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _jax_private
+from .. import _jax_private
+from .._policies._values import _KEEP
+from .._util import format_bytes, traceable
 from ._jaxpr import CALLS, is_literal, open_jaxpr, producers, scan_sizes
-from ._policies import _KEEP
-from ._util import format_bytes, traceable
 
 
 class Residual(NamedTuple):

@@ -15,7 +15,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
 from typing_extensions import TypeIs
 
-from . import _jax_private
+from .. import _jax_private
 
 
 # Primitives that call one jaxpr once, and the parameter that holds it.

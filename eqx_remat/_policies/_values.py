@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from ._jaxpr import eval_jaxpr, is_literal, iter_eqns, producers, trace, users
+from .._inspect._jaxpr import eval_jaxpr, is_literal, iter_eqns, producers, trace, users
 
 
 Policy: TypeAlias = Callable[..., Any]

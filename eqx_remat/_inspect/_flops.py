@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _jax_private
+from .. import _jax_private
+from .._util import traceable
 from ._jaxpr import (
     CALLS,
     is_literal,
@@ -27,7 +28,6 @@ from ._jaxpr import (
     scan_sizes,
     sub_jaxprs,
 )
-from ._util import traceable
 
 
 def _dce_jaxpr(jaxpr: Any, used_outputs: list[bool], instantiate: bool) -> Any:

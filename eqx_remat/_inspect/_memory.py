@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._util import format_bytes, split_args, traceable
 from ._flops import count_flops
-from ._util import format_bytes, split_args, traceable
 
 
 _V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")

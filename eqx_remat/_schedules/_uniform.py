@@ -9,9 +9,9 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from .._validate import check_int
 from ._checkpoint import check_policy
 from ._engine import Layers, Schedule
-from ._validate import check_int
 
 
 def _ceil_root(n: int, k: int) -> int:

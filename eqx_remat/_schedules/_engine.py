@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from . import _jax_private
-from ._policies import (
+from .. import _jax_private
+from .._policies._values import (
     _is_name_policy,
     _to_jax_policy,
     check_tags,
