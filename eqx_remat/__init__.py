@@ -29,10 +29,9 @@ from ._planning._plan import (
     parse_bytes as parse_bytes,
     plan as plan,
 )
+from ._policies._named import POLICIES as POLICIES, policy as policy
 from ._policies._values import (
-    POLICIES as POLICIES,
     offload_names as offload_names,
-    policy as policy,
     save_all_but_names as save_all_but_names,
     save_and_offload_names as save_and_offload_names,
     save_names as save_names,

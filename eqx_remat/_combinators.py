@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._policies._values import checkpointed
+from ._policies._apply import checkpointed
 from ._schedules._checkpoint import Checkpoint, normalise_checkpoint
 from ._schedules._engine import Schedule, remat_scan
 from ._validate import check_int

@@ -1,7 +1,8 @@
 """The package layout, read from the source (`ast`, nothing imported but
 `eqx_remat` itself): the import graph between `eqx_remat`'s modules has no cycle
 (imports inside functions and under `if TYPE_CHECKING:` count: they dodge a cycle,
-they do not remove it); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
+they do not remove it), and each module imports only from its own layer or those
+below it (`LAYERS`); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
 and `benchmarks` use only the names `eqx_remat` exports, its public namespace and
 the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; only
 `eqx_remat/_jax_private.py` imports `jax._src`; and no function in `eqx_remat`,
@@ -27,6 +28,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "eqx_remat"
 INTERNAL = "internal"
 CLIENTS = ("zoo", "benchmarks")
+# The layers of `eqx_remat`, lowest first, by the first part of a module's dotted
+# name: a module imports only from its own layer or those below it.
+LAYERS = (
+    ("_jax_private", "_util", "_validate"),  # foundations
+    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs
+    ("_policies",),  # policy values and how one is applied to a layer
+    ("_schedules",),  # the engine, the checkpoint value, the schedules
+    ("_combinators", "_stacked"),  # scan_layers, chain, Stacked
+    ("_planning",),  # plan, its solver, the hardware table, the clock
+    ("__init__", "internal"),  # the namespaces
+)
 PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
 MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
 
@@ -91,6 +103,22 @@ def import_graph(package_dir: Path) -> dict[str, set[str]]:
         edges.discard(module)
         graph[module] = edges
     return graph
+
+
+def upward_imports(graph: dict[str, set[str]], layers) -> list[str]:
+    """`a imports b` for each import of a module `b` of a higher layer than `a`
+    (`layers`: tuples of first parts of dotted names, lowest first), and
+    `a: in no layer` for a module that no layer holds."""
+    rank = {head: i for i, layer in enumerate(layers) for head in layer}
+    out = []
+    for a in sorted(graph):
+        if a.split(".")[0] not in rank:
+            out.append(f"{a}: in no layer")
+            continue
+        for b in sorted(graph[a]):
+            if rank.get(b.split(".")[0], -1) > rank[a.split(".")[0]]:
+                out.append(f"{a} imports {b}")
+    return out
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -257,6 +285,11 @@ def test_eqx_remat_import_graph_has_no_cycle():
     assert cycle is None, f"import cycle in eqx_remat: {' imports '.join(cycle)}"
 
 
+def test_eqx_remat_imports_only_downwards():
+    graph = import_graph(ROOT / PACKAGE)
+    assert upward_imports(graph, LAYERS) == []
+
+
 def test_eqx_remat_never_imports_zoo_or_benchmarks():
     assert forbidden_imports(ROOT / PACKAGE, CLIENTS) == []
 
@@ -288,6 +321,7 @@ def _package(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
     package = tmp_path / name
     package.mkdir()
     for file, text in files.items():
+        (package / file).parent.mkdir(parents=True, exist_ok=True)
         (package / file).write_text(textwrap.dedent(text))
     return package
 
@@ -321,6 +355,29 @@ def test_a_cycle_through_a_deferred_import_is_found(tmp_path):
     assert find_cycle(import_graph(package)) is not None
     (package / "_c.py").write_text("import os\n")
     assert find_cycle(import_graph(package)) is None
+
+
+def test_an_upward_import_is_found(tmp_path):
+    package = _package(
+        tmp_path,
+        PACKAGE,
+        {
+            "__init__.py": "from ._top import f as f\n",
+            "_top.py": "from ._low import g\n",
+            "_low.py": "def g():\n    from ._top import f\n",
+            "_sub/__init__.py": "",
+            "_sub/_x.py": "from .._top import f\nfrom .. import _low\n",
+            "_stray.py": "",
+        },
+    )
+    graph = import_graph(package)
+    assert graph["_sub._x"] == {"_top", "_low"}, graph
+    layers = (("_low",), ("_sub",), ("_top",), ("__init__",))
+    assert upward_imports(graph, layers) == [
+        "_low imports _top",
+        "_stray: in no layer",
+        "_sub._x imports _top",
+    ]
 
 
 def test_an_import_of_zoo_is_found(tmp_path):

@@ -344,6 +344,18 @@ def test_name_policy_on_a_function_without_tags_raises():
     assert jnp.allclose(jax.grad(loss)(1.0, jax_policy), jax.grad(loss)(1.0, None))
 
 
+def test_the_tag_check_does_not_depend_on_the_module_of_the_policy():
+    """A name policy's class decides whether its names are checked, wherever it
+    is defined: a subclass defined here (another module) is checked too."""
+
+    class MyNames(er.save_names):
+        pass
+
+    loss = lambda x, ck: er.chain([jnp.sin] * 3, checkpoint=ck)(x)
+    with pytest.raises(ValueError, match="That function has no checkpoint_name tags"):
+        jax.grad(loss)(1.0, MyNames("a"))
+
+
 # --- the shared validators -----------------------------------------------------
 
 

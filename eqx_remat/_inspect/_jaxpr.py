@@ -225,3 +225,26 @@ def iter_eqns(jaxpr: Jaxpr) -> Iterator[JaxprEqn]:
         yield eqn
         for sub in sub_jaxprs(eqn):
             yield from iter_eqns(open_jaxpr(sub))
+
+
+# The tag that the exact `save_all_but_names` (eqx_remat/_policies/_exclude.py)
+# gives values that must stay saved: not a tag of the user's, so
+# `checkpoint_names` leaves it out and `residuals` looks through it.
+KEEP_TAG = "__eqx_remat_keep__"
+
+
+def is_tag(prim: Any, params: Mapping[str, Any]) -> bool:
+    """Whether primitive `prim`, bound with `params`, is a `checkpoint_name` tag."""
+    # `checkpoint_name(x, name)` binds the primitive "name" with a `name` parameter.
+    return getattr(prim, "name", None) == "name" and "name" in params
+
+
+def checkpoint_names(jaxpr: Jaxpr) -> list[str]:
+    """The `checkpoint_name` tags of `jaxpr` and of the jaxprs it holds (loop
+    bodies, `cond`/`switch` branches, calls, custom derivatives...), each once,
+    in the order met (depth first)."""
+    found: dict[str, None] = {}
+    for e in iter_eqns(jaxpr):
+        if is_tag(e.primitive, e.params) and e.params["name"] != KEEP_TAG:
+            found.setdefault(e.params["name"], None)
+    return list(found)

@@ -8,9 +8,8 @@ import jax
 import numpy as np
 
 from .. import _jax_private
-from .._policies._values import _KEEP
 from .._util import format_bytes, traceable
-from ._jaxpr import CALLS, is_literal, open_jaxpr, producers, scan_sizes
+from ._jaxpr import CALLS, KEEP_TAG, is_literal, open_jaxpr, producers, scan_sizes
 
 
 class Residual(NamedTuple):
@@ -166,7 +165,7 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
     if prim == "name":
         tag = e.params["name"]
         inner = e.invars[0]
-        if tag == _KEEP and not is_literal(inner) and inner in producer:
+        if tag == KEEP_TAG and not is_literal(inner) and inner in producer:
             return _describe(jaxpr, inner, producer)
         return f"named '{tag}' from {_where(e)}", tag, 1
     if prim == "scan":

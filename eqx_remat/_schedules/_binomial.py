@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._policies._named import to_jax_policy
 from .._validate import check_int
-from ._checkpoint import check_policy
 from ._engine import Layers, Schedule
 
 
@@ -94,7 +94,7 @@ class binomial(Schedule):
 
     def __post_init__(self):
         object.__setattr__(self, "slots", check_int("binomial", "slots", self.slots, 1))
-        check_policy("binomial", self.policy)
+        to_jax_policy(self.policy, fn="binomial")
 
     def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
         depth = layers.depth

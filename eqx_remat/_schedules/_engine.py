@@ -51,13 +51,10 @@ import jax.tree_util as jtu
 from jax import lax
 
 from .. import _jax_private
-from .._policies._values import (
-    _is_name_policy,
-    _to_jax_policy,
-    check_tags,
-    checkpoint_names,
-    checkpointed,
-)
+from .._inspect._jaxpr import checkpoint_names
+from .._policies._apply import checkpointed
+from .._policies._named import to_jax_policy
+from .._policies._values import NamePolicy, check_tags
 
 
 _warned_no_vmap_rule = False
@@ -195,7 +192,7 @@ class Layers:
         self.depth = depth
         self._offset = 0
         self._step = step
-        policy = _to_jax_policy(policy)
+        policy = to_jax_policy(policy)
         self._policy = policy
         self._layer_fn = step if policy is None else checkpointed(step, policy)
         self._consts = consts
@@ -227,7 +224,7 @@ class Layers:
         new = copy.copy(self)
         new.depth = depth
         new._offset = self._offset + start
-        new._policy = policy = _to_jax_policy(policy)
+        new._policy = policy = to_jax_policy(policy)
         new._layer_fn = (
             self._step if policy is None else checkpointed(self._step, policy)
         )
@@ -602,8 +599,8 @@ def _check_inner_names(step, consts, stacked, carry, schedule: Schedule) -> None
     checked only where they are applied, in the backward pass, and a typo
     would go unnoticed by a function that is not differentiated. Traces one
     layer, only when there is a name policy to check."""
-    pols = [_to_jax_policy(p) for p in schedule.policies()]
-    pols = [p for p in pols if _is_name_policy(p)]
+    pols = [to_jax_policy(p) for p in schedule.policies()]
+    pols = [p for p in pols if isinstance(p, NamePolicy)]
     if not pols:
         return
     args = (consts, _index(stacked, 0), carry)
