@@ -9,6 +9,7 @@ messages). It is documented and tested, but not part of the stable API of
 
 from ._inspect._memory import compiled_report as compiled_report
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
+from ._inspect._targets import v5e_shape as v5e_shape
 from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._clock import (
     Timing as Timing,
@@ -53,5 +54,6 @@ __all__ = [
     "roofline_seconds",
     "time_interleaved",
     "traceable",
+    "v5e_shape",
     "with_pallas_costs",
 ]
