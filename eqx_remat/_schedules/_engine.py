@@ -38,7 +38,8 @@ of the user's `jax.vmap`.
 """
 
 import abc
-import copy
+import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -156,6 +157,7 @@ class _Saved:
         return cls(children[0], layout)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Layers:
     """The stack of layers that a [`eqx_remat.Schedule`][] checkpoints, and the
     operations a schedule may use on it.
@@ -173,33 +175,45 @@ class Layers:
     opaque: the cotangent of the running carry and the gradient buffers. Pass it
     through loops as a pytree.
 
+    A `Layers` is a frozen value, built by the engine: a schedule never
+    changes one, and `view` returns a new one.
+
     **Attributes:**
 
     - `depth`: the number of layers, `D`.
     """
 
+    # The layer function, `step(consts, layer_params, carry)`.
+    _step: Callable[[Any, Any, Any], Any]
+    # What every layer reads (closed-over parameters), and the stacked layers.
+    _consts: Any
+    _stacked: Any
     depth: int
+    # The inner policy (normalised to a JAX policy, or `None`).
+    _policy: Any
+    _unroll: int | bool
+    # Where this stack starts in `_stacked` (a `view`'s first layer).
+    _offset: int = 0
 
-    def __init__(
-        self,
-        step: Callable[[Any, Any, Any], Any],
-        consts: Any,
-        stacked: Any,
-        depth: int,
-        policy: Any,
-        unroll: int | bool,
-    ):
-        self.depth = depth
-        self._offset = 0
-        self._step = step
-        policy = to_jax_policy(policy)
-        self._policy = policy
-        self._layer_fn = step if policy is None else checkpointed(step, policy)
-        self._consts = consts
-        self._stacked = stacked
-        self._unroll = unroll
-        self._consts_d, self._consts_nd = eqx.partition(consts, _is_diff)
-        self._stacked_d, self._stacked_nd = eqx.partition(stacked, _is_diff)
+    def __post_init__(self):
+        object.__setattr__(self, "_policy", to_jax_policy(self._policy))
+
+    @functools.cached_property
+    def _layer_fn(self) -> Callable[[Any, Any, Any], Any]:
+        """`_step` under the inner policy."""
+        if self._policy is None:
+            return self._step
+        return checkpointed(self._step, self._policy)
+
+    @functools.cached_property
+    def _consts_split(self) -> tuple[Any, Any]:
+        """`_consts` as its differentiable leaves and the others."""
+        return eqx.partition(self._consts, _is_diff)
+
+    @functools.cached_property
+    def _stacked_split(self) -> tuple[Any, Any]:
+        """`_stacked` as its differentiable leaves and the others."""
+        return eqx.partition(self._stacked, _is_diff)
 
     def view(self, start: int, depth: int, policy: Any) -> "Layers":
         """The layers `start, ..., start + depth - 1` of this stack as a stack of
@@ -221,14 +235,9 @@ class Layers:
                 f"Layers.view expected layers within 0..{self.depth - 1}. Got "
                 f"start={start!r}, depth={depth!r}."
             )
-        new = copy.copy(self)
-        new.depth = depth
-        new._offset = self._offset + start
-        new._policy = policy = to_jax_policy(policy)
-        new._layer_fn = (
-            self._step if policy is None else checkpointed(self._step, policy)
+        return dataclasses.replace(
+            self, depth=depth, _offset=self._offset + start, _policy=policy
         )
-        return new
 
     def _at(self, i: Any) -> Any:
         """The index in the full stack of this stack's layer `i`."""
@@ -280,18 +289,20 @@ class Layers:
         x_d, x_nd = eqx.partition(carry, _is_diff)
 
         def layer(c_d, s_d, x_d):
-            c = eqx.combine(c_d, self._consts_nd)
+            c = eqx.combine(c_d, self._consts_split[1])
             out = self._layer_fn(c, eqx.combine(s_d, s_nd), eqx.combine(x_d, x_nd))
             return eqx.partition(out, _is_diff)
 
-        out_d, vjp, out_nd = jax.vjp(layer, self._consts_d, s_d, x_d, has_aux=True)
+        out_d, vjp, out_nd = jax.vjp(
+            layer, self._consts_split[0], s_d, x_d, has_aux=True
+        )
         invariant = jtu.tree_leaves((self._consts, s_d, s_nd))
         return eqx.combine(out_d, out_nd), vjp, invariant
 
     def _params(self, i: Any) -> tuple[Any, Any]:
         """Layer `i`'s differentiable and other parameters, read from the stack."""
         i = self._at(i)
-        return _index(self._stacked_d, i), _index(self._stacked_nd, i)
+        return _index(self._stacked_split[0], i), _index(self._stacked_split[1], i)
 
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
@@ -440,6 +451,29 @@ class Layers:
 
         ts = jnp.arange(trips, dtype=jnp.int32)
         return lax.scan(body, cts, ts, reverse=True)[0]
+
+    # --- the gradient state -------------------------------------------------
+
+    def _initial_cts(self, ct: Any) -> Any:
+        """The backward state before the last layer is reversed: the cotangent
+        `ct` of the stack's output, and zero gradient buffers."""
+        return (
+            eqx.filter(ct, _is_diff),
+            jtu.tree_map(jnp.zeros_like, self._stacked_split[0]),
+            jtu.tree_map(jnp.zeros_like, self._consts_split[0]),
+        )
+
+    def _gradients(self, cts: Any, ct: Any) -> tuple[Any, Any, Any]:
+        """`(consts, stacked, carry)` cotangents, shaped like the stack's
+        arguments (`None` for what is not differentiable), from the backward
+        state `cts` after the first layer has been reversed; `ct` is the
+        cotangent the backward pass started from."""
+        ct_x, gs, gc = cts
+        return (
+            eqx.combine(gc, _nones(self._consts_split[1])),
+            eqx.combine(gs, _nones(self._stacked_split[1])),
+            eqx.combine(ct_x, _nones(eqx.filter(ct, _is_diff, inverse=True))),
+        )
 
     # --- stored carries -----------------------------------------------------
 
@@ -672,17 +706,8 @@ def _custom_vjp(step, depth: int, schedule: Schedule, unroll):
     def fn_bwd(res, ct):
         consts, stacked, saved = res
         stack = layers(consts, stacked, schedule.policy)
-        cts = (
-            eqx.filter(ct, _is_diff),
-            jtu.tree_map(jnp.zeros_like, stack._stacked_d),
-            jtu.tree_map(jnp.zeros_like, stack._consts_d),
-        )
-        ct_x, gs, gc = schedule.backward(stack, saved, cts)
-        return (
-            eqx.combine(gc, _nones(stack._consts_nd)),
-            eqx.combine(gs, _nones(stack._stacked_nd)),
-            eqx.combine(ct_x, _nones(eqx.filter(ct, _is_diff, inverse=True))),
-        )
+        cts = schedule.backward(stack, saved, stack._initial_cts(ct))
+        return stack._gradients(cts, ct)
 
     fn.defvjp(fn_fwd, fn_bwd)
     return fn
