@@ -551,3 +551,54 @@ def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
     # The device keeps less than when it saves both, more than when it saves
     # only what offload_names("b") keeps (it also keeps `a`).
     assert offload_b.temp_bytes < mixed.temp_bytes < both.temp_bytes
+
+
+# --- under JAX's remat3 ----------------------------------------------------------
+
+
+@pytest.fixture
+def remat3():
+    """`jax_remat3=True` for one test (jax 0.10.2 has it off; later jax turns it
+    on): `jax.checkpoint` honours only JAX's own name policies at a tag."""
+    if not hasattr(jax.config, "jax_remat3"):
+        pytest.skip("this jax has no jax_remat3 flag")
+    before = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", before)
+
+
+class _TaggedLayer(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return jnp.tanh(checkpoint_name(x * self.w, "h"))
+
+
+def test_under_remat3_policies_are_jax_values_or_fail_clearly(remat3):
+    """Under remat3 the combinators give JAX its own value for `save_names`
+    (`save_only_these_names`) and for the named policies, with the same
+    gradients and the same tag check; the name policies remat3 cannot honour
+    raise a `NotImplementedError` that says so, instead of silently
+    recomputing every tag."""
+    from eqx_remat._policies._apply import for_remat3
+
+    assert for_remat3(er.save_names("b", "a")) == (
+        jax.checkpoint_policies.save_only_these_names("a", "b")
+    )
+    layers = _TaggedLayer(jnp.linspace(0.5, 1.5, 4))
+    grad = jax.grad(lambda x, ck: er.scan_layers(layers, x, checkpoint=ck))
+    ref = grad(1.0, None)
+    for ck in ["dots", er.save_names("h"), er.every(2, policy=er.save_names("h"))]:
+        assert jnp.allclose(grad(1.0, ck), ref), ck
+    with pytest.raises(ValueError, match="Got 'hh', which tags nothing"):
+        grad(1.0, er.save_names("hh"))
+    with pytest.raises(NotImplementedError, match="not supported under JAX's remat3"):
+        grad(1.0, er.save_all_but_names("h"))
+    if isinstance(
+        er.offload_names("h")._jax_policy.policy, type(lambda: None)
+    ):  # jax 0.10.2: JAX's offloading by name is a function remat3 ignores
+        with pytest.raises(NotImplementedError, match="remat3"):
+            grad(1.0, er.offload_names("h"))

@@ -245,6 +245,20 @@ def checkpoint_names(jaxpr: Jaxpr) -> list[str]:
     in the order met (depth first)."""
     found: dict[str, None] = {}
     for e in iter_eqns(jaxpr):
-        if is_tag(e.primitive, e.params) and e.params["name"] != KEEP_TAG:
-            found.setdefault(e.params["name"], None)
+        name = tag_name(e)
+        if name is not None and name != KEEP_TAG:
+            found.setdefault(name, None)
     return list(found)
+
+
+def tag_name(eqn: JaxprEqn) -> str | None:
+    """The name of `eqn` if it is a `checkpoint_name` tag, else `None`. Under
+    JAX's remat3 (`jax_remat3=True`, jax 0.10.2) a tag is a higher-order
+    primitive, `call_hi_primitive`, holding a `CheckpointName` with the name in
+    its `params`: that form is recognised too."""
+    if is_tag(eqn.primitive, eqn.params):
+        return eqn.params["name"]
+    hi = eqn.params.get("_prim") if eqn.primitive.name == "call_hi_primitive" else None
+    if type(hi).__name__ == "CheckpointName":
+        return getattr(hi, "params", {}).get("name")
+    return None

@@ -1,6 +1,7 @@
 """How a policy is applied to a layer function: the one place `jax.checkpoint` is
 called with a policy, checking a name policy's names against the layer's tags."""
 
+import types
 from collections.abc import Callable
 
 import equinox as eqx
@@ -8,22 +9,78 @@ import jax
 
 from .._inspect._jaxpr import checkpoint_names
 from ._exclude import ExcludeProducers
-from ._values import NamePolicy, Policy, check_tags, save_all_but_names
+from ._values import (
+    NamePolicy,
+    Offloading,
+    Policy,
+    check_tags,
+    save_all_but_names,
+    save_names,
+)
+
+
+_cp = jax.checkpoint_policies
 
 
 def checkpointed(fn: Callable, pol: Policy) -> Callable:
-    """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact.
+    """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact; under
+    JAX's remat3, with `pol` as remat3 takes it (`for_remat3`).
 
     The one place a policy is applied to a layer function (the plain scan of
     `scan_layers` and `chain`, and the engine's `Layers`): a name policy whose
     names are not all tags of `fn` raises a `ValueError` when it is called (at
     trace time), see `check_tags`."""
-    if isinstance(pol, save_all_but_names):
+    checked = pol  # the policy whose names are checked against the tags
+    if remat3():
+        pol = for_remat3(pol)
+    elif isinstance(pol, save_all_but_names):
         return ExcludeProducers(fn, pol)
     checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=False)
-    if isinstance(pol, NamePolicy):
-        return _CheckedNames(fn, checkpointed_fn, pol)
+    if isinstance(checked, NamePolicy):
+        return _CheckedNames(fn, checkpointed_fn, checked)
     return checkpointed_fn
+
+
+def remat3() -> bool:
+    """Whether `jax.checkpoint` is JAX's remat3 (the `jax_remat3` flag, which
+    jax 0.10.2 has off and later versions turn on): it honours only its own
+    name policies (`jax.checkpoint_policies.save_only_these_names`, ...) at a
+    `checkpoint_name` tag, and recomputes the tag under any other."""
+    return bool(getattr(jax.config, "jax_remat3", False))
+
+
+def for_remat3(pol: Policy) -> Policy:
+    """`pol` as a value remat3 honours: `save_names` as JAX's own
+    `save_only_these_names`, an offloading policy as the JAX policy it wraps;
+    any other policy (JAX's, or a callable of your own) as it is.
+
+    **Raises:**
+
+    `NotImplementedError` for `save_all_but_names` (its exact rewrite tags
+    values for a policy of its own, which remat3 would ignore), and for
+    `offload_names` and `save_and_offload_names` where this jax's
+    `save_and_offload_only_these_names` is a plain function (remat3 would
+    recompute every tag instead of offloading it).
+    """
+    if isinstance(pol, save_names):
+        return _cp.save_only_these_names(*sorted(pol.names))
+    if isinstance(pol, save_all_but_names):
+        raise NotImplementedError(
+            f"{pol!r} is not supported under JAX's remat3 (jax_remat3=True): "
+            "remat3 honours only its own name policies. Use save_names with the "
+            "names to keep, or a policy name such as 'dots'."
+        )
+    inner = getattr(pol, "_jax_policy", pol)
+    inner = inner.policy if isinstance(inner, Offloading) else inner
+    if isinstance(pol, NamePolicy) and isinstance(inner, types.FunctionType):
+        raise NotImplementedError(
+            f"{pol!r} is not supported under JAX's remat3 (jax_remat3=True) in jax "
+            f"{jax.__version__}: its save_and_offload_only_these_names is a "
+            "function, which remat3 ignores at a checkpoint_name tag (it would "
+            "recompute every tag instead of offloading it). Use save_names with "
+            "the same names, or a newer jax."
+        )
+    return inner
 
 
 class _CheckedNames:
