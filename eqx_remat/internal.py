@@ -14,6 +14,7 @@ from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._clock import (
     Timing as Timing,
     concrete as concrete,
+    on_one_clock as on_one_clock,
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "hardware",
     "is_array_like",
     "needed_bytes",
+    "on_one_clock",
     "pallas_interpreting",
     "paired_ratio",
     "roofline_seconds",
