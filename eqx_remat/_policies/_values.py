@@ -57,10 +57,8 @@ class save_names(NamePolicy):
     """Save only the values tagged with one of `names` (by
     `jax.ad_checkpoint.checkpoint_name`); recompute everything else.
 
-    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
-    as a schedule's inner policy), each name must tag a value in at least one
-    layer: a name that tags nothing raises a `ValueError` at trace time,
-    listing the tags there.
+    Each name must tag a value of the layers it checkpoints, or tracing raises
+    a `ValueError` (see [Name-based policies][name-based-policies]).
 
     Compares and hashes by value, so rebuilding the same policy does not trigger
     recompilation.
@@ -112,10 +110,8 @@ class save_all_but_names(NamePolicy):
     policy excludes the tags but not their producers, and saves about as much
     as `"everything"`.
 
-    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
-    as a schedule's inner policy), each name must tag a value in at least one
-    layer: a name that tags nothing raises a `ValueError` at trace time,
-    listing the tags there.
+    Each name must tag a value of the layers it checkpoints, or tracing raises
+    a `ValueError` (see [Name-based policies][name-based-policies]).
 
     Compares and hashes by value.
 
@@ -153,10 +149,8 @@ class offload_names(NamePolicy):
     at trace time: JAX cannot differentiate the reload of an offloaded value in
     the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
 
-    As the `checkpoint` of eqx_remat's combinators and the zoo (directly or
-    as a schedule's inner policy), each name must tag a value in at least one
-    layer: a name that tags nothing raises a `ValueError` at trace time,
-    listing the tags there.
+    Each name must tag a value of the layers it checkpoints, or tracing raises
+    a `ValueError` (see [Name-based policies][name-based-policies]).
 
     Compares and hashes by value.
 
