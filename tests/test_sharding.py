@@ -42,7 +42,13 @@ def expected_spec(shape, fsdp):
 
 
 def check_allclose(name, actual, expected):
-    assert eqx.tree_equal(actual, expected, rtol=RTOL, atol=ATOL), name
+    # Leaf by leaf, not `eqx.tree_equal`: sharded and unsharded leaves compare
+    # here, and a failure names the leaf.
+    leaves = zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True)
+    for a, b in leaves:
+        np.testing.assert_allclose(
+            np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=name
+        )
 
 
 @pytest.mark.heavy
