@@ -56,7 +56,7 @@ from benchmarks import _common as C, _measure as X, _models as M, _targets as T
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=11)
+    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=15)
     p.add_argument(
         "--no-clock",
         dest="clock",
