@@ -212,9 +212,11 @@ def test_errors_name_the_argument():
 def test_sharded_data_parallel_and_fsdp_stay_local():
     """On 8 host CPU devices (a subprocess: the device count is fixed when JAX
     starts), a Transformer's accumulated gradients under data parallelism and
-    FSDP equal one device's, and the compiled step moves no example between
-    devices (no all-to-all or collective-permute; under data parallelism no
-    all-gather: a contiguous split, `(k, B/k)`, all-gathers the batch)."""
+    FSDP, on Auto and Explicit mesh axes, with the whole and the chunked loss
+    head, equal one device's, and the compiled step (Auto axes) moves no
+    example between devices (no all-to-all or collective-permute; under data
+    parallelism no all-gather: a contiguous split, `(k, B/k)`, all-gathers the
+    batch)."""
     script = Path(__file__).with_name("_accumulate_check.py")
     env = dict(os.environ)
     flag = "--xla_force_host_platform_device_count=8"
