@@ -99,7 +99,9 @@ def accumulate(
             f"{_FN}: reduce must be one of ['mean', 'sum']. Got {reduce!r}."
         )
 
-    return _Accumulated(grad_fn, k, in_axes, reduce)
+    # Flattened, so that a dict prefix is hashable as a static field.
+    leaves, treedef = jtu.tree_flatten(in_axes, is_leaf=lambda a: a is None)
+    return _Accumulated(grad_fn, k, (tuple(leaves), treedef), reduce)
 
 
 class _Accumulated(eqx.Module):
@@ -109,7 +111,7 @@ class _Accumulated(eqx.Module):
 
     grad_fn: Callable[..., Any]
     micro_batches: int = eqx.field(static=True)
-    in_axes: Any = eqx.field(static=True)
+    in_axes: tuple[tuple[Any, ...], Any] = eqx.field(static=True)
     reduce: Reduce = eqx.field(static=True)
 
     @property
@@ -120,7 +122,8 @@ class _Accumulated(eqx.Module):
         k, grad_fn = self.micro_batches, self.grad_fn
         if k == 1:
             return grad_fn(*args, **kwargs)
-        axes = _broadcast_axes(self.in_axes, args)
+        leaves, treedef = self.in_axes
+        axes = _broadcast_axes(jtu.tree_unflatten(treedef, leaves), args)
         xs, rest = _split(args, axes, k)
 
         def run(micro: tuple) -> Any:
