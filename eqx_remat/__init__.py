@@ -3,6 +3,7 @@
 import importlib.metadata as _metadata
 
 from . import internal as internal
+from ._accumulate import accumulate as accumulate
 from ._binomial import binomial as binomial
 from ._checkpoint import (
     Checkpoint as Checkpoint,
@@ -65,6 +66,7 @@ __all__ = [
     "Residual",
     "Schedule",
     "Stacked",
+    "accumulate",
     "binomial",
     "chain",
     "clear_plan_cache",
