@@ -169,12 +169,17 @@ PROCESS_ID_ENV = "JAX_PROCESS_ID"
 _DISTRIBUTED_FLAGS = ("coordinator_address", "num_processes", "process_id")
 
 
-def _address(text: str) -> str:
+def address_problem(text: str) -> str | None:
+    """What is wrong with a coordinator address, or `None`."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(
-            f"expected HOST:PORT with a port in 1..65535. Got {text!r}."
-        )
+        return f"expected HOST:PORT with a port in 1..65535. Got {text!r}."
+    return None
+
+
+def _address(text: str) -> str:
+    if problem := address_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text.strip()
 
 

@@ -34,7 +34,7 @@ import eqx_remat as er
 import zoo
 from eqx_remat.internal import compiled_report, needed_bytes
 
-from . import _device, _models as M, _peers
+from . import _device, _models, _peers
 from ._common import checkpoint_label, parse_checkpoint
 
 
@@ -47,7 +47,7 @@ class Variant:
     `jax.value_and_grad` of a preset's loss and `(params, batch)`."""
 
     group: str  # the preset's name: ratios are taken within a group
-    preset: M.Preset
+    preset: _models.Preset
     impl: str  # "eqx_remat" or a peer's impl
     checkpoint: str
     schedule: str  # "None", "policy", "every", ... or "peer"
@@ -82,7 +82,7 @@ def place_batch(batch: Any, mesh: Any) -> Any:
 
 def variants(
     name: str,
-    preset: M.Preset,
+    preset: _models.Preset,
     specs: Sequence[str],
     *,
     target: str | None,
@@ -102,7 +102,7 @@ def variants(
     def ours(c: er.Checkpoint) -> Callable:
         def build():
             model, batch = placed()
-            fn, params = M.ours(preset, model, c)
+            fn, params = _models.ours(preset, model, c)
             return fn, (params, batch)
 
         return build
@@ -372,7 +372,9 @@ def add_figures(rows: list[dict[str, Any]]) -> None:
         r["hfu"] = _device.utilisation(r.get("flops"), r["step_s"], **on)
 
 
-def add_throughput(rows: list[dict[str, Any]], presets: dict[str, M.Preset]) -> None:
+def add_throughput(
+    rows: list[dict[str, Any]], presets: dict[str, _models.Preset]
+) -> None:
     for r in rows:
         unit, n = presets[r["group"]].per_step()
         r[unit] = n / r["step_s"] if r.get("step_s") else None

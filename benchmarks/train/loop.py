@@ -1,7 +1,6 @@
 """The training loop: settle the run (`prepare`), take its steps with logging,
 evaluation and saving (`train`), and report where it stopped."""
 
-import argparse
 import dataclasses
 import math
 import os
@@ -33,13 +32,15 @@ from benchmarks._common import checkpoint_label, parse_checkpoint
 from . import checkpointing as ckpt
 from .config import (
     FORMAT,
+    Flags,
     RunConfig,
+    Usage,
     UsageError,
-    build_parser,
     check_config,
     check_extension,
     check_remat,
     learning_rate_schedule,
+    mesh_spec,
     parse_args,
     run_config,
 )
@@ -72,7 +73,7 @@ class TrainResult(NamedTuple):
 class Run(NamedTuple):
     """What the loop needs, settled before its first step."""
 
-    args: argparse.Namespace
+    args: Flags
     c: RunConfig
     checkpoint: eqx_remat.Checkpoint
     placement: Placement | None
@@ -91,9 +92,8 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
     """Train as the command line `argv` says (see `--help`)."""
     from . import __doc__ as package_doc
 
-    parser = build_parser(doc or package_doc)
-    args = parse_args(argv, parser)
-    platform = _device.select_device(args, parser)
+    args = parse_args(argv, doc or package_doc)
+    platform = _device.select_device(args, Usage())
     setup_logging()
     # A --save-dir that does not exist yet is made once every flag is checked
     # (`prepare`): a run refused for its flags leaves nothing behind.
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
             mgr.close()
 
 
-def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
+def abandon(e: Exception, args: Flags) -> NoReturn:
     """End this process of a multi-process run that cannot go on: one line that
     says why, then exit 1 at once. A failed collective means another process has
     stopped or died; any other error is this process's own (its traceback comes
@@ -149,7 +149,7 @@ def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
 
 
 def prepare(
-    args: argparse.Namespace, platform: str, mgr: ocp.CheckpointManager | None
+    args: Flags, platform: str, mgr: ocp.CheckpointManager | None
 ) -> tuple[Run, TrainState]:
     """The run and its first state: restored with `--resume`, else fresh."""
     if mgr is not None and not args.resume and mgr.all_steps():
@@ -163,7 +163,7 @@ def prepare(
     check_config(c)
     checkpoint = parse_checkpoint(args.remat, depth=c.layers)
     check_remat(args.remat, checkpoint, c.layers)
-    placement = make_placement(args.mesh, c.batch)
+    placement = make_placement(mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
     if args.resume:
         c, state = resume(args, mgr, placement, corpus, platform)
@@ -189,7 +189,7 @@ def prepare(
 
 
 def resume(
-    args: argparse.Namespace,
+    args: Flags,
     mgr: ocp.CheckpointManager,
     placement: Placement | None,
     corpus: Corpus,
@@ -354,7 +354,7 @@ def _every(step: int, n: int) -> bool:
     return n > 0 and step % n == 0
 
 
-def _progress(args: argparse.Namespace) -> Progress:
+def _progress(args: Flags) -> Progress:
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
