@@ -67,6 +67,7 @@ def check_files(out: Path, stem: str) -> dict:
     return data
 
 
+@pytest.mark.heavy
 def test_run_quick(tmp_path):
     stdout = run("run.py", "--quick", "--out", str(tmp_path)).stdout
     data = check_files(tmp_path, "sweep-cpu-quick")
@@ -89,6 +90,7 @@ def test_run_quick(tmp_path):
     assert "Targets" in stdout and "n/a" in stdout
 
 
+@pytest.mark.heavy
 def test_variant_that_does_not_fit_is_a_row(tmp_path):
     args = [
         "--preset",
@@ -109,6 +111,7 @@ def test_variant_that_does_not_fit_is_a_row(tmp_path):
     assert "no: compiled size" in stdout
 
 
+@pytest.mark.heavy
 def test_each_variant_in_its_own_process(tmp_path):
     """What runs on an accelerator (one process per variant), run on the CPU."""
     args = [
@@ -131,6 +134,7 @@ def test_each_variant_in_its_own_process(tmp_path):
     )
 
 
+@pytest.mark.heavy
 def test_seed_claim_run_mode_on_cpu(tmp_path):
     """The real-run mode of the seed claim (a TPU's default), on a tiny config."""
     args = ["--quick", "--run", "--checkpoint", "None", "dots", "--repeats", "1"]
@@ -512,6 +516,7 @@ def test_results_are_not_overwritten_by_default():
     assert args.out == _common.RESULTS
 
 
+@pytest.mark.heavy
 def test_depth_scaling_quick(tmp_path):
     run("depth_scaling.py", "--quick", "--out", str(tmp_path))
     data = check_files(tmp_path, "depth_scaling_quick")
@@ -522,6 +527,7 @@ def test_depth_scaling_quick(tmp_path):
     assert "recursive()" in data["memory_slopes"]["slopes"]
 
 
+@pytest.mark.heavy
 def test_compile_time_quick(tmp_path):
     run("compile_time.py", "--quick", "--out", str(tmp_path))
     data = check_files(tmp_path, "compile_time_quick")
@@ -552,6 +558,7 @@ def _temp_vs_flax(preset, policy, target=None):
 
 
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
+@pytest.mark.heavy
 def test_transformer_temp_memory_at_most_flax(policy):
     """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
@@ -614,6 +621,7 @@ def test_run_budget_quick(tmp_path):
     assert sum(r["chosen"] for r in rows) == 1
 
 
+@pytest.mark.heavy
 def test_plan_sweep_quick(tmp_path):
     proc = run(
         "plan_sweep.py",

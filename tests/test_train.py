@@ -105,6 +105,7 @@ def uninterrupted(tmp_path_factory):
     return result, save_dir
 
 
+@pytest.mark.heavy
 def test_loss_decreases(uninterrupted):
     result, _ = uninterrupted
     losses = result.losses
@@ -148,6 +149,7 @@ def test_checkpoints_and_metrics(uninterrupted):
     )
 
 
+@pytest.mark.heavy
 def test_sigterm_then_resume_is_bit_identical(uninterrupted, tmp_path):
     """SIGTERM during the first step's compile: the step finishes, is saved, one
     line says so, rc 0. `--resume` then ends where the uninterrupted run ended:
@@ -181,6 +183,7 @@ def test_sigterm_then_resume_is_bit_identical(uninterrupted, tmp_path):
     assert meta(tmp_path, 8)["sha256"] == meta(reference, 8)["sha256"]
 
 
+@pytest.mark.heavy
 def test_stop_after_then_extend_is_bit_identical(uninterrupted, tmp_path):
     """A 6-step run stopped in its warmup is extended to 8 steps: the learning
     rates so far are those of an 8-step run, so it ends as the 8-step run does."""
@@ -203,6 +206,7 @@ def test_extending_a_decayed_schedule_is_refused(uninterrupted):
         train_lm.main(["--resume", "--save-dir", str(save_dir), "--steps", "12"])
 
 
+@pytest.mark.heavy
 def test_switching_the_checkpoint_keeps_the_loss_curve(uninterrupted, tmp_path):
     """Resume a `"dots"` run under `recursive()`: only memory and FLOPs change."""
     result, _ = uninterrupted
@@ -500,6 +504,7 @@ def test_remat_spec_uses_the_shared_parser():
         assert parse_checkpoint(colons, depth=9) == parse_checkpoint(call, depth=9)
 
 
+@pytest.mark.heavy
 def test_resume_with_other_run_options_fails(uninterrupted):
     _, save_dir = uninterrupted
     args = ["--resume", "--save-dir", str(save_dir), "--layers", "4"]
@@ -543,6 +548,7 @@ def test_import_does_not_pick_the_platform():
     assert proc.returncode == 0 and proc.stdout == "None\n", proc.stderr
 
 
+@pytest.mark.heavy
 def test_fsdp_checkpoint_restores_into_its_shardings(uninterrupted, tmp_path):
     """Two host devices, FSDP: the state is saved sharded at step 4, read back
     shard by shard into the same shardings (its hash checked), and the resumed
