@@ -178,18 +178,6 @@ def _target_type(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"expected a positive integer. Got {text!r}.")
-    return int(text)
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"expected an integer >= 0. Got {text!r}.")
-    return int(text)
-
-
 def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     def check(text: str) -> Any:
         try:
@@ -201,10 +189,13 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
-positive_int = _checked(_positive, "positive integer")
+positive_int = _device.positive_int
 """An argparse `type` for flags that take integers >= 1."""
-non_negative_int = _checked(_non_negative, "non-negative integer")
-"""An argparse `type` for flags that take integers >= 0."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An error's first line (or its type's name), for a one-line report."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
 
 
 # --------------------------------------------------------------------------------------
@@ -226,7 +217,20 @@ def parser(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _output_args(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory for the results (default: a fresh benchmarks/runs/"
+        "<script>-<date>/, so nothing is overwritten)",
+    )
+    p.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write into benchmarks/results/, replacing the committed results "
+        "(default: off)",
+    )
     if presets:
         p.add_argument(
             "--preset",
@@ -259,7 +263,7 @@ def parser(
     if repeats is not None:
         p.add_argument(
             "--repeats",
-            type=_checked(_positive, "repeats"),
+            type=positive_int,
             metavar="N",
             default=repeats,
             help="timed steps per variant, after one warm-up (default: %(default)s)",
@@ -268,45 +272,23 @@ def parser(
         "--quick", action="store_true", help="tiny presets, end to end (default: off)"
     )
     _device.add_device_args(p)
-    if runs:
-        _run_args(p)
+    if runs:  # how the variants of a script that runs steps are kept apart
+        p.add_argument(
+            "--memory-limit",
+            type=_checked(parse_bytes, "memory-limit"),
+            metavar="SIZE",
+            help="report variants whose compiled memory exceeds this as not fitting, "
+            "without running them, e.g. 15GiB (default: none)",
+        )
+        p.add_argument(
+            "--isolate",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help="measure each variant in its own process (auto: on a TPU or GPU, "
+            "where peak memory is measured) (default: %(default)s)",
+        )
+        p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     return p
-
-
-def _output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory for the results (default: a fresh benchmarks/runs/"
-        "<script>-<date>/, so nothing is overwritten)",
-    )
-    p.add_argument(
-        "--update-results",
-        action="store_true",
-        help="write into benchmarks/results/, replacing the committed results "
-        "(default: off)",
-    )
-
-
-def _run_args(p: argparse.ArgumentParser) -> None:
-    """The flags of scripts that run steps: how variants are kept apart."""
-    p.add_argument(
-        "--memory-limit",
-        type=_checked(parse_bytes, "memory-limit"),
-        metavar="SIZE",
-        help="report variants whose compiled memory exceeds this as not fitting, "
-        "without running them, e.g. 15GiB (default: none)",
-    )
-    p.add_argument(
-        "--isolate",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="measure each variant in its own process (auto: on a TPU or GPU, where "
-        "peak memory is measured) (default: %(default)s)",
-    )
-    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
 
 
 def isolate(args: argparse.Namespace) -> bool:
@@ -494,16 +476,8 @@ def fmt_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
 
 
-TIMED_COLUMNS = (
-    "preset",
-    "checkpoint",
-    "memory",
-    "measured",
-    "spread",
-    "predicted",
-    "roofline",
-    "on the frontier",
-)
+TIMED_COLUMNS = ("preset", "checkpoint", "memory", "measured", "spread", "predicted")
+TIMED_COLUMNS += ("roofline", "on the frontier")
 """The columns of `timed_cells`."""
 
 

@@ -28,18 +28,8 @@ def provenance(data: dict) -> str:
 
 
 def sweep(data: dict) -> str:
-    cols = [
-        "preset",
-        "impl",
-        "checkpoint",
-        "temp",
-        "vs None",
-        "FLOPs vs None",
-        "time vs None",
-        "peak (measured)",
-        "MFU",
-        "fits",
-    ]
+    cols = ["preset", "impl", "checkpoint", "temp", "vs None", "FLOPs vs None"]
+    cols += ["time vs None", "peak (measured)", "MFU", "fits"]
     rows = [
         [
             r["group"],
@@ -73,14 +63,8 @@ def peers(data: dict) -> str:
         ]
         for p in data.get("peers", [])
     ]
-    cols = [
-        "preset",
-        "ours",
-        "peer",
-        "temp ours/peer",
-        "time ours/peer",
-        "losses equal",
-    ]
+    cols = ["preset", "ours", "peer", "temp ours/peer", "time ours/peer"]
+    cols += ["losses equal"]
     return _common.markdown_table(cols, rows) if rows else ""
 
 
@@ -93,17 +77,8 @@ def targets(data: dict) -> str:
 
 
 def seed(data: dict) -> str:
-    cols = [
-        "config",
-        "checkpoint",
-        "temp / chip",
-        "temp+args+out / chip",
-        "fits",
-        "temp vs None",
-        "FLOPs vs None",
-        "peak (measured)",
-        "step vs None",
-    ]
+    cols = ["config", "checkpoint", "temp / chip", "temp+args+out / chip", "fits"]
+    cols += ["temp vs None", "FLOPs vs None", "peak (measured)", "step vs None"]
     rows = [
         [
             r["group"],
@@ -207,16 +182,8 @@ def plan_sweep(data: dict) -> str:
                 f"(load average {r['load_average']:.1f} "
                 f"on a {data['meta']['cpu_count']}-core host)"
             )
-    cols = [
-        "preset",
-        "budget",
-        "pick",
-        "compiled",
-        "predicted",
-        "est. time",
-        "best uniform that fits",
-        "its est. time",
-    ]
+    cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
+    cols += ["best uniform that fits", "its est. time"]
     table = [
         [
             r["group"],
@@ -258,37 +225,25 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
         _common.timed_cells(r, f"`{r['checkpoint']}`", " (est.)")
         for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
     ]
+    cols = ["preset", "budget", "pick", "measured", "fastest fitting uniform"]
+    cols += ["measured", "pick / it"]
     return (
         "By the clock (every pick and uniform checkpoint timed afresh, "
         "round-robin):\n\n"
-        + _common.markdown_table(
-            [
-                "preset",
-                "budget",
-                "pick",
-                "measured",
-                "fastest fitting uniform",
-                "measured",
-                "pick / it",
-            ],
-            picks,
-        )
+        + _common.markdown_table(cols, picks)
         + "\n\n"
-        + _common.markdown_table(
-            list(_common.TIMED_COLUMNS),
-            points,
-        )
+        + _common.markdown_table(_common.TIMED_COLUMNS, points)
     )
 
 
+def sweep_section(data: dict) -> str:
+    return "\n\n".join([sweep(data), peers(data), targets(data)])
+
+
 SECTIONS = (
-    ("CPU sweep", "sweep-cpu", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
-    ("v5e sweep", "sweep-v5e", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
-    (
-        "GPU sweep, NVIDIA H100",
-        "sweep-cuda",
-        lambda d: "\n\n".join([sweep(d), peers(d), targets(d)]),
-    ),
+    ("CPU sweep", "sweep-cpu", sweep_section),
+    ("v5e sweep", "sweep-v5e", sweep_section),
+    ("GPU sweep, NVIDIA H100", "sweep-cuda", sweep_section),
     ("Seed claim", "seed_claim", seed),
     ("Depth scaling", "depth_scaling", depth),
     ("Compile time", "compile_time", compile_time),

@@ -155,21 +155,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # Tables and the plot.
 
-SWEEP = (
-    "impl",
-    "checkpoint",
-    "temp",
-    "/None",
-    "FLOPs",
-    "/None",
-    "ms",
-    "/None",
-    "peak",
-    "rate",
-    "MFU",
-    "HFU",
-    "fits",
-)
+SWEEP = ("impl", "checkpoint", "temp", "/None", "FLOPs", "/None", "ms", "/None")
+SWEEP += ("peak", "rate", "MFU", "HFU", "fits")
 """The sweep table's columns, one table per preset (`/None`: the ratio to
 `checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
 second); columns `n/a` in every row (the device's on a CPU) are not printed."""
@@ -416,7 +403,7 @@ def plan_mode(
                         "group": name,
                         "checkpoint": None,
                         "fits": False,
-                        "error": str(e).splitlines()[0],
+                        "error": _common.first_line(e),
                     }
                 )
     data = {

@@ -32,9 +32,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import _common, _measure, _models, _plots, _targets
-from benchmarks._device import resolve_device
-from benchmarks.run import measure
+from benchmarks import _common, _device, _measure, _models, _plots, _targets, run
 
 
 # Each config: a preset (the seed setting, `_models.seed`, or one change to it)
@@ -58,16 +56,8 @@ QUICK = {
 }
 POLICIES = ("None", "dots", "nothing")
 BASE_POLICIES = ("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch")
-REAL = (
-    "None",
-    "everything",
-    "dots",
-    "dots_no_batch",
-    "nothing",
-    "offload_dots_no_batch",
-    "every(4, dots_no_batch)",
-    "recursive()",
-)
+REAL = ("None", "everything", "dots", "dots_no_batch", "nothing")
+REAL += ("offload_dots_no_batch", "every(4, dots_no_batch)", "recursive()")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _real(args: argparse.Namespace) -> bool:
-    return args.run or resolve_device(args.device) != "cpu"
+    return args.run or _device.resolve_device(args.device) != "cpu"
 
 
 def aot(args, grid, console) -> list[dict]:
@@ -144,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
                 path=path,
             )
             return {}
-        rows, presets = measure(args, variants, console), {name: preset}
+        rows, presets = run.measure(args, variants, console), {name: preset}
     else:
         rows, presets = aot(args, grid, console), {n: p for n, (p, _) in grid.items()}
     _measure.add_figures(rows)
@@ -186,15 +176,8 @@ def show(console: _common.Console, data: dict, real: bool) -> None:
         if real
         else "TPU v5e per chip, compiled, not run"
     )
-    cols = [
-        "config",
-        "checkpoint",
-        "temp/chip",
-        "total/chip",
-        "fits",
-        "temp/None",
-        "FLOPs/None",
-    ]
+    cols = ["config", "checkpoint", "temp/chip", "total/chip", "fits", "temp/None"]
+    cols += ["FLOPs/None"]
     cols += ["peak", "AOT total", "time/None", "MFU"] if real else []
     out = []
     for r in data["rows"]:
