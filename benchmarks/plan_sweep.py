@@ -19,12 +19,13 @@ On the device it runs on (no `--target`), the planner times what it compiles,
 and the sweep then checks it against the clock: every frontier point, every
 pick and every uniform checkpoint that any plan compiled or the preset lists
 is compiled again and timed in this process, `--repeats` interleaved rounds
-after a warm-up. The targets: at every budget the pick's measured time is at
-most 1.03x that of the fastest uniform checkpoint that fits (measured in the
-same rounds), strictly less at half or more of the budgets between uniform
-points; the planner's predicted times rank the frontier as the measured ones
-do (Spearman >= 0.9), and so does the roofline alone (>= 0.8, this CPU's own
-figures). `--no-clock` skips this.
+after a warm-up (each one's time: its median ratio within a round to the
+fastest's, times the fastest's median). The targets: at every budget the
+pick's measured time is at most 1.03x that of the fastest uniform checkpoint
+that fits (measured in the same rounds), strictly less at half or more of the
+budgets between uniform points; the planner's predicted times rank the
+frontier as the measured ones do (Spearman >= 0.9), and so does the roofline
+alone (>= 0.8, this CPU's own figures). `--no-clock` skips this.
 
     python benchmarks/plan_sweep.py                                 # transformer-s, CPU
     python benchmarks/plan_sweep.py --preset transformer-s transformer-w  # + 8x FLOPs
@@ -270,6 +271,9 @@ def clock_rows(args, name, fn, model, batch, calls, uniform, console) -> list[di
         inputs = jax.tree.unflatten(jax.tree.structure(dyn), leaves)
         programs.append(functools.partial(exe, inputs))
     timings = er.internal.time_interleaved(programs, rounds=args.repeats)
+    # Each checkpoint's time: its median ratio, round by round, to the fastest.
+    fastest = min(range(len(timings)), key=lambda i: timings[i].seconds)
+    timings = er.internal.on_one_clock(timings, fastest)
     rows = []
     for c, t, report in zip(checkpoints, timings, reports):
         p = predicted[c]

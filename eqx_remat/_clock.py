@@ -127,3 +127,24 @@ def paired_ratio(a: Timing, b: Timing) -> float:
     if a.times and len(a.times) == len(b.times):
         return statistics.median(x / y for x, y in zip(a.times, b.times))
     return a.seconds / b.seconds
+
+
+def on_one_clock(
+    timings: Sequence[Timing], pivot: int, seconds: float | None = None
+) -> list[Timing]:
+    """`timings`, taken in the same interleaved rounds, each put on the clock of
+    `timings[pivot]`: its time is the pivot's (or `seconds`, the pivot's time
+    measured earlier) times its [`eqx_remat.internal.paired_ratio`][] to the
+    pivot. A round that is slow for every program (another process, a clock
+    that changes) then moves no program's time: the ratios within each round
+    are what is kept."""
+    ref = timings[pivot]
+    base = ref.seconds if seconds is None else seconds
+    scale = base / ref.seconds
+    return [
+        t._replace(
+            seconds=base * paired_ratio(t, ref),
+            times=tuple(x * scale for x in t.times),
+        )
+        for t in timings
+    ]

@@ -42,6 +42,7 @@ from ._clock import (
     Timing,
     concrete,
     device_memory_bytes,
+    on_one_clock,
     paired_ratio,
     time_interleaved,
 )
@@ -563,9 +564,9 @@ def plan(
       the target is the device at hand and this is the only process (with
       several, each would time on its own clock and could choose
       differently: the roofline gives every process the same answer).
-      Timing runs each program a few times after a warm-up, round-robin with
-      the others, within about the time its compiles took; a program whose
-      memory is over what the device has free is never run.
+      Timing runs each program 5 to 21 times after a warm-up, round-robin
+      with the others, within about the time its compiles took; a program
+      whose memory is over what the device has free is never run.
     - `progress`: what it does, on stderr: `True` a few lines (the stages,
       counts and times), `"verbose"` every option priced and every compile,
       `False` nothing.
@@ -777,9 +778,10 @@ class _Planner:
 
     def time(self, cs: Sequence[Checkpoint]) -> None:
         """Measure the step time of each of `cs` that can run here and has no
-        time yet: round-robin with the fastest program already timed (its
-        time scales theirs: one clock for the whole plan), within about the
-        time their compiles took."""
+        time yet: round-robin with the fastest program already timed, each
+        program's time its median ratio to that one's within a round (one
+        clock for the whole plan), in 5 to 21 rounds, within about the time
+        their compiles took."""
         new = []
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
@@ -802,14 +804,16 @@ class _Planner:
             jax.block_until_ready(p())
             warm.append(time.perf_counter() - t0)
         compile_s = sum(self.compiled[c].compile_s for c in new)
-        rounds = int(min(11, max(1, compile_s / max(sum(warm), 1e-9) - 1)))
+        rounds = int(min(21, max(5, compile_s / max(sum(warm), 1e-9) - 1)))
         timings = time_interleaved(programs, rounds=rounds, warmup=False)
         self.timed_s += time.perf_counter() - start
-        scale = 1.0
-        if reference is not None:
-            scale = self.timings[reference].seconds / timings[-1].seconds
+        if reference is not None:  # on the clock of the plan's earlier rounds
+            timings = on_one_clock(timings, -1, self.timings[reference].seconds)
+        else:
+            timings = on_one_clock(
+                timings, min(range(len(run)), key=lambda i: timings[i].seconds)
+            )
         for c, t in zip(new, timings):
-            t = t._replace(seconds=t.seconds * scale)
             self.timings[c] = t
             if self.key is not None:
                 CACHE.get(self.fn, self._k("time", c), lambda t=t: t)

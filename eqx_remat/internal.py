@@ -11,6 +11,7 @@ from ._checkpoint import check_checkpoint as check_checkpoint
 from ._clock import (
     Timing as Timing,
     concrete as concrete,
+    on_one_clock as on_one_clock,
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "hardware",
     "is_array_like",
     "needed_bytes",
+    "on_one_clock",
     "paired_ratio",
     "roofline_seconds",
     "time_interleaved",

@@ -983,6 +983,24 @@ def test_a_paired_ratio_is_the_median_of_the_rounds_ratios():
     assert paired_ratio(Timing(3.0, 0.0, 1), Timing(2.0, 0.0, 1)) == pytest.approx(1.5)
 
 
+def test_timings_on_one_clock_keep_each_rounds_ratios():
+    from eqx_remat.internal import on_one_clock
+
+    # Round 2 is slow for both; b is twice a in every round.
+    a = Timing(2.0, 0.0, 3, (1.0, 10.0, 1.2))
+    b = Timing(4.0, 0.0, 3, (2.0, 20.0, 2.4))
+    ta, tb = on_one_clock([a, b], 0)
+    assert ta.seconds == pytest.approx(2.0) and tb.seconds == pytest.approx(4.0)
+    # On an earlier clock: the pivot measured 1.0 s before, so b is 2.0 s.
+    ta, tb = on_one_clock([a, b], 0, seconds=1.0)
+    assert ta.seconds == pytest.approx(1.0) and tb.seconds == pytest.approx(2.0)
+    assert tb.times == pytest.approx((1.0, 10.0, 1.2))
+    # A program slower than the pivot only in its slow round: its median ratio.
+    c = Timing(1.2, 0.0, 3, (1.0, 30.0, 1.2))
+    (_, tc) = on_one_clock([a, c], 0)
+    assert tc.seconds == pytest.approx(2.0)
+
+
 def test_concrete_inputs_keep_shapes_dtypes_and_arrays():
     from eqx_remat.internal import concrete
 
