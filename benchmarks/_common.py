@@ -18,6 +18,7 @@ Only process 0 of a multi-host run prints tables and writes files.
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -29,12 +30,17 @@ import platform
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+import rich.box
+import rich.console
+import rich.progress
+import rich.table
+from rich.markup import escape
 
 import eqx_remat as er
 from eqx_remat.internal import format_flops
@@ -511,47 +517,13 @@ def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
     ]
 
 
-def rich_table(
-    title: str, columns: Sequence[str], rows: Sequence, left: int = 3
-) -> Any:
-    """A compact rich table (no all-`n/a` columns, light rules, the first `left`
-    columns left-aligned, the rest right-aligned) that fits a 100-column
-    terminal."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    keep = shown_columns(columns, rows)
-    t = Table(
-        title=escape(title),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        collapse_padding=True,
-    )
-    for i in keep:
-        # Labels are never cut: rich wraps the figures' cells instead.
-        label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
-        t.add_column(
-            escape(columns[i]),
-            justify="left" if i < left else "right",
-            min_width=min(label, 24) or None,
-        )
-    for r in rows:
-        t.add_row(*[escape(str(r[i])) for i in keep])
-    return t
-
-
 class Console:
     """rich output that only process 0 prints (`WIDTH` columns wide when not a
     terminal)."""
 
     def __init__(self) -> None:
-        from rich.console import Console as Rich
-
-        c = Rich()
-        self.rich = c if c.is_terminal else Rich(width=WIDTH)
+        c = rich.console.Console()
+        self.rich = c if c.is_terminal else rich.console.Console(width=WIDTH)
 
     def print(self, *objects: Any, **kw: Any) -> None:
         if is_main():
@@ -560,39 +532,45 @@ class Console:
     def table(
         self, title: str, columns: Sequence[str], rows: Sequence, left: int = 3
     ) -> None:
-        self.print(rich_table(title, columns, rows, left))
-
-    def progress(self, total: int) -> Any:
-        """A context manager giving `step(description)`, one bar per run."""
-        from contextlib import contextmanager
-
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
+        """A compact table (no all-`n/a` columns, light rules, the first `left`
+        columns left-aligned, the rest right-aligned) that fits 100 columns."""
+        keep = shown_columns(columns, rows)
+        t = rich.table.Table(
+            title=escape(title),
+            title_justify="left",
+            box=rich.box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+            collapse_padding=True,
         )
+        for i in keep:
+            # Labels are never cut: rich wraps the figures' cells instead.
+            label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
+            justify = "left" if i < left else "right"
+            width = min(label, 24) or None
+            t.add_column(escape(columns[i]), justify=justify, min_width=width)
+        for r in rows:
+            t.add_row(*[escape(str(r[i])) for i in keep])
+        self.print(t)
 
-        @contextmanager
-        def bar():
-            with Progress(
-                TextColumn("{task.description:<50}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.rich,
-                disable=not is_main(),
-            ) as prog:
-                task = prog.add_task("", total=total)
+    @contextlib.contextmanager
+    def progress(self, total: int) -> Iterator[Callable[[str], None]]:
+        """A context manager giving `step(description)`, one bar per run."""
+        columns = (
+            rich.progress.TextColumn("{task.description:<50}"),
+            rich.progress.BarColumn(),
+            rich.progress.MofNCompleteColumn(),
+            rich.progress.TimeElapsedColumn(),
+        )
+        bar = rich.progress.Progress(*columns, console=self.rich, disable=not is_main())
+        with bar:
+            task = bar.add_task("", total=total)
 
-                def step(desc: str) -> None:
-                    prog.update(task, description=desc[:50])
-                    prog.advance(task)
+            def step(desc: str) -> None:
+                bar.update(task, description=desc[:50])
+                bar.advance(task)
 
-                yield step
-
-        return bar()
+            yield step
 
 
 def plt() -> Any:

@@ -52,7 +52,6 @@ from benchmarks import _common  # noqa: E402
 
 
 CHECKPOINTS = ("None", "dots", "nothing")
-MiB = 2**20
 
 
 def _parser() -> argparse.ArgumentParser:

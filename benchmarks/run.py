@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
+
+import eqx_remat as er
 from benchmarks import _common, _measure, _models, _plots, _targets
 
 
@@ -339,10 +342,6 @@ def plot(data: dict, path: Path) -> None:
 
 
 def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> list[dict]:
-    import equinox as eqx
-
-    import eqx_remat as er
-
     mesh = _measure.mesh_for(args.target) if args.target else None
     model = preset.build(abstract=True)
     batch = preset.inputs(abstract=True)
@@ -398,14 +397,8 @@ def plan_mode(
             try:
                 rows += plan_one(args, name, preset)
             except ValueError as e:  # nothing fits
-                rows.append(
-                    {
-                        "group": name,
-                        "checkpoint": None,
-                        "fits": False,
-                        "error": _common.first_line(e),
-                    }
-                )
+                error = _common.first_line(e)
+                rows.append(dict(group=name, checkpoint=None, fits=False, error=error))
     data = {
         "meta": _common.meta(args),
         "rows": rows,

@@ -5,10 +5,10 @@ The script lives in the package `benchmarks/train/` (`config`, `data`, `model`,
 as `python -m benchmarks.train` is."""
 
 from benchmarks.train import RunConfig as RunConfig, UsageError as UsageError, main
-from benchmarks.train.loop import run
+from benchmarks.train.loop import cli
 
 
 __all__ = ["RunConfig", "UsageError", "main"]
 
 if __name__ == "__main__":
-    run()
+    cli()

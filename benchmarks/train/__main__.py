@@ -1,6 +1,6 @@
 """`python -m benchmarks.train` (and `python benchmarks/train_lm.py`)."""
 
-from .loop import run
+from .loop import cli
 
 
-run()
+cli()

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
             mgr.close()
 
 
-def run(argv: Sequence[str] | None = None) -> None:
+def cli(argv: Sequence[str] | None = None) -> None:
     """`main`, with a bad command line or checkpoint as one `error:` line, rc 2:
     `python benchmarks/train_lm.py` and `python -m benchmarks.train`."""
     try:
