@@ -18,6 +18,7 @@ Only process 0 of a multi-host run prints tables and writes files.
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -29,12 +30,17 @@ import platform
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+import rich.box
+import rich.console
+import rich.progress
+import rich.table
+from rich.markup import escape
 
 import eqx_remat as er
 from eqx_remat.internal import format_flops
@@ -178,18 +184,6 @@ def _target_type(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"expected a positive integer. Got {text!r}.")
-    return int(text)
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"expected an integer >= 0. Got {text!r}.")
-    return int(text)
-
-
 def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     def check(text: str) -> Any:
         try:
@@ -201,10 +195,13 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
-positive_int = _checked(_positive, "positive integer")
+positive_int = _device.positive_int
 """An argparse `type` for flags that take integers >= 1."""
-non_negative_int = _checked(_non_negative, "non-negative integer")
-"""An argparse `type` for flags that take integers >= 0."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An error's first line (or its type's name), for a one-line report."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
 
 
 # --------------------------------------------------------------------------------------
@@ -226,7 +223,20 @@ def parser(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _output_args(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory for the results (default: a fresh benchmarks/runs/"
+        "<script>-<date>/, so nothing is overwritten)",
+    )
+    p.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write into benchmarks/results/, replacing the committed results "
+        "(default: off)",
+    )
     if presets:
         p.add_argument(
             "--preset",
@@ -259,7 +269,7 @@ def parser(
     if repeats is not None:
         p.add_argument(
             "--repeats",
-            type=_checked(_positive, "repeats"),
+            type=positive_int,
             metavar="N",
             default=repeats,
             help="timed steps per variant, after one warm-up (default: %(default)s)",
@@ -268,45 +278,23 @@ def parser(
         "--quick", action="store_true", help="tiny presets, end to end (default: off)"
     )
     _device.add_device_args(p)
-    if runs:
-        _run_args(p)
+    if runs:  # how the variants of a script that runs steps are kept apart
+        p.add_argument(
+            "--memory-limit",
+            type=_checked(parse_bytes, "memory-limit"),
+            metavar="SIZE",
+            help="report variants whose compiled memory exceeds this as not fitting, "
+            "without running them, e.g. 15GiB (default: none)",
+        )
+        p.add_argument(
+            "--isolate",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help="measure each variant in its own process (auto: on a TPU or GPU, "
+            "where peak memory is measured) (default: %(default)s)",
+        )
+        p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     return p
-
-
-def _output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory for the results (default: a fresh benchmarks/runs/"
-        "<script>-<date>/, so nothing is overwritten)",
-    )
-    p.add_argument(
-        "--update-results",
-        action="store_true",
-        help="write into benchmarks/results/, replacing the committed results "
-        "(default: off)",
-    )
-
-
-def _run_args(p: argparse.ArgumentParser) -> None:
-    """The flags of scripts that run steps: how variants are kept apart."""
-    p.add_argument(
-        "--memory-limit",
-        type=_checked(parse_bytes, "memory-limit"),
-        metavar="SIZE",
-        help="report variants whose compiled memory exceeds this as not fitting, "
-        "without running them, e.g. 15GiB (default: none)",
-    )
-    p.add_argument(
-        "--isolate",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="measure each variant in its own process (auto: on a TPU or GPU, where "
-        "peak memory is measured) (default: %(default)s)",
-    )
-    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
 
 
 def isolate(args: argparse.Namespace) -> bool:
@@ -494,16 +482,8 @@ def fmt_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
 
 
-TIMED_COLUMNS = (
-    "preset",
-    "checkpoint",
-    "memory",
-    "measured",
-    "spread",
-    "predicted",
-    "roofline",
-    "on the frontier",
-)
+TIMED_COLUMNS = ("preset", "checkpoint", "memory", "measured", "spread", "predicted")
+TIMED_COLUMNS += ("roofline", "on the frontier")
 """The columns of `timed_cells`."""
 
 
@@ -537,47 +517,13 @@ def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
     ]
 
 
-def rich_table(
-    title: str, columns: Sequence[str], rows: Sequence, left: int = 3
-) -> Any:
-    """A compact rich table (no all-`n/a` columns, light rules, the first `left`
-    columns left-aligned, the rest right-aligned) that fits a 100-column
-    terminal."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    keep = shown_columns(columns, rows)
-    t = Table(
-        title=escape(title),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        collapse_padding=True,
-    )
-    for i in keep:
-        # Labels are never cut: rich wraps the figures' cells instead.
-        label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
-        t.add_column(
-            escape(columns[i]),
-            justify="left" if i < left else "right",
-            min_width=min(label, 24) or None,
-        )
-    for r in rows:
-        t.add_row(*[escape(str(r[i])) for i in keep])
-    return t
-
-
 class Console:
     """rich output that only process 0 prints (`WIDTH` columns wide when not a
     terminal)."""
 
     def __init__(self) -> None:
-        from rich.console import Console as Rich
-
-        c = Rich()
-        self.rich = c if c.is_terminal else Rich(width=WIDTH)
+        c = rich.console.Console()
+        self.rich = c if c.is_terminal else rich.console.Console(width=WIDTH)
 
     def print(self, *objects: Any, **kw: Any) -> None:
         if is_main():
@@ -586,39 +532,45 @@ class Console:
     def table(
         self, title: str, columns: Sequence[str], rows: Sequence, left: int = 3
     ) -> None:
-        self.print(rich_table(title, columns, rows, left))
-
-    def progress(self, total: int) -> Any:
-        """A context manager giving `step(description)`, one bar per run."""
-        from contextlib import contextmanager
-
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
+        """A compact table (no all-`n/a` columns, light rules, the first `left`
+        columns left-aligned, the rest right-aligned) that fits 100 columns."""
+        keep = shown_columns(columns, rows)
+        t = rich.table.Table(
+            title=escape(title),
+            title_justify="left",
+            box=rich.box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+            collapse_padding=True,
         )
+        for i in keep:
+            # Labels are never cut: rich wraps the figures' cells instead.
+            label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
+            justify = "left" if i < left else "right"
+            width = min(label, 24) or None
+            t.add_column(escape(columns[i]), justify=justify, min_width=width)
+        for r in rows:
+            t.add_row(*[escape(str(r[i])) for i in keep])
+        self.print(t)
 
-        @contextmanager
-        def bar():
-            with Progress(
-                TextColumn("{task.description:<50}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.rich,
-                disable=not is_main(),
-            ) as prog:
-                task = prog.add_task("", total=total)
+    @contextlib.contextmanager
+    def progress(self, total: int) -> Iterator[Callable[[str], None]]:
+        """A context manager giving `step(description)`, one bar per run."""
+        columns = (
+            rich.progress.TextColumn("{task.description:<50}"),
+            rich.progress.BarColumn(),
+            rich.progress.MofNCompleteColumn(),
+            rich.progress.TimeElapsedColumn(),
+        )
+        bar = rich.progress.Progress(*columns, console=self.rich, disable=not is_main())
+        with bar:
+            task = bar.add_task("", total=total)
 
-                def step(desc: str) -> None:
-                    prog.update(task, description=desc[:50])
-                    prog.advance(task)
+            def step(desc: str) -> None:
+                bar.update(task, description=desc[:50])
+                bar.advance(task)
 
-                yield step
-
-        return bar()
+            yield step
 
 
 def plt() -> Any:

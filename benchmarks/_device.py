@@ -73,20 +73,20 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--num-processes",
         metavar="N",
-        type=_positive,
+        type=positive_int,
         help=f"how many processes (default: ${NUM_PROCESSES_ENV}, else auto-detected)",
     )
     group.add_argument(
         "--process-id",
         metavar="I",
-        type=_non_negative,
+        type=non_negative_int,
         help=f"this process, 0 to N - 1 (default: ${PROCESS_ID_ENV}, else "
         "auto-detected)",
     )
     group.add_argument(
         "--heartbeat-timeout",
         metavar="SECONDS",
-        type=_positive,
+        type=positive_int,
         default=100,
         help="a process silent this long is taken as dead, and the run stops on "
         "every process (default: %(default)s, as JAX's)",
@@ -169,12 +169,17 @@ PROCESS_ID_ENV = "JAX_PROCESS_ID"
 _DISTRIBUTED_FLAGS = ("coordinator_address", "num_processes", "process_id")
 
 
-def _address(text: str) -> str:
+def address_problem(text: str) -> str | None:
+    """What is wrong with a coordinator address, or `None`."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(
-            f"expected HOST:PORT with a port in 1..65535. Got {text!r}."
-        )
+        return f"expected HOST:PORT with a port in 1..65535. Got {text!r}."
+    return None
+
+
+def _address(text: str) -> str:
+    if problem := address_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text.strip()
 
 
@@ -191,8 +196,8 @@ def _int_at_least(least: int, what: str):
     return parse
 
 
-_positive = _int_at_least(1, "a positive integer")
-_non_negative = _int_at_least(0, "an integer >= 0")
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def distributed_settings(
@@ -208,8 +213,8 @@ def distributed_settings(
     named: dict[str, str] = {}  # where each value came from, for messages
     for flag, var, parse in (
         ("coordinator_address", COORDINATOR_ENV, _address),
-        ("num_processes", NUM_PROCESSES_ENV, _positive),
-        ("process_id", PROCESS_ID_ENV, _non_negative),
+        ("num_processes", NUM_PROCESSES_ENV, positive_int),
+        ("process_id", PROCESS_ID_ENV, non_negative_int),
     ):
         value = getattr(args, flag, None)
         named[flag] = "argument --" + flag.replace("_", "-")

@@ -34,8 +34,7 @@ import eqx_remat as er
 import zoo
 from eqx_remat.internal import compiled_report, needed_bytes
 
-from . import _device, _models as M, _peers
-from ._common import checkpoint_label, parse_checkpoint
+from . import _common, _device, _models, _peers
 
 
 V5E_HBM = 16 * 2**30
@@ -47,7 +46,7 @@ class Variant:
     `jax.value_and_grad` of a preset's loss and `(params, batch)`."""
 
     group: str  # the preset's name: ratios are taken within a group
-    preset: M.Preset
+    preset: _models.Preset
     impl: str  # "eqx_remat" or a peer's impl
     checkpoint: str
     schedule: str  # "None", "policy", "every", ... or "peer"
@@ -82,7 +81,7 @@ def place_batch(batch: Any, mesh: Any) -> Any:
 
 def variants(
     name: str,
-    preset: M.Preset,
+    preset: _models.Preset,
     specs: Sequence[str],
     *,
     target: str | None,
@@ -99,50 +98,26 @@ def variants(
         model = zoo.shard(preset.build(abstract=aot), mesh, fsdp=preset.fsdp)
         return model, place_batch(preset.inputs(abstract=aot), mesh)
 
-    def ours(c: er.Checkpoint) -> Callable:
-        def build():
+    def build(make: Callable[[Any], tuple[Callable, Any]]) -> Callable:
+        def built():
             model, batch = placed()
-            fn, params = M.ours(preset, model, c)
+            fn, params = make(model)
             return fn, (params, batch)
 
-        return build
-
-    def peer(p: _peers.Peer) -> Callable:
-        def build():
-            model, batch = placed()
-            fn, params = p.make(preset, model)
-            return fn, (params, batch)
-
-        return build
+        return built
 
     out, seen = [], set()
     for spec in specs:
-        c = parse_checkpoint(spec, preset.depth)
-        label = checkpoint_label(c)
+        c = _common.parse_checkpoint(spec, preset.depth)
+        label = _common.checkpoint_label(c)
         if label not in seen:  # every(sqrt) is every(4) at depth 16
             seen.add(label)
-            out.append(
-                Variant(
-                    group=name,
-                    preset=preset,
-                    impl="eqx_remat",
-                    checkpoint=label,
-                    schedule=_kind(c),
-                    build=ours(c),
-                )
-            )
+            make = functools.partial(_models.ours, preset, checkpoint=c)
+            out.append(Variant(name, preset, "eqx_remat", label, _kind(c), build(make)))
     for p in _peers.of(preset, quick=quick) if peers else ():
-        out.append(
-            Variant(
-                group=name,
-                preset=preset,
-                impl=p.impl,
-                checkpoint=p.checkpoint,
-                schedule="peer",
-                build=peer(p),
-                ours=p.ours,
-            )
-        )
+        make = functools.partial(p.make, preset)
+        peer = Variant(name, preset, p.impl, p.checkpoint, "peer", build(make), p.ours)
+        out.append(peer)
     return out
 
 
@@ -162,10 +137,6 @@ def _report_fields(report: er.MemoryReport) -> dict[str, Any]:
     return fields | {"total_bytes": report.total_bytes, "flops": _flops(report.flops)}
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
 def compile_variant(
     v: Variant, limit: int | None
 ) -> tuple[dict[str, Any], Any, tuple | None]:
@@ -182,7 +153,7 @@ def compile_variant(
     try:
         compiled = jax.jit(fn).lower(*args).compile()
     except Exception as e:  # XLA refuses what does not fit in device memory
-        return {**row, "fits": False, "error": _first_line(e)}, None, None
+        return {**row, "fits": False, "error": _common.first_line(e)}, None, None
     row["compile_s"] = time.perf_counter() - t0
     flops = er.count_flops(fn, *args)
     report = compiled_report(compiled, flops=flops, target=jax.default_backend())
@@ -203,7 +174,7 @@ def warm_up(row: dict[str, Any], compiled: Any, args: tuple) -> bool:
     try:
         out = _run(compiled, args)
     except Exception as e:
-        row.update(fits=False, error=_first_line(e))
+        row.update(fits=False, error=_common.first_line(e))
         return False
     first = jax.tree.leaves(out)[0]
     row["loss"] = float(first) if first.ndim == 0 else None
@@ -296,7 +267,10 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
         if need is None:
             raise
         row |= {"fits": False, "temp_bytes": need, "total_bytes": None}
-        row |= {"error": _first_line(e), "flops": _flops(er.count_flops(fn, *args))}
+        row |= {
+            "error": _common.first_line(e),
+            "flops": _flops(er.count_flops(fn, *args)),
+        }
     else:
         row |= _report_fields(report)
         row["fits"] = report.total_bytes <= V5E_HBM
@@ -316,7 +290,7 @@ def aot_beside(v: Variant) -> dict[str, Any]:
     try:
         aot = compile_aot(dataclasses.replace(v, build=_abstract(v, target)), target)
     except Exception as e:
-        return {"aot_target": target, "aot_error": _first_line(e)}
+        return {"aot_target": target, "aot_error": _common.first_line(e)}
     return {
         "aot_target": target,
         "aot_temp_bytes": aot["temp_bytes"],
@@ -372,7 +346,9 @@ def add_figures(rows: list[dict[str, Any]]) -> None:
         r["hfu"] = _device.utilisation(r.get("flops"), r["step_s"], **on)
 
 
-def add_throughput(rows: list[dict[str, Any]], presets: dict[str, M.Preset]) -> None:
+def add_throughput(
+    rows: list[dict[str, Any]], presets: dict[str, _models.Preset]
+) -> None:
     for r in rows:
         unit, n = presets[r["group"]].per_step()
         r[unit] = n / r["step_s"] if r.get("step_s") else None

@@ -106,18 +106,9 @@ class TransformerPreset(Preset):
     d_ff: int | None = None  # the block's default when None
     kv_heads: int | None = None  # "llama": the block's default when None
 
-    CHECKPOINTS = (
-        "None",
-        "everything",
-        "dots",
-        "dots_no_batch",
-        "nothing",
-        "every(2)",
-        "every(2, dots)",
-        "nested(2)",
-        "recursive()",
-        "binomial(3)",
-    )
+    CHECKPOINTS = ("None", "everything", "dots", "dots_no_batch", "nothing")
+    CHECKPOINTS += ("every(2)", "every(2, dots)", "nested(2)", "recursive()")
+    CHECKPOINTS += ("binomial(3)",)
     QUICK = ("None", "dots")
     ACCELERATOR = ("offload_dots_no_batch",)
 
@@ -181,15 +172,8 @@ class ChainPreset(Preset):
     treeverse: tuple[int, ...] = ()  # slots to compare binomial with (default ⌈log₂D⌉)
     vmap: bool = True  # False: one example, no jax.vmap (batch must be 1)
 
-    CHECKPOINTS = (
-        "None",
-        "nothing",
-        "every(sqrt)",
-        "nested(2)",
-        "nested(3)",
-        "recursive()",
-        "binomial(log2)",
-    )
+    CHECKPOINTS = ("None", "nothing", "every(sqrt)", "nested(2)", "nested(3)")
+    CHECKPOINTS += ("recursive()", "binomial(log2)")
     QUICK = ("None", "recursive()", "binomial(log2)")
 
     def describe(self) -> str:
@@ -219,15 +203,8 @@ class MLPPreset(Preset):
     size: int = 64
     width: int = 256
 
-    CHECKPOINTS = (
-        "None",
-        "dots",
-        "nothing",
-        "every(sqrt)",
-        "nested(2)",
-        "recursive()",
-        "binomial(log2)",
-    )
+    CHECKPOINTS = ("None", "dots", "nothing", "every(sqrt)", "nested(2)")
+    CHECKPOINTS += ("recursive()", "binomial(log2)")
     QUICK = ("None", "recursive()")
 
     def describe(self) -> str:
@@ -270,26 +247,10 @@ def seed(**changes: Any) -> TransformerPreset:
 
 
 # Every schedule and policy, for the parameter-dominated presets.
-ALL = (
-    "None",
-    "dots",
-    "nothing",
-    "every(4)",
-    "every(sqrt)",
-    "nested(2)",
-    "nested(3)",
-    "recursive()",
-    "binomial(log2)",
-)
-_V5E = (
-    "None",
-    "dots",
-    "dots_no_batch",
-    "nothing",
-    "every(2)",
-    "nested(2)",
-    "recursive()",
-)
+ALL = ("None", "dots", "nothing", "every(4)", "every(sqrt)", "nested(2)", "nested(3)")
+ALL += ("recursive()", "binomial(log2)")
+_V5E = ("None", "dots", "dots_no_batch", "nothing", "every(2)", "nested(2)")
+_V5E += ("recursive()",)
 
 PRESETS: dict[str, Preset] = {
     # The default CPU sweep: small enough to compile and run ~50 variants in a

@@ -37,7 +37,7 @@ from jax.ad_checkpoint import checkpoint_name
 import eqx_remat as er
 import zoo
 
-from ._models import ChainPreset, Preset, TransformerPreset, cross_entropy
+from . import _models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +54,11 @@ class Peer:
 TRANSFORMER_POLICIES = ("None", "everything", "dots", "dots_no_batch", "nothing")
 
 
-def of(preset: Preset, *, quick: bool) -> tuple[Peer, ...]:
+def of(preset: _models.Preset, *, quick: bool) -> tuple[Peer, ...]:
     """The peers of `preset` (`quick`: only the transformer's `"dots"`)."""
-    if isinstance(preset, TransformerPreset):
+    if isinstance(preset, _models.TransformerPreset):
         return _transformer_peers(quick)
-    if isinstance(preset, ChainPreset) and preset.vmap:
+    if isinstance(preset, _models.ChainPreset) and preset.vmap:
         return _chain_peers(preset)
     return ()
 
@@ -80,7 +80,7 @@ def _transformer_peers(quick: bool) -> tuple[Peer, ...]:
     )
 
 
-def _chain_peers(preset: ChainPreset) -> tuple[Peer, ...]:
+def _chain_peers(preset: _models.ChainPreset) -> tuple[Peer, ...]:
     log2 = max(1, math.ceil(math.log2(max(2, preset.layers))))
     outer, inner = nested_split(preset.layers)
     scans = (
@@ -167,7 +167,7 @@ def transformer_arrays(model: Any) -> dict[str, Any]:
 
 
 def handwritten_transformer(
-    preset: TransformerPreset, model: Any, checkpoint: str | None
+    preset: _models.TransformerPreset, model: Any, checkpoint: str | None
 ) -> tuple[Callable, Any]:
     """`(fn, arrays)`: value_and_grad of the loss of the transformer written by
     hand: one example at a time, vmapped, blocks applied with
@@ -200,12 +200,14 @@ def handwritten_transformer(
         return _linear(x, a["head_w"]).astype(jnp.float32)
 
     def loss(a, tokens):
-        return cross_entropy(jax.vmap(forward, in_axes=(None, 0))(a, tokens), tokens)
+        return _models.cross_entropy(
+            jax.vmap(forward, in_axes=(None, 0))(a, tokens), tokens
+        )
 
     return jax.value_and_grad(loss), transformer_arrays(model)
 
 
-def _flax_lm(preset: TransformerPreset, d_ff: int, pol: Any) -> Any:
+def _flax_lm(preset: _models.TransformerPreset, d_ff: int, pol: Any) -> Any:
     """The transformer as Flax linen modules, batch-major, blocks stacked with
     `nn.scan(nn.remat(Block, policy=pol, prevent_cse=False))`."""
     import flax.linen as nn
@@ -279,7 +281,7 @@ def _flax_params(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def flax_transformer(
-    preset: TransformerPreset, model: Any, checkpoint: str | None
+    preset: _models.TransformerPreset, model: Any, checkpoint: str | None
 ) -> tuple[Callable, Any]:
     """`(fn, params)`: value_and_grad of the loss of the transformer in Flax linen
     (`_flax_lm`), with the zoo model's weights."""
@@ -295,7 +297,7 @@ def flax_transformer(
         )
 
     def loss(p, tokens):
-        return cross_entropy(lm.apply({"params": p}, tokens), tokens)
+        return _models.cross_entropy(lm.apply({"params": p}, tokens), tokens)
 
     return jax.value_and_grad(loss), params
 
@@ -322,14 +324,14 @@ def _chain_loss(run: Callable) -> Callable:
     return jax.value_and_grad(lambda p, x: jnp.mean(run(p, x) ** 2))
 
 
-def plain_scan_chain(preset: ChainPreset, model: Any) -> tuple[Callable, Any]:
+def plain_scan_chain(preset: _models.ChainPreset, model: Any) -> tuple[Callable, Any]:
     """One batch-major `lax.scan`, no checkpointing."""
     layer = _chain_layer(preset.depth)
     return _chain_loss(lambda p, x: lax.scan(layer, x, p)[0]), chain_arrays(model)
 
 
 def treeverse_chain(
-    preset: ChainPreset, model: Any, checkpoints: int
+    preset: _models.ChainPreset, model: Any, checkpoints: int
 ) -> tuple[Callable, Any]:
     """`equinox.internal.scan(kind="checkpointed", checkpoints=checkpoints)`:
     online treeverse with that many stored carries."""
@@ -348,7 +350,7 @@ def nested_split(depth: int) -> tuple[int, int]:
     return depth // inner, inner
 
 
-def nested_scan_chain(preset: ChainPreset, model: Any) -> tuple[Callable, Any]:
+def nested_scan_chain(preset: _models.ChainPreset, model: Any) -> tuple[Callable, Any]:
     """A 2-level nested `lax.scan`: `outer` segments of `inner` layers, each
     segment under `jax.checkpoint` (the √D schedule written by hand)."""
     outer, inner = nested_split(preset.depth)

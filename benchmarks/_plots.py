@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _common as C
+from . import _common
 
 
 # A range at least this wide (largest / smallest) gets a log axis.
@@ -37,7 +37,7 @@ def byte_unit(values: Sequence[float]) -> tuple[str, int]:
     """The unit ("KiB", "MiB" or "GiB") and its size for byte counts whose largest
     is `max(values)`."""
     top = max(values, default=0)
-    for name, size in (("GiB", C.GiB), ("MiB", C.MiB)):
+    for name, size in (("GiB", _common.GiB), ("MiB", _common.MiB)):
         if top >= size:
             return name, size
     return "KiB", 2**10

@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _models as M
+from . import _models
 
 
 Rows = Sequence[dict[str, Any]]
 _PHRASE = {"temp_bytes": "temp memory", "flops": "FLOPs", "step_s": "step time"}
 
 
-def _selects(on: Any, name: str, preset: M.Preset) -> bool:
+def _selects(on: Any, name: str, preset: _models.Preset) -> bool:
     return isinstance(preset, on) if isinstance(on, type) else name in on
 
 
@@ -139,7 +139,7 @@ class EveryCheckpoint:
     layers: int = 0
     skip: tuple[str, ...] = ("None", "everything")
 
-    def evaluate(self, rows: Rows, group: str, preset: M.Preset) -> list[dict]:
+    def evaluate(self, rows: Rows, group: str, preset: _models.Preset) -> list[dict]:
         ours = _ours(rows, group)
         base = ours.get("None", {}).get("temp_bytes")
         others = [
@@ -177,18 +177,18 @@ PARAMS = (
     "chain-v5e-params",
 )
 TARGETS = (
-    VsNone(M.TransformerPreset, "dots", "temp_bytes", 0.60),
-    VsNone(M.TransformerPreset, "nothing", "temp_bytes", 0.30),
-    VsNone(M.TransformerPreset, "dots", "flops", 1.10),
-    VsPeer(M.TransformerPreset, "hand-written", "temp_bytes", 1.02),
-    VsPeer(M.TransformerPreset, "flax", "temp_bytes", 1.00),
-    VsPeer(M.TransformerPreset, "hand-written", "step_s", 1.05, cpu_note=NOISY),
-    VsPeer(M.TransformerPreset, "flax", "step_s", 1.05, cpu_note=NOISY),
-    VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
-    VsPeer(M.ChainPreset, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
-    VsPeer(M.ChainPreset, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
-    VsPeer(M.ChainPreset, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
-    EveryCheckpoint(M.Preset),
+    VsNone(_models.TransformerPreset, "dots", "temp_bytes", 0.60),
+    VsNone(_models.TransformerPreset, "nothing", "temp_bytes", 0.30),
+    VsNone(_models.TransformerPreset, "dots", "flops", 1.10),
+    VsPeer(_models.TransformerPreset, "hand-written", "temp_bytes", 1.02),
+    VsPeer(_models.TransformerPreset, "flax", "temp_bytes", 1.00),
+    VsPeer(_models.TransformerPreset, "hand-written", "step_s", 1.05, cpu_note=NOISY),
+    VsPeer(_models.TransformerPreset, "flax", "step_s", 1.05, cpu_note=NOISY),
+    VsPeer(_models.ChainPreset, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
+    VsPeer(_models.ChainPreset, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
+    VsPeer(_models.ChainPreset, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
+    VsPeer(_models.ChainPreset, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
+    EveryCheckpoint(_models.Preset),
     EveryCheckpoint(PARAMS, layers=2),
 )
 
@@ -529,15 +529,15 @@ class RankCorrelation:
 
 
 PLAN_TARGETS = (
-    PickFits(M.Preset),
-    PickVsUniform(M.Preset),
-    CheaperBetween(M.Preset),
-    PredictedWithin(M.Preset),
-    PlanningCost(M.Preset),
-    ClockPickVsUniform(M.Preset),
-    ClockFasterBetween(M.Preset),
-    RankCorrelation(M.Preset),
-    RankCorrelation(M.Preset, key="roofline_s", at_least=0.8),
+    PickFits(_models.Preset),
+    PickVsUniform(_models.Preset),
+    CheaperBetween(_models.Preset),
+    PredictedWithin(_models.Preset),
+    PlanningCost(_models.Preset),
+    ClockPickVsUniform(_models.Preset),
+    ClockFasterBetween(_models.Preset),
+    RankCorrelation(_models.Preset),
+    RankCorrelation(_models.Preset, key="roofline_s", at_least=0.8),
 )
 
 
@@ -575,7 +575,7 @@ def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
 
 
 def evaluate(
-    rows: Rows, presets: dict[str, M.Preset], targets: Sequence = TARGETS
+    rows: Rows, presets: dict[str, _models.Preset], targets: Sequence = TARGETS
 ) -> list[dict[str, Any]]:
     """Every target (of `targets`, default `TARGETS`) on every preset it
     applies to, in their order."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks import _common as C, _models as M, _plots as P
+from benchmarks import _common, _models, _plots
 
 
 CHECKPOINTS = ("None", "dots", "nothing", "every(2)", "recursive()", "binomial(3)")
@@ -32,25 +32,30 @@ LIMIT = 1.5  # the target, for None and every policy
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, repeats=3, target=False)
+    p = _common.parser(__doc__, repeats=3, target=False)
     p.add_argument(
         "--depths",
-        type=C.positive_int,
+        type=_common.positive_int,
         nargs="+",
         default=[4, 64],
         metavar="N",
         help="the depths to measure: transformer layers (default: %(default)s)",
     )
     p.add_argument(
-        "--d-model", type=C.positive_int, default=128, help="(default: %(default)s)"
+        "--d-model",
+        type=_common.positive_int,
+        default=128,
+        help="(default: %(default)s)",
     )
     return p
 
 
-def seconds(preset: M.TransformerPreset, spec: str) -> float:
+def seconds(preset: _models.TransformerPreset, spec: str) -> float:
     jax.clear_caches()
-    fn, params = M.ours(
-        preset, preset.build(abstract=True), C.parse_checkpoint(spec, preset.depth)
+    fn, params = _models.ours(
+        preset,
+        preset.build(abstract=True),
+        _common.parse_checkpoint(spec, preset.depth),
     )
     t0 = time.perf_counter()
     jax.jit(fn).lower(params, preset.inputs(abstract=True)).compile()
@@ -58,14 +63,14 @@ def seconds(preset: M.TransformerPreset, spec: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = C.parse_args(_parser(), argv, "compile_time")
+    args = _common.parse_args(_parser(), argv, "compile_time")
     specs = args.checkpoint or CHECKPOINTS
     if args.quick:
         args.depths, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
     seq, batch = (16, 2) if args.quick else (128, 4)
 
-    def preset(n: int) -> M.TransformerPreset:
-        return M.TransformerPreset(
+    def preset(n: int) -> _models.TransformerPreset:
+        return _models.TransformerPreset(
             batch=batch,
             seq=seq,
             d_model=args.d_model,
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
             layers=n,
         )
 
-    console, times, t0 = C.Console(), {}, time.perf_counter()
+    console, times, t0 = _common.Console(), {}, time.perf_counter()
     with console.progress(args.repeats * len(specs) * len(args.depths)) as step:
         for r in range(args.repeats):
             for spec in specs:
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in rows}
     ratios = {s: med[(s, hi)] / med[(s, lo)] for s in specs}
     data = {
-        "meta": C.meta(
+        "meta": _common.meta(
             args,
             seconds=time.perf_counter() - t0,
             describe=preset(hi).describe().replace(f"{hi} layers", "N layers"),
@@ -103,13 +108,17 @@ def main(argv: list[str] | None = None) -> dict:
         "targets": [target(ratios, lo, hi)],
     }
     stem = "compile_time" + ("_quick" if args.quick else "")
-    path = C.write(args, stem, data, plot)
+    path = _common.write(args, stem, data, plot)
     console.print(data["meta"]["describe"])
     console.table(
-        f"Compile time, s (median) [{C.where_compiled(data)}]",
+        f"Compile time, s (median) [{_common.where_compiled(data)}]",
         ["checkpoint", *(f"{n} layers" for n in args.depths), f"{hi} / {lo}"],
         [
-            [s, *(f"{med[(s, n)]:.2f}" for n in args.depths), C.fmt_ratio(ratios[s])]
+            [
+                s,
+                *(f"{med[(s, n)]:.2f}" for n in args.depths),
+                _common.fmt_ratio(ratios[s]),
+            ]
             for s in specs
         ],
         left=1,
@@ -125,8 +134,8 @@ def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
     policies = {
         s: x
         for s, x in ratios.items()
-        if C.parse_checkpoint(s, hi) is None
-        or isinstance(C.parse_checkpoint(s, hi), str)
+        if _common.parse_checkpoint(s, hi) is None
+        or isinstance(_common.parse_checkpoint(s, hi), str)
     }
     return {
         "name": f"compile time at {hi} layers <= {LIMIT}x at {lo} layers "
@@ -143,7 +152,7 @@ def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
 def plot(data: dict, path: Path) -> None:
     """Per checkpoint: compile time at each depth, side by side (median; bars:
     the fastest and slowest of its compiles)."""
-    pyplot = C.plt()
+    pyplot = _common.plt()
     rows = data["rows"]
     specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
     depths = sorted({r["layers"] for r in rows})
@@ -151,7 +160,7 @@ def plot(data: dict, path: Path) -> None:
     width = 0.8 / len(depths)
     for j, d in enumerate(depths):
         pts = [(specs.index(r["checkpoint"]), r) for r in rows if r["layers"] == d]
-        bars = [P.spread(r["times_s"], r["compile_s"], 1.0) for _, r in pts]
+        bars = [_plots.spread(r["times_s"], r["compile_s"], 1.0) for _, r in pts]
         ax.bar(
             [i + j * width for i, _ in pts],
             [r["compile_s"] for _, r in pts],
@@ -166,15 +175,15 @@ def plot(data: dict, path: Path) -> None:
     ax.legend(fontsize=9)
     meta = data["meta"]
     n = max(len(r["times_s"]) for r in rows)
-    P.suptitle(
+    _plots.suptitle(
         fig,
         f"Compile time of a training step against depth, per checkpoint (median; "
-        f"bars: {P.spread_name(n, 'compiles')})\n{meta['describe']}; "
+        f"bars: {_plots.spread_name(n, 'compiles')})\n{meta['describe']}; "
         f"{meta['device']}, {meta['cpu_count']} cores, jax "
         f"{meta['versions']['jax']}, {meta['date']}",
         fontsize=9,
     )
-    C.save_figure(fig, path)
+    _common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

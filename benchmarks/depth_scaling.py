@@ -24,28 +24,28 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks import _common as C, _measure as X, _models as M, _plots as P
+from benchmarks import _common, _measure, _models, _plots
 
 
-CHECKPOINTS = M.ChainPreset.CHECKPOINTS  # the sweep's chain checkpoints
+CHECKPOINTS = _models.ChainPreset.CHECKPOINTS  # the sweep's chain checkpoints
 DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, repeats=3, target=False)
+    p = _common.parser(__doc__, repeats=3, target=False)
     p.add_argument(
         "--depths",
-        type=C.positive_int,
+        type=_common.positive_int,
         nargs="+",
         default=list(DEPTHS),
         metavar="N",
         help="the depths to measure: chain layers D (default: %(default)s)",
     )
     p.add_argument(
-        "--width", type=C.positive_int, default=32, help="(default: %(default)s)"
+        "--width", type=_common.positive_int, default=32, help="(default: %(default)s)"
     )
     p.add_argument(
-        "--batch", type=C.positive_int, default=256, help="(default: %(default)s)"
+        "--batch", type=_common.positive_int, default=256, help="(default: %(default)s)"
     )
     p.add_argument(
         "--no-peers", action="store_true", help="no treeverse (default: off)"
@@ -53,9 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def one(preset: M.ChainPreset, spec: str | None, first: bool) -> dict:
+def one(preset: _models.ChainPreset, spec: str | None, first: bool) -> dict:
     """Compile one variant (`spec=None`: the treeverse peer) from scratch."""
-    vs = X.variants(
+    vs = _measure.variants(
         "chain",
         preset,
         [spec] if spec else [],
@@ -66,7 +66,7 @@ def one(preset: M.ChainPreset, spec: str | None, first: bool) -> dict:
     v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
     jax.clear_caches()
     if first:
-        row, _, _ = X.compile_variant(v, None)
+        row, _, _ = _measure.compile_variant(v, None)
     else:
         fn, args = v.build()
         t0 = time.perf_counter()
@@ -92,7 +92,7 @@ def slope(rows: list[dict], spec: str, lo: int) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = C.parse_args(_parser(), argv, "depth_scaling")
+    args = _common.parse_args(_parser(), argv, "depth_scaling")
     if args.quick:
         args.depths, args.width, args.batch, args.repeats = [16, 64], 8, 2, 1
     specs = list(
@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> dict:
         or (["None", "nested(2)", "recursive()"] if args.quick else CHECKPOINTS)
     )
     specs += [] if args.no_peers else [None]
-    console, rows, t0 = C.Console(), {}, time.perf_counter()
+    console, rows, t0 = _common.Console(), {}, time.perf_counter()
     with console.progress(args.repeats * len(args.depths) * len(specs)) as step:
         for r in range(args.repeats):  # interleaved, so load hits every point alike
             for d in args.depths:
-                preset = M.ChainPreset(batch=args.batch, width=args.width, layers=d)
+                preset = _models.ChainPreset(
+                    batch=args.batch, width=args.width, layers=d
+                )
                 for spec in specs:
                     step(f"round {r + 1}: D={d} {spec or 'treeverse'}")
                     row = one(preset, spec, first=r == 0)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     lo = sorted(args.depths)[len(args.depths) // 3]
     names = list(dict.fromkeys(r["spec"] for r in rows))
     data = {
-        "meta": C.meta(
+        "meta": _common.meta(
             args,
             seconds=time.perf_counter() - t0,
             describe=f"zoo.ResidualChain width {args.width}, batch "
@@ -129,26 +131,29 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
     stem = "depth_scaling" + ("_quick" if args.quick else "")
-    path = C.write(args, stem, data, plot)
+    path = _common.write(args, stem, data, plot)
     show(console, data, names)
     console.print(f"{len(rows)} points; results in {path}")
     return data
 
 
-def show(console: C.Console, data: dict, names: list[str]) -> None:
+def show(console: _common.Console, data: dict, names: list[str]) -> None:
     depths = sorted({r["depth"] for r in data["rows"]})
     by = {(r["spec"], r["depth"]): r for r in data["rows"]}
     slopes = data["memory_slopes"]["slopes"]
     cols = ["checkpoint", *(f"D={d}" for d in depths)]
     console.print(data["meta"]["describe"])
-    title = f"[{C.where_compiled(data)}]"
+    title = f"[{_common.where_compiled(data)}]"
     console.table(
         f"Temp memory vs depth {title}",
         [*cols, "slope"],
         [
             [
                 s,
-                *(C.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1) for d in depths),
+                *(
+                    _common.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1)
+                    for d in depths
+                ),
                 "n/a" if slopes[s] is None else f"{slopes[s]:.2f}",
             ]
             for s in names
@@ -162,7 +167,7 @@ def show(console: C.Console, data: dict, names: list[str]) -> None:
             [
                 s,
                 *(
-                    C.fmt_ratio(
+                    _common.fmt_ratio(
                         by[(s, d)]["flops"] / by[("None", d)]["flops"]
                         if by[(s, d)]["flops"] and ("None", d) in by
                         else None
@@ -187,7 +192,7 @@ def plot(data: dict, path: Path) -> None:
     compile time (with the fastest and slowest of its samples)."""
     from matplotlib.ticker import FuncFormatter
 
-    pyplot = C.plt()
+    pyplot = _common.plt()
     fig, axes = pyplot.subplots(1, 3, figsize=(15, 5))
     base = {r["depth"]: r.get("flops") for r in data["rows"] if r["spec"] == "None"}
     specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
@@ -196,10 +201,10 @@ def plot(data: dict, path: Path) -> None:
         for s in specs
     }
     # Curves that another hides: said in the legend.
-    hidden_memory = P.coinciding(
+    hidden_memory = _plots.coinciding(
         {s: [r["temp_bytes"] for _, r in pts] for s, pts in by_spec.items()}
     )
-    hidden_flops = P.coinciding(
+    hidden_flops = _plots.coinciding(
         {s: [r.get("flops") for _, r in pts] for s, pts in by_spec.items()}
     )
     for spec in specs:
@@ -212,13 +217,13 @@ def plot(data: dict, path: Path) -> None:
         ]
         label = spec + (f" ({', '.join(notes)}: hidden)" if notes else "")
         axes[0].plot(
-            ds, [r["temp_bytes"] / C.MiB for _, r in pts], marker="o", label=label
+            ds, [r["temp_bytes"] / _common.MiB for _, r in pts], marker="o", label=label
         )
         fl = [(d, r["flops"] / base[d]) for d, r in pts if r.get("flops")]
         axes[1].plot(*zip(*fl) if fl else ([], []), marker="o")
         times = [r.get("compile_times_s") or [r["compile_s"]] for _, r in pts]
         secs = [r["compile_s"] for _, r in pts]
-        bars = [P.spread(ts, s, 1.0) for ts, s in zip(times, secs)]
+        bars = [_plots.spread(ts, s, 1.0) for ts, s in zip(times, secs)]
         axes[2].errorbar(
             ds, secs, yerr=np.transpose(bars), marker="o", capsize=2, elinewidth=0.8
         )
@@ -235,21 +240,23 @@ def plot(data: dict, path: Path) -> None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set(xlabel="depth D (layers)", ylabel=label)
         ax.grid(alpha=0.3, which="both")
-    P.scale_for(axes[0], "y", [r["temp_bytes"] / C.MiB for r in data["rows"]])
+    _plots.scale_for(
+        axes[0], "y", [r["temp_bytes"] / _common.MiB for r in data["rows"]]
+    )
     axes[1].set_ylim(bottom=0)
     axes[2].set_ylim(bottom=0)
     fig.legend(
         *axes[0].get_legend_handles_labels(), loc="lower center", ncols=4, fontsize=9
     )
     meta = data["meta"]
-    P.suptitle(
+    _plots.suptitle(
         fig,
         f"Gradient of a deep {meta['describe']} against its depth D, per "
         f"checkpoint: memory, recomputation and compile time (median; bars: "
-        f"{P.spread_name(n, 'compiles')})\n{meta['device']}, "
+        f"{_plots.spread_name(n, 'compiles')})\n{meta['device']}, "
         f"{meta['cpu_count']} cores, jax {meta['versions']['jax']}, {meta['date']}",
     )
-    C.save_figure(fig, path, rect=(0, 0.07, 1, 1))
+    _common.save_figure(fig, path, rect=(0, 0.07, 1, 1))
 
 
 if __name__ == "__main__":

@@ -52,11 +52,11 @@ import numpy as np
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common as C, _measure as X, _models as M, _targets as T
+from benchmarks import _common, _measure, _models, _targets
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, presets=list(M.PRESETS), repeats=11)
+    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
     p.add_argument(
         "--no-clock",
         dest="clock",
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--budgets",
-        type=C.positive_int,
+        type=_common.positive_int,
         metavar="N",
         default=10,
         help="how many budgets, evenly spaced (default: %(default)s)",
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _step(preset: M.Preset, mesh: Any):
+def _step(preset: _models.Preset, mesh: Any):
     """The function planned: the gradient of the preset's loss with respect to
     the model (kept sharded like the parameters under FSDP)."""
     grad = eqx.filter_grad(preset.loss)
@@ -87,7 +87,7 @@ def _step(preset: M.Preset, mesh: Any):
     return fsdp_grad
 
 
-def _mesh_context(preset: M.Preset, mesh: Any):
+def _mesh_context(preset: _models.Preset, mesh: Any):
     # The flash kernel finds the mesh to shard_map over in the context.
     if mesh is not None and getattr(preset, "attention", None) == "flash":
         return jax.set_mesh(mesh)
@@ -96,7 +96,7 @@ def _mesh_context(preset: M.Preset, mesh: Any):
 
 def _point(p: er.FrontierPoint) -> dict[str, Any]:
     return {
-        "checkpoint": C.checkpoint_label(p.checkpoint),
+        "checkpoint": _common.checkpoint_label(p.checkpoint),
         "predicted_bytes": p.predicted_bytes,
         "compiled_bytes": p.compiled_bytes,
         "memory_bytes": p.predicted_bytes
@@ -166,35 +166,35 @@ def _plan(fn, model, batch, budget, target) -> er.PlanResult | None:
         return None
 
 
-def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
+def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]:
     """Plan every budget (timed, compiles counted), then compile the uniform
     candidates: the rows of one preset."""
-    mesh = X.mesh_for(args.target) if args.target else None
+    mesh = _measure.mesh_for(args.target) if args.target else None
     model = preset.build(abstract=True)
     batch = preset.inputs(abstract=True)
     if mesh is not None:
         model = zoo.shard(model, mesh, fsdp=preset.fsdp)
-        batch = X.place_batch(batch, mesh)
+        batch = _measure.place_batch(batch, mesh)
     fn = _step(preset, mesh)
-    cap = X.V5E_HBM if args.target else 2**50
+    cap = _measure.V5E_HBM if args.target else 2**50
     rows: list[dict] = []
     with _mesh_context(preset, mesh):
         load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
-        console.print(f"[bold]{name}[/]: planning at {C.fmt_bytes(cap)} first")
+        console.print(f"[bold]{name}[/]: planning at {_common.fmt_bytes(cap)} first")
         top = _plan(fn, model, batch, cap, args.target)
         if top is None:
-            raise SystemExit(f"{name}: nothing fits in {C.fmt_bytes(cap)}")
+            raise SystemExit(f"{name}: nothing fits in {_common.fmt_bytes(cap)}")
         specs = args.checkpoint or preset.checkpoints(
             quick=args.quick, accelerator=bool(args.target)
         )
-        cands = [C.parse_checkpoint(s, preset.depth) for s in specs]
+        cands = [_common.parse_checkpoint(s, preset.depth) for s in specs]
         budgets = _sweep_budgets(args, fn, model, batch, top, cap)
         results = []
         for b in budgets:
             if b == cap:  # planned already
                 results.append(top)
                 continue
-            console.print(f"[bold]{name}[/]: budget {C.fmt_bytes(b)}")
+            console.print(f"[bold]{name}[/]: budget {_common.fmt_bytes(b)}")
             results.append(_plan(fn, model, batch, b, args.target))
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - cpu0  # every thread's: the compiler's too
@@ -229,7 +229,7 @@ def sweep_preset(args, name: str, preset: M.Preset, console) -> list[dict]:
     frontier = _pareto(calls)
     rows += [{"group": name, "kind": "frontier", **_point(p)} for p in frontier]
     if timed:
-        on = {C.checkpoint_label(p.checkpoint) for p in frontier}
+        on = {_common.checkpoint_label(p.checkpoint) for p in frontier}
         for r in timed:
             r["on_frontier"] = r["checkpoint"] in on
         rows += timed
@@ -281,7 +281,7 @@ def clock_rows(args, name, fn, model, batch, calls, uniform, console) -> list[di
             {
                 "group": name,
                 "kind": "timed",
-                "checkpoint": C.checkpoint_label(c),
+                "checkpoint": _common.checkpoint_label(c),
                 "uniform": not isinstance(c, er.ranges),
                 "memory_bytes": report.total_bytes,
                 "measured_s": t.seconds,
@@ -317,7 +317,7 @@ def _clock_pick(pick: dict, by: dict, timed: list[dict]) -> None:
         pick["best_uniform_measured_s"] = best["measured_s"]
         # Round by round: the two ran in the same rounds.
         pick["clock_ratio"] = er.internal.paired_ratio(_timing(mine), _timing(best))
-        pick["clock_between"] = T.between_measured(timed, pick["budget_bytes"])
+        pick["clock_between"] = _targets.between_measured(timed, pick["budget_bytes"])
 
 
 def _pareto(results) -> list[er.FrontierPoint]:
@@ -350,7 +350,7 @@ def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
     return {
         "group": name,
         "kind": "uniform",
-        "checkpoint": C.checkpoint_label(e.checkpoint),
+        "checkpoint": _common.checkpoint_label(e.checkpoint),
         "memory_bytes": e.memory_bytes,
         "compiled": e.report is not None,
         "fits": e.report is not None and e.memory_bytes <= cap,
@@ -367,7 +367,9 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
         "group": name,
         "kind": "pick",
         "budget_bytes": budget,
-        "best_uniform": None if best is None else C.checkpoint_label(best.checkpoint),
+        "best_uniform": None
+        if best is None
+        else _common.checkpoint_label(best.checkpoint),
         "best_uniform_time_s": None if best is None else best.time_s,
     }
     if result is None:
@@ -377,7 +379,7 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     ]
     e = result.entry
     return row | {
-        "checkpoint": C.checkpoint_label(result.checkpoint),
+        "checkpoint": _common.checkpoint_label(result.checkpoint),
         "compiled_bytes": e.memory_bytes,
         "predicted_bytes": None if point is None else point.predicted_bytes,
         "fits": e.report is not None and e.memory_bytes <= budget,
@@ -391,8 +393,8 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = C.parse_args(_parser(), argv, "plan_sweep")
-    console = C.Console()
+    args = _common.parse_args(_parser(), argv, "plan_sweep")
+    console = _common.Console()
     names = args.preset or (
         ["transformer-tiny"]
         if args.quick
@@ -400,17 +402,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.target
         else ["transformer-s"]
     )
-    devices = X.mesh_for(args.target).size if args.target else 1
-    presets = {n: M.PRESETS[n].on(devices) for n in names}
+    devices = _measure.mesh_for(args.target).size if args.target else 1
+    presets = {n: _models.PRESETS[n].on(devices) for n in names}
     t0 = time.perf_counter()
     rows = []
     for name, preset in presets.items():
         rows += sweep_preset(args, name, preset, console)
     for r in rows:
         if r["kind"] == "pick":
-            r["between"] = T.between_uniform(rows, r["group"], r["budget_bytes"])
+            r["between"] = _targets.between_uniform(rows, r["group"], r["budget_bytes"])
     data = {
-        "meta": C.meta(args, seconds=time.perf_counter() - t0),
+        "meta": _common.meta(args, seconds=time.perf_counter() - t0),
         "presets": {
             n: {"describe": p.describe(), "topology": args.target or args.platform}
             for n, p in presets.items()
@@ -419,16 +421,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     tag = (args.target or args.platform).replace(":", "_")
     stem = f"plan_sweep-{tag}" + ("-quick" if args.quick else "")
-    if C.is_main():  # what was measured, before anything else can fail
-        C.write_json(args.out / f"{stem}.json", data)
-    data["targets"] = T.evaluate(rows, presets, T.PLAN_TARGETS)
-    path = C.write(args, stem, data, plot)
-    show(console, data, C.where(args, data))
+    if _common.is_main():  # what was measured, before anything else can fail
+        _common.write_json(args.out / f"{stem}.json", data)
+    data["targets"] = _targets.evaluate(rows, presets, _targets.PLAN_TARGETS)
+    path = _common.write(args, stem, data, plot)
+    show(console, data, _common.where(args, data))
     console.print(f"results in {path}")
     return data
 
 
-def show(console: C.Console, data: dict, where: str) -> None:
+def show(console: _common.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
         console.print(f"[bold]{n}[/]: {p['describe']}")
     rows = data["rows"]
@@ -439,10 +441,10 @@ def show(console: C.Console, data: dict, where: str) -> None:
             (
                 r["group"],
                 r["checkpoint"],
-                C.fmt_bytes(r["memory_bytes"]),
-                C.fmt_flops(r["flops"]),
-                C.fmt_bytes(r["host_bytes"]) if r["host_bytes"] else "-",
-                _ms(r["time_s"]),
+                _common.fmt_bytes(r["memory_bytes"]),
+                _common.fmt_flops(r["flops"]),
+                _common.fmt_bytes(r["host_bytes"]) if r["host_bytes"] else "-",
+                _common.fmt_ms(r["time_s"]),
                 "yes" if r["compiled"] else "no (XLA: does not fit)",
             )
             for r in rows
@@ -465,13 +467,13 @@ def show(console: C.Console, data: dict, where: str) -> None:
         [
             (
                 r["group"],
-                C.fmt_bytes(r["budget_bytes"]),
+                _common.fmt_bytes(r["budget_bytes"]),
                 r["checkpoint"] or "nothing fits",
-                C.fmt_bytes(r.get("compiled_bytes")),
-                C.fmt_bytes(r.get("predicted_bytes")),
-                _ms(r.get("time_s")),
+                _common.fmt_bytes(r.get("compiled_bytes")),
+                _common.fmt_bytes(r.get("predicted_bytes")),
+                _common.fmt_ms(r.get("time_s")),
                 r["best_uniform"] or "-",
-                _ms(r["best_uniform_time_s"]),
+                _common.fmt_ms(r["best_uniform_time_s"]),
                 r.get("compiles", "-"),
             )
             for r in rows
@@ -486,19 +488,19 @@ def show(console: C.Console, data: dict, where: str) -> None:
                 f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
                 f"(load average {r['load_average']:.1f})"
             )
-    C.show_targets(console, data["targets"])
+    _common.show_targets(console, data["targets"])
 
 
-def _show_timed(console: C.Console, rows: list[dict], where: str) -> None:
+def _show_timed(console: _common.Console, rows: list[dict], where: str) -> None:
     """Every checkpoint timed afresh: measured, predicted and roofline."""
     timed = [r for r in rows if r["kind"] == "timed"]
     if not timed:
         return
     console.table(
         f"Timed afresh [{where}]: predicted against measured",
-        C.TIMED_COLUMNS,
+        _common.TIMED_COLUMNS,
         [
-            C.timed_cells(r, r["checkpoint"], "*")
+            _common.timed_cells(r, r["checkpoint"], "*")
             for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
         ],
     )
@@ -509,14 +511,10 @@ def _show_timed(console: C.Console, rows: list[dict], where: str) -> None:
     )
 
 
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
-
-
 def plot(data: dict, path: Path) -> None:
     """Per preset: memory against step time; on the device, under it,
     predicted (and roofline) against measured time."""
-    pyplot = C.plt()
+    pyplot = _common.plt()
     groups = list(data["presets"])
     clock = any(r["kind"] == "timed" for r in data["rows"])
     fig, axes = pyplot.subplots(
@@ -530,7 +528,7 @@ def plot(data: dict, path: Path) -> None:
         _plot_preset(axes[0][i], rows, data, g)
         if clock:
             _plot_clock(axes[1][i], rows, g)
-    C.save_figure(fig, path)
+    _common.save_figure(fig, path)
 
 
 def _plot_clock(ax, rows: list[dict], group: str) -> None:
@@ -555,7 +553,7 @@ def _plot_clock(ax, rows: list[dict], group: str) -> None:
         )
     lo, hi = min(ms) * 0.95, max(ms) * 1.05
     ax.plot([lo, hi], [lo, hi], color="0.5", lw=0.8, ls="--", label="exact")
-    rho = T.spearman(
+    rho = _targets.spearman(
         [r["predicted_s"] for r in timed], [r["measured_s"] for r in timed]
     )
     ax.set(
@@ -575,7 +573,7 @@ def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
     picks = [r for r in rows if r["kind"] == "pick" and r["checkpoint"]]
     budgets = [r["budget_bytes"] for r in rows if r["kind"] == "pick"]
     top = max([r["memory_bytes"] for r in uniform + frontier] + budgets)
-    unit, size = ("GiB", C.GiB) if top >= C.GiB else ("MiB", C.MiB)
+    unit, size = ("GiB", _common.GiB) if top >= _common.GiB else ("MiB", _common.MiB)
     for b in budgets:
         ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
     ax.scatter(

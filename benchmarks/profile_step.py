@@ -48,24 +48,23 @@ import optax  # noqa: E402
 
 import eqx_remat as er  # noqa: E402
 import zoo  # noqa: E402
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import _common  # noqa: E402
 
 
 CHECKPOINTS = ("None", "dots", "nothing")
-MiB = 2**20
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__ or "", repeats=7, target=False)
-    p.add_argument("--d-model", type=C.positive_int, default=128, metavar="N",
+    p = _common.parser(__doc__ or "", repeats=7, target=False)
+    p.add_argument("--d-model", type=_common.positive_int, default=128, metavar="N",
                    help="model width (default: %(default)s)")  # fmt: skip
-    p.add_argument("--seq", type=C.positive_int, default=128, metavar="N",
+    p.add_argument("--seq", type=_common.positive_int, default=128, metavar="N",
                    help="tokens per example (default: %(default)s)")  # fmt: skip
-    p.add_argument("--batch", type=C.positive_int, default=4, metavar="N",
+    p.add_argument("--batch", type=_common.positive_int, default=4, metavar="N",
                    help="examples per step (default: %(default)s)")  # fmt: skip
-    p.add_argument("--layers", type=C.positive_int, default=8, metavar="N",
+    p.add_argument("--layers", type=_common.positive_int, default=8, metavar="N",
                    help="decoder blocks (default: %(default)s)")  # fmt: skip
-    p.add_argument("--steps", type=C.positive_int, default=3, metavar="N",
+    p.add_argument("--steps", type=_common.positive_int, default=3, metavar="N",
                    help="steps per timed round (default: %(default)s)")  # fmt: skip
     p.add_argument("--trace", action="store_true",
                    help="profile each checkpoint's ops (default: off)")  # fmt: skip
@@ -87,7 +86,9 @@ def _loss(model, tokens):
 
 def _measures(args, spec):
     """Compile the gradient step under `spec`; what can be known without running."""
-    params, static = eqx.partition(_model(args, C.parse_checkpoint(spec)), eqx.is_array)
+    params, static = eqx.partition(
+        _model(args, _common.parse_checkpoint(spec)), eqx.is_array
+    )
     tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, 256)
 
     def step(params, tokens):
@@ -196,11 +197,11 @@ def _profile(compiled, a, steps: int) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    args = C.parse_args(_parser(), argv, "profile_step")
+    args = _common.parse_args(_parser(), argv, "profile_step")
     if args.quick:
         args.d_model, args.seq, args.layers, args.repeats, args.steps = 32, 16, 2, 2, 1
     specs = args.checkpoint or list(CHECKPOINTS)
-    console = C.Console()
+    console = _common.Console()
     rows, runs = [], {}
     for spec in specs:
         row, compiled, a = _measures(args, spec)
@@ -223,9 +224,10 @@ def main(argv=None) -> None:
     )
     columns = ["checkpoint", "temp", "saved", "XLA bytes", "FLOPs", "wall", "CPU",
                "sys ms", "faults"]  # fmt: skip
+    size = _common.fmt_bytes
     console.table(title, columns, [
-        [r["checkpoint"], C.fmt_bytes(r["temp_bytes"]), C.fmt_bytes(r["saved_bytes"]),
-         C.fmt_bytes(r["xla_bytes_accessed"]), C.fmt_flops(r["flops"]),
+        [r["checkpoint"], size(r["temp_bytes"]), size(r["saved_bytes"]),
+         size(r["xla_bytes_accessed"]), _common.fmt_flops(r["flops"]),
          f"{r['wall_ratio']:.3f}x", f"{r['cpu_ratio']:.3f}x",
          f"{r['sys_s'] * 1e3:.1f}", f"{r['page_faults']:.0f}"]
         for r in rows
@@ -240,9 +242,9 @@ def main(argv=None) -> None:
                 for k in kinds
             ],
         )
-    data = {"meta": C.meta(args), "rows": rows}
-    if C.is_main():
-        C.write_json(args.out / "profile_step.json", data)
+    data = {"meta": _common.meta(args), "rows": rows}
+    if _common.is_main():
+        _common.write_json(args.out / "profile_step.json", data)
         console.print(f"wrote {args.out / 'profile_step.json'}")
 
 

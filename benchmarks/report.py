@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import _common as C, _targets as T
+from benchmarks import _common, _targets
 
 
 def provenance(data: dict) -> str:
@@ -28,35 +28,25 @@ def provenance(data: dict) -> str:
 
 
 def sweep(data: dict) -> str:
-    cols = [
-        "preset",
-        "impl",
-        "checkpoint",
-        "temp",
-        "vs None",
-        "FLOPs vs None",
-        "time vs None",
-        "peak (measured)",
-        "MFU",
-        "fits",
-    ]
+    cols = ["preset", "impl", "checkpoint", "temp", "vs None", "FLOPs vs None"]
+    cols += ["time vs None", "peak (measured)", "MFU", "fits"]
     rows = [
         [
             r["group"],
             r["impl"],
             f"`{r['checkpoint']}`",
-            C.fmt_bytes(r.get("temp_bytes")),
-            C.fmt_ratio(r.get("temp_ratio")),
-            C.fmt_ratio(r.get("flops_ratio")),
-            C.fmt_ratio(r.get("time_ratio")),
-            C.fmt_bytes(r.get("peak_bytes")),
-            C.fmt_pct(r.get("mfu")),
+            _common.fmt_bytes(r.get("temp_bytes")),
+            _common.fmt_ratio(r.get("temp_ratio")),
+            _common.fmt_ratio(r.get("flops_ratio")),
+            _common.fmt_ratio(r.get("time_ratio")),
+            _common.fmt_bytes(r.get("peak_bytes")),
+            _common.fmt_pct(r.get("mfu")),
             "yes" if r.get("fits", True) else "no",
         ]
         for r in data["rows"]
     ]
     presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return presets + "\n\n" + C.markdown_table(cols, rows)
+    return presets + "\n\n" + _common.markdown_table(cols, rows)
 
 
 def peers(data: dict) -> str:
@@ -65,23 +55,17 @@ def peers(data: dict) -> str:
             p["group"],
             f"`{p['ours']}`",
             p["peer"],
-            C.fmt_ratio(p["temp_ratio"]),
-            C.fmt_ratio(p["time_ratio"]),
+            _common.fmt_ratio(p["temp_ratio"]),
+            _common.fmt_ratio(p["time_ratio"]),
             "n/a"
             if "losses_equal" not in p
             else f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})",
         ]
         for p in data.get("peers", [])
     ]
-    cols = [
-        "preset",
-        "ours",
-        "peer",
-        "temp ours/peer",
-        "time ours/peer",
-        "losses equal",
-    ]
-    return C.markdown_table(cols, rows) if rows else ""
+    cols = ["preset", "ours", "peer", "temp ours/peer", "time ours/peer"]
+    cols += ["losses equal"]
+    return _common.markdown_table(cols, rows) if rows else ""
 
 
 MARK = {True: "met", False: "**not met**", None: "n/a"}
@@ -89,39 +73,30 @@ MARK = {True: "met", False: "**not met**", None: "n/a"}
 
 def targets(data: dict) -> str:
     rows = [[MARK[t["met"]], t["name"], t["measured"]] for t in data.get("targets", [])]
-    return C.markdown_table(["", "target", "measured"], rows) if rows else ""
+    return _common.markdown_table(["", "target", "measured"], rows) if rows else ""
 
 
 def seed(data: dict) -> str:
-    cols = [
-        "config",
-        "checkpoint",
-        "temp / chip",
-        "temp+args+out / chip",
-        "fits",
-        "temp vs None",
-        "FLOPs vs None",
-        "peak (measured)",
-        "step vs None",
-    ]
+    cols = ["config", "checkpoint", "temp / chip", "temp+args+out / chip", "fits"]
+    cols += ["temp vs None", "FLOPs vs None", "peak (measured)", "step vs None"]
     rows = [
         [
             r["group"],
             f"`{r['checkpoint']}`",
-            C.fmt_bytes(r.get("temp_bytes")),
-            C.fmt_bytes(r.get("total_bytes")),
+            _common.fmt_bytes(r.get("temp_bytes")),
+            _common.fmt_bytes(r.get("total_bytes")),
             "yes" if r["fits"] else "no",
-            C.fmt_ratio(r.get("temp_ratio")),
-            C.fmt_ratio(r.get("flops_ratio")),
-            C.fmt_bytes(r.get("peak_bytes")),
-            C.fmt_ratio(r.get("time_ratio")),
+            _common.fmt_ratio(r.get("temp_ratio")),
+            _common.fmt_ratio(r.get("flops_ratio")),
+            _common.fmt_bytes(r.get("peak_bytes")),
+            _common.fmt_ratio(r.get("time_ratio")),
         ]
         for r in data["rows"]
     ]
     legend = "\n".join(
         f"- `{n}`: {p['describe']}, {p['topology']}" for n, p in data["presets"].items()
     )
-    return legend + "\n\n" + C.markdown_table(cols, rows) + "\n\n" + targets(data)
+    return legend + "\n\n" + _common.markdown_table(cols, rows) + "\n\n" + targets(data)
 
 
 def depth(data: dict) -> str:
@@ -133,8 +108,8 @@ def depth(data: dict) -> str:
     mem = [
         [
             f"`{s}`",
-            *(C.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
-            C.fmt_ratio(slopes[s]).rstrip("x"),
+            *(_common.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
+            _common.fmt_ratio(slopes[s]).rstrip("x"),
         ]
         for s in specs
     ]
@@ -144,9 +119,9 @@ def depth(data: dict) -> str:
     return (
         f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
         f"from D = {data['memory_slopes']['from_depth']}:\n\n"
-        + C.markdown_table([*cols, "slope"], mem)
+        + _common.markdown_table([*cols, "slope"], mem)
         + "\n\nTrace + lower + compile, seconds (median):\n\n"
-        + C.markdown_table(cols, comp)
+        + _common.markdown_table(cols, comp)
     )
 
 
@@ -158,7 +133,7 @@ def compile_time(data: dict) -> str:
         [
             f"`{s}`",
             *(f"{med[(s, n)]:.2f}" for n in layers),
-            C.fmt_ratio(data["ratio_deepest_to_shallowest"][s]),
+            _common.fmt_ratio(data["ratio_deepest_to_shallowest"][s]),
         ]
         for s in specs
     ]
@@ -170,7 +145,7 @@ def compile_time(data: dict) -> str:
     return (
         data["meta"]["describe"]
         + "\n\n"
-        + C.markdown_table(cols, rows)
+        + _common.markdown_table(cols, rows)
         + "\n\n"
         + targets(data)
     )
@@ -182,14 +157,14 @@ def plan(data: dict) -> str:
             r["group"],
             "**→**" if r.get("chosen") else "",
             f"`{r['checkpoint']}`",
-            C.fmt_bytes(r.get("memory_bytes")),
-            C.fmt_flops(r.get("flops")),
+            _common.fmt_bytes(r.get("memory_bytes")),
+            _common.fmt_flops(r.get("flops")),
             "yes" if r["fits"] else "no",
         ]
         for r in data["rows"]
     ]
     cols = ["preset", "", "checkpoint", "temp+args+out / chip", "FLOPs", "fits"]
-    return C.markdown_table(cols, rows)
+    return _common.markdown_table(cols, rows)
 
 
 def plan_sweep(data: dict) -> str:
@@ -207,31 +182,23 @@ def plan_sweep(data: dict) -> str:
                 f"(load average {r['load_average']:.1f} "
                 f"on a {data['meta']['cpu_count']}-core host)"
             )
-    cols = [
-        "preset",
-        "budget",
-        "pick",
-        "compiled",
-        "predicted",
-        "est. time",
-        "best uniform that fits",
-        "its est. time",
-    ]
+    cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
+    cols += ["best uniform that fits", "its est. time"]
     table = [
         [
             r["group"],
-            C.fmt_bytes(r["budget_bytes"]),
+            _common.fmt_bytes(r["budget_bytes"]),
             f"`{r['checkpoint']}`" if r["checkpoint"] else "nothing fits",
-            C.fmt_bytes(r.get("compiled_bytes")),
-            C.fmt_bytes(r.get("predicted_bytes")),
-            _ms(r.get("time_s")),
+            _common.fmt_bytes(r.get("compiled_bytes")),
+            _common.fmt_bytes(r.get("predicted_bytes")),
+            _common.fmt_ms(r.get("time_s")),
             f"`{r['best_uniform']}`" if r["best_uniform"] else "-",
-            _ms(r["best_uniform_time_s"]),
+            _common.fmt_ms(r["best_uniform_time_s"]),
         ]
         for r in rows
         if r["kind"] == "pick"
     ]
-    parts = ["\n".join(out), C.markdown_table(cols, table)]
+    parts = ["\n".join(out), _common.markdown_table(cols, table)]
     timed = [r for r in rows if r["kind"] == "timed"]
     if timed:
         parts.append(_clock(rows, timed))
@@ -244,55 +211,39 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
     picks = [
         [
             r["group"],
-            C.fmt_bytes(r["budget_bytes"]),
+            _common.fmt_bytes(r["budget_bytes"]),
             f"`{r['checkpoint']}`",
-            _ms(r["measured_s"]),
+            _common.fmt_ms(r["measured_s"]),
             f"`{r['best_uniform_measured']}`",
-            _ms(r["best_uniform_measured_s"]),
-            f"{T.clock_ratio(r):.3f}x",
+            _common.fmt_ms(r["best_uniform_measured_s"]),
+            f"{_targets.clock_ratio(r):.3f}x",
         ]
         for r in rows
         if r["kind"] == "pick" and r.get("best_uniform_measured_s")
     ]
     points = [
-        C.timed_cells(r, f"`{r['checkpoint']}`", " (est.)")
+        _common.timed_cells(r, f"`{r['checkpoint']}`", " (est.)")
         for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
     ]
+    cols = ["preset", "budget", "pick", "measured", "fastest fitting uniform"]
+    cols += ["measured", "pick / it"]
     return (
         "By the clock (every pick and uniform checkpoint timed afresh, "
         "round-robin):\n\n"
-        + C.markdown_table(
-            [
-                "preset",
-                "budget",
-                "pick",
-                "measured",
-                "fastest fitting uniform",
-                "measured",
-                "pick / it",
-            ],
-            picks,
-        )
+        + _common.markdown_table(cols, picks)
         + "\n\n"
-        + C.markdown_table(
-            list(C.TIMED_COLUMNS),
-            points,
-        )
+        + _common.markdown_table(_common.TIMED_COLUMNS, points)
     )
 
 
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
+def sweep_section(data: dict) -> str:
+    return "\n\n".join([sweep(data), peers(data), targets(data)])
 
 
 SECTIONS = (
-    ("CPU sweep", "sweep-cpu", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
-    ("v5e sweep", "sweep-v5e", lambda d: "\n\n".join([sweep(d), peers(d), targets(d)])),
-    (
-        "GPU sweep, NVIDIA H100",
-        "sweep-cuda",
-        lambda d: "\n\n".join([sweep(d), peers(d), targets(d)]),
-    ),
+    ("CPU sweep", "sweep-cpu", sweep_section),
+    ("v5e sweep", "sweep-v5e", sweep_section),
+    ("GPU sweep, NVIDIA H100", "sweep-cuda", sweep_section),
     ("Seed claim", "seed_claim", seed),
     ("Depth scaling", "depth_scaling", depth),
     ("Compile time", "compile_time", compile_time),
@@ -336,7 +287,7 @@ def summary(results: Path) -> str:
             verdict = "n/a" if not met else f"{sum(met)} of {len(met)}"
             rows.append([name, _measured(ts), verdict, mark])
     return (
-        C.markdown_table(["target", "measured", "met", "where"], rows)
+        _common.markdown_table(["target", "measured", "met", "where"], rows)
         + "\n\n"
         + "  \n".join(notes)
         + "\n"
@@ -348,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--results",
         type=Path,
-        default=C.RESULTS,
+        default=_common.RESULTS,
         help="the directory of results files (default: benchmarks/results)",
     )
     p.add_argument(

@@ -25,20 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (
-    _common as C,
-    _measure as X,
-    _models as M,
-    _plots as P,
-    _targets as T,
-)
+import equinox as eqx
+
+import eqx_remat as er
+from benchmarks import _common, _measure, _models, _plots, _targets
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, presets=list(M.PRESETS), runs=True)
+    p = _common.parser(__doc__, presets=list(_models.PRESETS), runs=True)
     p.add_argument(
         "--budget",
-        type=C._checked(C.parse_bytes, "budget"),
+        type=_common._checked(_common.parse_bytes, "budget"),
         metavar="SIZE",
         help="instead of the sweep: eqx_remat.plan's cheapest checkpoint within this "
         "memory per device, e.g. 16GiB (default: off)",
@@ -49,30 +46,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _isolate(args: argparse.Namespace) -> bool:
-    return not args.budget and C.isolate(args)
+    return not args.budget and _common.isolate(args)
 
 
-def presets_of(args: argparse.Namespace) -> dict[str, M.Preset]:
+def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
     names = args.preset or (
-        M.QUICK
+        _models.QUICK
         if args.quick
-        else M.V5E
+        else _models.V5E
         if args.target
-        else M.ACCELERATOR
+        else _models.ACCELERATOR
         if args.platform != "cpu"
-        else M.DEFAULT
+        else _models.DEFAULT
     )
-    return {n: M.PRESETS[n] for n in names}
+    return {n: _models.PRESETS[n] for n in names}
 
 
-def all_variants(args: argparse.Namespace, presets: dict[str, M.Preset]) -> list:
+def all_variants(args: argparse.Namespace, presets: dict[str, _models.Preset]) -> list:
     accel = bool(args.target) or args.platform != "cpu"
     out = []
     for name, preset in presets.items():
         specs = args.checkpoint or preset.checkpoints(
             quick=args.quick, accelerator=accel
         )
-        out += X.variants(
+        out += _measure.variants(
             name,
             preset,
             specs,
@@ -83,36 +80,38 @@ def all_variants(args: argparse.Namespace, presets: dict[str, M.Preset]) -> list
     return out
 
 
-def measure(args: argparse.Namespace, variants: list, console: C.Console) -> list:
+def measure(args: argparse.Namespace, variants: list, console: _common.Console) -> list:
     timed = not args.target
     with console.progress(len(variants) + (args.repeats if timed else 0)) as step:
         if args.target:
             rows = []
             for v in variants:
                 step(f"compile {v.group} {v.impl} {v.checkpoint}")
-                rows.append(X.compile_aot(v, args.target))
+                rows.append(_measure.compile_aot(v, args.target))
             return rows
         if args.deferred:
-            rows = X.measure_isolated(variants, argv=args.argv, step=step)
-            C.set_main(rows[0].get("process_index", 0) == 0)
+            rows = _measure.measure_isolated(variants, argv=args.argv, step=step)
+            _common.set_main(rows[0].get("process_index", 0) == 0)
             return rows
-        return X.measure_here(
+        return _measure.measure_here(
             variants, repeats=args.repeats, limit=args.memory_limit, step=step
         )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = C.parse_args(_parser(), argv, "run", defer=_isolate)
-    console = C.Console()
+    args = _common.parse_args(_parser(), argv, "run", defer=_isolate)
+    console = _common.Console()
     base = presets_of(args)
     if args.budget:
         return plan_mode(args, base, console)
-    devices = 1 if args.deferred else X.mesh_for(args.target).size
+    devices = 1 if args.deferred else _measure.mesh_for(args.target).size
     presets = {n: p.on(devices) for n, p in base.items()}
     variants = all_variants(args, presets)
     if args.worker:
         i, path = int(args.worker[0]), Path(args.worker[1])
-        X.worker(variants[i], repeats=args.repeats, limit=args.memory_limit, path=path)
+        _measure.worker(
+            variants[i], repeats=args.repeats, limit=args.memory_limit, path=path
+        )
         return {}
     t0 = time.perf_counter()
     console.print(
@@ -123,10 +122,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = measure(args, variants, console)
     if args.deferred:  # the measuring processes know how many devices there are
         presets = {n: p.on(rows[0].get("device_count") or 1) for n, p in base.items()}
-    X.add_figures(rows)
-    X.add_throughput(rows, presets)
+    _measure.add_figures(rows)
+    _measure.add_throughput(rows, presets)
     data = {
-        "meta": C.meta(args, rows[0], seconds=time.perf_counter() - t0),
+        "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0),
         "presets": {
             n: {
                 "type": type(p).__name__,
@@ -136,15 +135,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for n, p in presets.items()
         },
         "rows": rows,
-        "peers": T.peer_pairs(rows),
-        "targets": T.evaluate(rows, presets),
+        "peers": _targets.peer_pairs(rows),
+        "targets": _targets.evaluate(rows, presets),
     }
     tag = args.target or args.platform
     stem = args.name or f"sweep-{tag.replace(':', '_')}" + (
         "-quick" if args.quick else ""
     )
-    path = C.write(args, stem, data, plot)
-    show(console, data, C.where(args, data))
+    path = _common.write(args, stem, data, plot)
+    show(console, data, _common.where(args, data))
     console.print(LEGEND)
     console.print(
         f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; results in {path} "
@@ -159,21 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # Tables and the plot.
 
-SWEEP = (
-    "impl",
-    "checkpoint",
-    "temp",
-    "/None",
-    "FLOPs",
-    "/None",
-    "ms",
-    "/None",
-    "peak",
-    "rate",
-    "MFU",
-    "HFU",
-    "fits",
-)
+SWEEP = ("impl", "checkpoint", "temp", "/None", "FLOPs", "/None", "ms", "/None")
+SWEEP += ("peak", "rate", "MFU", "HFU", "fits")
 """The sweep table's columns, one table per preset (`/None`: the ratio to
 `checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
 second); columns `n/a` in every row (the device's on a CPU) are not printed."""
@@ -212,28 +198,28 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
             [
                 r["impl"],
                 r["checkpoint"],
-                C.fmt_bytes(r.get("temp_bytes")),
-                C.fmt_ratio(r.get("temp_ratio")),
-                C.fmt_flops(r.get("flops")),
-                C.fmt_ratio(r.get("flops_ratio")),
+                _common.fmt_bytes(r.get("temp_bytes")),
+                _common.fmt_ratio(r.get("temp_ratio")),
+                _common.fmt_flops(r.get("flops")),
+                _common.fmt_ratio(r.get("flops_ratio")),
                 "n/a" if step is None else f"{1e3 * step:.1f}",
-                C.fmt_ratio(r.get("time_ratio")),
-                C.fmt_bytes(r.get("peak_bytes"))
+                _common.fmt_ratio(r.get("time_ratio")),
+                _common.fmt_bytes(r.get("peak_bytes"))
                 + (
-                    f" (AOT {C.fmt_bytes(r['aot_total_bytes'])})"
+                    f" (AOT {_common.fmt_bytes(r['aot_total_bytes'])})"
                     if r.get("aot_total_bytes")
                     else ""
                 ),
                 _rate(r),
-                C.fmt_pct(r.get("mfu")),
-                C.fmt_pct(r.get("hfu")),
+                _common.fmt_pct(r.get("mfu")),
+                _common.fmt_pct(r.get("hfu")),
                 "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
             ]
         )
     return out
 
 
-def show(console: C.Console, data: dict, where: str) -> None:
+def show(console: _common.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
         rows = [r for r in data["rows"] if r["group"] == n]
         console.table(
@@ -248,14 +234,14 @@ def show(console: C.Console, data: dict, where: str) -> None:
                     p["group"],
                     p["ours"],
                     p["peer"],
-                    C.fmt_ratio(p["temp_ratio"]),
-                    C.fmt_ratio(p["time_ratio"]),
+                    _common.fmt_ratio(p["temp_ratio"]),
+                    _common.fmt_ratio(p["time_ratio"]),
                     f"{p['loss_abs_diff']:.1e}" if "loss_abs_diff" in p else "n/a",
                 )
                 for p in data["peers"]
             ],
         )
-    C.show_targets(console, data["targets"])
+    _common.show_targets(console, data["targets"])
 
 
 def _what(data: dict, cost: str) -> str:
@@ -274,7 +260,7 @@ def _what(data: dict, cost: str) -> str:
         memory = "compiled temp memory"
     if cost == "time_ratio":
         n = max(len(r.get("times_s") or ()) for r in data["rows"])
-        against = f"median step time vs None (bars: {P.spread_name(n)})"
+        against = f"median step time vs None (bars: {_plots.spread_name(n)})"
     else:
         against = "FLOPs per step vs None (recomputation included)"
     return f"Training step: {memory} against {against}\n{where}"
@@ -288,7 +274,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         for r in data["rows"]
         if r["group"] == group and r.get(cost) is not None and r.get("temp_bytes")
     ]
-    unit, size = P.byte_unit([r["temp_bytes"] for r in rows])
+    unit, size = _plots.byte_unit([r["temp_bytes"] for r in rows])
     labelled, others = [], []
     for impl in dict.fromkeys(r["impl"] for r in rows):
         pts = [r for r in rows if r["impl"] == impl]
@@ -296,7 +282,9 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         ys = [r["temp_bytes"] / size for r in pts]
         xerr = None
         if cost == "time_ratio" and all(r.get("times_s") for r in pts):
-            bars = [P.spread(r["times_s"], r[cost], r["step_s"] / r[cost]) for r in pts]
+            bars = [
+                _plots.spread(r["times_s"], r[cost], r["step_s"] / r[cost]) for r in pts
+            ]
             xerr = [[lo for lo, _ in bars], [hi for _, hi in bars]]
         ax.errorbar(
             xs, ys, xerr=xerr, fmt="o", ms=5, capsize=2, elinewidth=0.8,
@@ -312,13 +300,13 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
             others += list(zip(xs, ys))
     describe = data["presets"][group]
     describe = describe["describe"] if isinstance(describe, dict) else describe
-    P.panel_title(ax, group, describe)
+    _plots.panel_title(ax, group, describe)
     ax.set(
         xlabel="step time vs None" if cost == "time_ratio" else "FLOPs vs None",
         ylabel=f"temp memory ({unit})",
     )
-    P.scale_for(ax, "y", [p[1] for p in labelled + others])
-    P.zero_based_if_narrow(ax, "y", [p[1] for p in labelled + others])
+    _plots.scale_for(ax, "y", [p[1] for p in labelled + others])
+    _plots.zero_based_if_narrow(ax, "y", [p[1] for p in labelled + others])
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
         ax.legend(fontsize=8.5)
@@ -330,7 +318,7 @@ def plot(data: dict, path: Path) -> None:
     nothing was timed), both as measured, relative to `None`; one colour per
     implementation, eqx_remat's points labelled; step times with the fastest and
     slowest of their samples."""
-    pyplot = C.plt()
+    pyplot = _common.plt()
     groups = list(data["presets"])
     timed = any(r.get("time_ratio") is not None for r in data["rows"])
     cost = "time_ratio" if timed else "flops_ratio"
@@ -342,30 +330,26 @@ def plot(data: dict, path: Path) -> None:
     panels = [_plot_preset(ax, data, g, cost) for ax, g in zip(axes.flat, groups)]
     for ax in axes.flat[len(groups) :]:
         ax.remove()
-    P.suptitle(fig, _what(data, cost))
+    _plots.suptitle(fig, _what(data, cost))
     fig.tight_layout()
     for ax, (labelled, others) in zip(axes.flat, panels):
-        P.label_points(ax, labelled, others)
-    C.save_figure(fig, path)
+        _plots.label_points(ax, labelled, others)
+    _common.save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------
 # --budget: the planner.
 
 
-def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict]:
-    import equinox as eqx
-
-    import eqx_remat as er
-
-    mesh = X.mesh_for(args.target) if args.target else None
+def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> list[dict]:
+    mesh = _measure.mesh_for(args.target) if args.target else None
     model = preset.build(abstract=True)
     batch = preset.inputs(abstract=True)
     if mesh is not None:
-        batch = X.place_batch(batch, mesh)
+        batch = _measure.place_batch(batch, mesh)
     cands = None
     if args.checkpoint:
-        cands = [C.parse_checkpoint(s, preset.depth) for s in args.checkpoint]
+        cands = [_common.parse_checkpoint(s, preset.depth) for s in args.checkpoint]
     res = er.plan(
         eqx.filter_grad(preset.loss),
         model,
@@ -374,7 +358,7 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
         target=args.target,
         candidates=cands,
     )
-    chosen = C.checkpoint_label(res.checkpoint)
+    chosen = _common.checkpoint_label(res.checkpoint)
     # With --checkpoint, the candidates' table; else the planner's frontier
     # (memory compiled where it was compiled, else predicted).
     entries = [
@@ -389,12 +373,12 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
     return [
         {
             "group": name,
-            "checkpoint": C.checkpoint_label(c),
+            "checkpoint": _common.checkpoint_label(c),
             "memory_bytes": memory,
             "flops": flops,
             "fits": fits,
             "time_s": time_s,
-            "chosen": C.checkpoint_label(c) == chosen,
+            "chosen": _common.checkpoint_label(c) == chosen,
             "budget_bytes": res.budget_bytes,
             "target": res.target,
         }
@@ -402,7 +386,9 @@ def plan_one(args: argparse.Namespace, name: str, preset: M.Preset) -> list[dict
     ]
 
 
-def plan_mode(args: argparse.Namespace, presets: dict, console: C.Console) -> dict:
+def plan_mode(
+    args: argparse.Namespace, presets: dict, console: _common.Console
+) -> dict:
     """`--budget`: eqx_remat.plan's table for each preset."""
     rows = []
     with console.progress(len(presets)) as step:
@@ -411,31 +397,25 @@ def plan_mode(args: argparse.Namespace, presets: dict, console: C.Console) -> di
             try:
                 rows += plan_one(args, name, preset)
             except ValueError as e:  # nothing fits
-                rows.append(
-                    {
-                        "group": name,
-                        "checkpoint": None,
-                        "fits": False,
-                        "error": str(e).splitlines()[0],
-                    }
-                )
+                error = _common.first_line(e)
+                rows.append(dict(group=name, checkpoint=None, fits=False, error=error))
     data = {
-        "meta": C.meta(args),
+        "meta": _common.meta(args),
         "rows": rows,
         "presets": {n: p.describe() for n, p in presets.items()},
     }
     stem = f"plan-{(args.target or args.platform).replace(':', '_')}"
-    path = C.write(args, stem, data, plot_plan)
+    path = _common.write(args, stem, data, plot_plan)
     console.table(
-        f"Plan, budget {C.fmt_bytes(args.budget)} [{C.where(args, data)}]",
+        f"Plan, budget {_common.fmt_bytes(args.budget)} [{_common.where(args, data)}]",
         ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
         [
             (
                 r["group"],
                 "→" if r.get("chosen") else "",
                 r["checkpoint"],
-                C.fmt_bytes(r.get("memory_bytes")),
-                C.fmt_flops(r.get("flops")),
+                _common.fmt_bytes(r.get("memory_bytes")),
+                _common.fmt_flops(r.get("flops")),
                 "yes" if r["fits"] else "no",
             )
             for r in rows
@@ -446,21 +426,25 @@ def plan_mode(args: argparse.Namespace, presets: dict, console: C.Console) -> di
 
 
 def plot_plan(data: dict, path: Path) -> None:
-    pyplot = C.plt()
+    pyplot = _common.plt()
     fig, ax = pyplot.subplots(figsize=(7, 4.5))
     rows = [r for r in data["rows"] if r.get("memory_bytes")]
     for g in dict.fromkeys(r["group"] for r in rows):
         pts = [r for r in rows if r["group"] == g]
         ax.scatter(
-            [r["flops"] for r in pts], [r["memory_bytes"] / C.MiB for r in pts], label=g
+            [r["flops"] for r in pts],
+            [r["memory_bytes"] / _common.MiB for r in pts],
+            label=g,
         )
         for r in pts:
             ax.annotate(
-                r["checkpoint"], (r["flops"], r["memory_bytes"] / C.MiB), fontsize=7
+                r["checkpoint"],
+                (r["flops"], r["memory_bytes"] / _common.MiB),
+                fontsize=7,
             )
     ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
     ax.legend(fontsize=7)
-    C.save_figure(fig, path)
+    _common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -32,48 +32,36 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import (
-    _common as C,
-    _measure as X,
-    _models as M,
-    _plots as P,
-    _targets as T,
-)
-from benchmarks._device import resolve_device
-from benchmarks.run import measure
+from benchmarks import _common, _device, _measure, _models, _plots, _targets, run
 
 
 # Each config: a preset (the seed setting, `_models.seed`, or one change to it)
 # and the v5e topology it is compiled for.
 GRID = {
-    "base": (M.seed(), "v5e:2x4"),  # the claim's config: v5e-8, batch 32, seq 2048
-    "2x2": (M.seed(), "v5e:2x2"),
-    "d2560": (M.seed(d_model=2560), "v5e:2x4"),
-    "d3072-3B": (M.seed(d_model=3072), "v5e:2x4"),
-    "batch16": (M.seed(batch=16), "v5e:2x4"),
-    "seq1024": (M.seed(seq=1024), "v5e:2x4"),
-    "12layers": (M.seed(layers=12), "v5e:2x4"),
-    "replicated": (M.seed(shard_params=False), "v5e:2x4"),
+    # The claim's config: v5e-8, batch 32, seq 2048.
+    "base": (_models.seed(), "v5e:2x4"),
+    "2x2": (_models.seed(), "v5e:2x2"),
+    "d2560": (_models.seed(d_model=2560), "v5e:2x4"),
+    "d3072-3B": (_models.seed(d_model=3072), "v5e:2x4"),
+    "batch16": (_models.seed(batch=16), "v5e:2x4"),
+    "seq1024": (_models.seed(seq=1024), "v5e:2x4"),
+    "12layers": (_models.seed(layers=12), "v5e:2x4"),
+    "replicated": (_models.seed(shard_params=False), "v5e:2x4"),
 }
 QUICK = {
-    "tiny": (M.seed(batch=8, d_model=256, layers=2, seq=256, vocab=512), "v5e:2x2")
+    "tiny": (
+        _models.seed(batch=8, d_model=256, layers=2, seq=256, vocab=512),
+        "v5e:2x2",
+    )
 }
 POLICIES = ("None", "dots", "nothing")
 BASE_POLICIES = ("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch")
-REAL = (
-    "None",
-    "everything",
-    "dots",
-    "dots_no_batch",
-    "nothing",
-    "offload_dots_no_batch",
-    "every(4, dots_no_batch)",
-    "recursive()",
-)
+REAL = ("None", "everything", "dots", "dots_no_batch", "nothing")
+REAL += ("offload_dots_no_batch", "every(4, dots_no_batch)", "recursive()")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = C.parser(__doc__, presets=list(GRID), target=False, runs=True)
+    p = _common.parser(__doc__, presets=list(GRID), target=False, runs=True)
     p.add_argument(
         "--run",
         action="store_true",
@@ -89,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _real(args: argparse.Namespace) -> bool:
-    return args.run or resolve_device(args.device) != "cpu"
+    return args.run or _device.resolve_device(args.device) != "cpu"
 
 
 def aot(args, grid, console) -> list[dict]:
@@ -102,7 +90,7 @@ def aot(args, grid, console) -> list[dict]:
     rows = [r for r in old if "group" in r]
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
-        for v in X.variants(
+        for v in _measure.variants(
             name,
             preset,
             [s for s in specs if (name, s) not in done],
@@ -113,20 +101,20 @@ def aot(args, grid, console) -> list[dict]:
             console.print(
                 f"[bold]{name}[/] ({preset.describe()}, {topology}): {v.checkpoint} ..."
             )
-            rows.append(X.compile_aot(v, topology))
+            rows.append(_measure.compile_aot(v, topology))
             console.print(
-                f"    temp {C.fmt_bytes(rows[-1]['temp_bytes'])}/chip, "
+                f"    temp {_common.fmt_bytes(rows[-1]['temp_bytes'])}/chip, "
                 f"fits: {rows[-1]['fits']}"
             )
-            if C.is_main():
-                C.write_json(path, {"rows": rows})
+            if _common.is_main():
+                _common.write_json(path, {"rows": rows})
     return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = C.parse_args(_parser(), argv, "seed_claim", defer=C.isolate)
+    args = _common.parse_args(_parser(), argv, "seed_claim", defer=_common.isolate)
     args.target = None
-    console = C.Console()
+    console = _common.Console()
     grid = QUICK if args.quick else GRID
     if args.preset:
         grid = {n: grid[n] for n in args.preset if n in grid}
@@ -134,25 +122,25 @@ def main(argv: list[str] | None = None) -> dict:
     if _real(args):
         name = "base" if "base" in grid else next(iter(grid))
         preset = grid[name][0]
-        variants = X.variants(
+        variants = _measure.variants(
             name, preset, args.checkpoint or REAL, target=None, peers=False, quick=False
         )
         if args.worker:
             i, path = int(args.worker[0]), Path(args.worker[1])
-            X.worker(
+            _measure.worker(
                 variants[int(i)],
                 repeats=args.repeats,
                 limit=args.memory_limit,
                 path=path,
             )
             return {}
-        rows, presets = measure(args, variants, console), {name: preset}
+        rows, presets = run.measure(args, variants, console), {name: preset}
     else:
         rows, presets = aot(args, grid, console), {n: p for n, (p, _) in grid.items()}
-    X.add_figures(rows)
-    X.add_throughput(rows, presets)
+    _measure.add_figures(rows)
+    _measure.add_throughput(rows, presets)
     data = {
-        "meta": C.meta(
+        "meta": _common.meta(
             args,
             rows[0],
             seconds=time.perf_counter() - t0,
@@ -169,58 +157,51 @@ def main(argv: list[str] | None = None) -> dict:
             for n, p in presets.items()
         },
         "rows": rows,
-        "targets": T.evaluate(rows, presets),
+        "targets": _targets.evaluate(rows, presets),
     }
     stem = (
         "seed_claim"
         + ("_quick" if args.quick else "")
         + ("_run" if _real(args) else "")
     )
-    path = C.write(args, stem, data, plot)
+    path = _common.write(args, stem, data, plot)
     show(console, data, _real(args))
     console.print(f"results in {path}")
     return data
 
 
-def show(console: C.Console, data: dict, real: bool) -> None:
+def show(console: _common.Console, data: dict, real: bool) -> None:
     where = (
         f"{data['meta']['device']}, run"
         if real
         else "TPU v5e per chip, compiled, not run"
     )
-    cols = [
-        "config",
-        "checkpoint",
-        "temp/chip",
-        "total/chip",
-        "fits",
-        "temp/None",
-        "FLOPs/None",
-    ]
+    cols = ["config", "checkpoint", "temp/chip", "total/chip", "fits", "temp/None"]
+    cols += ["FLOPs/None"]
     cols += ["peak", "AOT total", "time/None", "MFU"] if real else []
     out = []
     for r in data["rows"]:
         cells = [
             r["group"],
             r["checkpoint"],
-            C.fmt_bytes(r.get("temp_bytes")),
-            C.fmt_bytes(r.get("total_bytes")),
+            _common.fmt_bytes(r.get("temp_bytes")),
+            _common.fmt_bytes(r.get("total_bytes")),
             "yes" if r["fits"] else "no (XLA refuses)" if r.get("error") else "no",
-            C.fmt_ratio(r.get("temp_ratio")),
-            C.fmt_ratio(r.get("flops_ratio")),
+            _common.fmt_ratio(r.get("temp_ratio")),
+            _common.fmt_ratio(r.get("flops_ratio")),
         ]
         if real:
             cells += [
-                C.fmt_bytes(r.get("peak_bytes")),
-                C.fmt_bytes(r.get("aot_total_bytes")),
-                C.fmt_ratio(r.get("time_ratio")),
-                C.fmt_pct(r.get("mfu")),
+                _common.fmt_bytes(r.get("peak_bytes")),
+                _common.fmt_bytes(r.get("aot_total_bytes")),
+                _common.fmt_ratio(r.get("time_ratio")),
+                _common.fmt_pct(r.get("mfu")),
             ]
         out.append(cells)
     console.table(f"Seed claim [{where}]", cols, out, left=2)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
-    C.show_targets(console, data["targets"])
+    _common.show_targets(console, data["targets"])
 
 
 def plot(data: dict, path: Path) -> None:
@@ -229,7 +210,7 @@ def plot(data: dict, path: Path) -> None:
     says the program needs)."""
     from matplotlib.patches import Patch
 
-    pyplot = C.plt()
+    pyplot = _common.plt()
     rows = [r for r in data["rows"] if r.get("temp_bytes") is not None]
     configs = list(dict.fromkeys(r["group"] for r in rows))
     specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
@@ -240,7 +221,7 @@ def plot(data: dict, path: Path) -> None:
         pts = [(configs.index(r["group"]), r) for r in rows if r["checkpoint"] == s]
         bars = ax.bar(
             [i + j * width for i, _ in pts],
-            [r["temp_bytes"] / C.GiB for _, r in pts],
+            [r["temp_bytes"] / _common.GiB for _, r in pts],
             width,
             color=colours[s],
             edgecolor="white",
@@ -263,14 +244,14 @@ def plot(data: dict, path: Path) -> None:
     how = "compiled for TPU v5e (not run)" if meta.get("target") else meta["device"]
     first, preset = next(iter(data["presets"].items()))
     others = "; each other config changes one thing" if len(configs) > 1 else ""
-    P.suptitle(
+    _plots.suptitle(
         fig,
         f"Per-chip temp memory of a zoo.Transformer training step, {how}, per "
         f"configuration and checkpoint\n{first}: {preset['describe']}, "
         f"{preset['topology']}{others}. Programs XLA refused: the memory it says "
         f"they need. jax {meta['versions']['jax']}, {meta['date']}",
     )
-    C.save_figure(fig, path)
+    _common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import importlib.metadata as _metadata
 
 from . import internal as internal
+from ._accumulate import accumulate as accumulate
 from ._combinators import (
     chain as chain,
     scan_layers as scan_layers,
@@ -68,6 +69,7 @@ __all__ = [
     "Residual",
     "Schedule",
     "Stacked",
+    "accumulate",
     "binomial",
     "chain",
     "clear_plan_cache",

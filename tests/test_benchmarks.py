@@ -6,9 +6,11 @@ configuration, as a user runs them) and the tests check the files they write.
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 import re
@@ -22,13 +24,14 @@ import pytest
 import eqx_remat as er
 import zoo
 from benchmarks import (
-    _common as C,
+    _common,
     _device,
-    _measure as X,
-    _models as M,
+    _measure,
+    _models,
     _peers,
-    _targets as T,
+    _targets,
 )
+from benchmarks.train import config
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,8 +184,8 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
     on the CPU and libtpu prints nothing."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     code = (
-        "from benchmarks import _common as C\n"
-        "args = C.parse_args(C.parser('x'), ['--device', 'auto'], 'x')\n"
+        "from benchmarks import _common\n"
+        "args = _common.parse_args(_common.parser('x'), ['--device', 'auto'], 'x')\n"
         "import jax; print(jax.default_backend(), args.platform)\n"
     )
     proc = subprocess.run(
@@ -202,7 +205,7 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
 def test_sweep_explains_its_columns_and_its_strict_targets():
     """run.py's legend names every column its tables print, and the strict
     form of a target that has a relaxed twin says so beside its verdict."""
-    from benchmarks import _targets as T, run as sweep
+    from benchmarks import _targets, run as sweep
 
     for column in set(sweep.SWEEP) - {"impl", "checkpoint"}:
         assert f"{column} = " in sweep.LEGEND or f"{column} / " in sweep.LEGEND
@@ -212,9 +215,13 @@ def test_sweep_explains_its_columns_and_its_strict_targets():
         def layer_param_bytes(self):
             return 0
 
-    (strict,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-params", Preset())
+    (strict,) = _targets.EveryCheckpoint(_targets.PARAMS).evaluate(
+        rows, "chain-params", Preset()
+    )
     assert "relaxed one below" in strict["why"], strict
-    (other,) = T.EveryCheckpoint(T.PARAMS).evaluate(rows, "chain-s", Preset())
+    (other,) = _targets.EveryCheckpoint(_targets.PARAMS).evaluate(
+        rows, "chain-s", Preset()
+    )
     assert other["why"] == ""
 
 
@@ -222,19 +229,21 @@ def test_plots_note_hidden_curves_narrow_axes_and_peers():
     """Curves drawn on top of each other are found (and said in the legend),
     a narrow range starts at zero, a chain panel names its peers' points, and
     a long figure title stays within the figure."""
-    from benchmarks import _plots as P, run as sweep
+    from benchmarks import _plots, run as sweep
 
     series = {"a": [1.0, 2.0], "b": [1.01, 2.0], "c": [3.0, 4.0], "d": [1.0, 2.0]}
-    assert P.coinciding(series) == {"b": "a", "d": "a"}
-    pyplot = C.plt()
+    assert _plots.coinciding(series) == {"b": "a", "d": "a"}
+    pyplot = _common.plt()
     fig, ax = pyplot.subplots()
     ax.plot([0, 1], [1.02, 1.10])
-    P.zero_based_if_narrow(ax, "y", [1.02, 1.10])
+    _plots.zero_based_if_narrow(ax, "y", [1.02, 1.10])
     assert ax.get_ylim()[0] == 0
     ax.set_ylim(1, 100)
-    P.zero_based_if_narrow(ax, "y", [1.0, 100.0])
+    _plots.zero_based_if_narrow(ax, "y", [1.0, 100.0])
     assert ax.get_ylim() == (1, 100)
-    P.suptitle(fig, "Planner sweep: 10 budgets, TPU v5e 2x4, 16 GiB per chip; " * 8)
+    _plots.suptitle(
+        fig, "Planner sweep: 10 budgets, TPU v5e 2x4, 16 GiB per chip; " * 8
+    )
     fig.canvas.draw()
     title = fig._suptitle.get_window_extent()  # type: ignore[attr-defined]
     assert 0 <= title.x0 and title.x1 <= fig.bbox.x1, (title, fig.bbox)
@@ -266,11 +275,11 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
     args = argparse.Namespace(out=tmp_path)
     data = {"rows": [{"a": 1}]}
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    assert C.write(args, "x", data, lambda d, p: p.write_text("png")) is None
-    C.Console().print("hello from process 1")
+    assert _common.write(args, "x", data, lambda d, p: p.write_text("png")) is None
+    _common.Console().print("hello from process 1")
     assert not any(tmp_path.iterdir()) and "hello" not in capsys.readouterr().out
     monkeypatch.setattr(jax, "process_index", lambda: 0)
-    assert C.write(args, "x", data, lambda d, p: p.write_text("png")).exists()
+    assert _common.write(args, "x", data, lambda d, p: p.write_text("png")).exists()
 
 
 @pytest.mark.parametrize(
@@ -303,20 +312,20 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
     ],
 )
 def test_parse_checkpoint(spec, expected):
-    c = C.parse_checkpoint(spec, depth=64)
+    c = _common.parse_checkpoint(spec, depth=64)
     assert c == expected
-    assert C.parse_checkpoint(C.checkpoint_label(c), depth=64) == expected
+    assert _common.parse_checkpoint(_common.checkpoint_label(c), depth=64) == expected
 
 
 def test_parse_checkpoint_lists_the_forms():
     with pytest.raises(ValueError, match=r"None, everything.*binomial\(slots"):
-        C.parse_checkpoint("checkpoint_dots")
+        _common.parse_checkpoint("checkpoint_dots")
     with pytest.raises(ValueError, match="needs the depth"):
-        C.parse_checkpoint("binomial(log2)")
+        _common.parse_checkpoint("binomial(log2)")
     with pytest.raises(ValueError, match=r"ranges\(n:spec, ...\).*Got 'dots'"):
-        C.parse_checkpoint("ranges(4:None, dots)")
+        _common.parse_checkpoint("ranges(4:None, dots)")
     with pytest.raises(ValueError, match="the count of pair 0 must be an int >= 1"):
-        C.parse_checkpoint("ranges(0:None)")
+        _common.parse_checkpoint("ranges(0:None)")
 
 
 def _parsers() -> dict:
@@ -328,9 +337,7 @@ def _parsers() -> dict:
         report,
         run as sweep,
         seed_claim,
-        train,
     )
-    from benchmarks.train import config
 
     return {
         "run.py": sweep._parser(),
@@ -339,11 +346,28 @@ def _parsers() -> dict:
         "compile_time.py": compile_time._parser(),
         "report.py": report._parser(),
         "plan_sweep.py": plan_sweep._parser(),
-        "train_lm.py": config.build_parser(train.__doc__),
+        "train_lm.py": _TrainFlags(),
     }
 
 
+class _TrainFlags:
+    """train_lm.py's command line (tyro's, from `config.Flags`), as far as these
+    tests use a parser."""
+
+    def parse_args(self, argv):
+        return config.parse_args(argv)
+
+    def format_help(self) -> str:
+        with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as f:
+            config.parse_args(["--help"])
+        return f.getvalue()
+
+
 def _flags(parser) -> set[str]:
+    if isinstance(parser, _TrainFlags):
+        fields = dataclasses.fields(config.RunConfig) + dataclasses.fields(config.Flags)
+        names = {f.name for f in fields} - {"run", "run_dir", "given"}
+        return {"--" + n.replace("_", "-") for n in names}
     return {
         f
         for a in parser._actions
@@ -429,14 +453,14 @@ def _printed(show, *args) -> list[str]:
     """The lines `show(console, *args)` prints into a 100-column console."""
     from rich.console import Console as Rich
 
-    console = C.Console()
+    console = _common.Console()
     console.rich = Rich(width=100, record=True)
     show(console, *args)
     return console.rich.export_text().splitlines()
 
 
 def _committed(stem: str) -> dict:
-    return json.loads((C.RESULTS / f"{stem}.json").read_text())
+    return json.loads((_common.RESULTS / f"{stem}.json").read_text())
 
 
 def test_sweep_tables_fit_100_columns():
@@ -455,7 +479,7 @@ def test_sweep_tables_fit_100_columns():
         assert header not in text
     for n in data["presets"]:
         table = sweep.sweep_rows([r for r in data["rows"] if r["group"] == n])
-        keep = C.shown_columns(sweep.SWEEP, table)
+        keep = _common.shown_columns(sweep.SWEEP, table)
         assert [sweep.SWEEP[i] for i in keep][:2] == ["impl", "checkpoint"]
         for i in keep:
             assert any(row[i] != "n/a" for row in table), (n, sweep.SWEEP[i])
@@ -479,15 +503,17 @@ def test_other_tables_fit_100_columns():
 def test_all_na_columns_are_not_shown():
     columns = ("a", "b", "c", "d")
     rows = [("x", "n/a", "1", ""), ("y", "n/a", "n/a", "")]
-    assert C.shown_columns(columns, rows) == [0, 2]
-    assert C.shown_columns(columns, []) == [0, 1, 2, 3]
+    assert _common.shown_columns(columns, rows) == [0, 2]
+    assert _common.shown_columns(columns, []) == [0, 1, 2, 3]
 
 
 def test_results_are_not_overwritten_by_default():
-    args = C.parse_args(C.parser("x"), ["--device", "cpu"], "x")
-    assert args.out.parent == C.RUNS and not args.out.exists()
-    args = C.parse_args(C.parser("x"), ["--device", "cpu", "--update-results"], "x")
-    assert args.out == C.RESULTS
+    args = _common.parse_args(_common.parser("x"), ["--device", "cpu"], "x")
+    assert args.out.parent == _common.RUNS and not args.out.exists()
+    args = _common.parse_args(
+        _common.parser("x"), ["--device", "cpu", "--update-results"], "x"
+    )
+    assert args.out == _common.RESULTS
 
 
 @pytest.mark.heavy
@@ -520,9 +546,9 @@ def _temp_vs_flax(preset, policy, target=None):
     if target is not None:
         mesh = er.v5e_mesh(target)
         model = zoo.shard(model, mesh)
-        tokens = X.place_batch(tokens, mesh)
+        tokens = _measure.place_batch(tokens, mesh)
     out = []
-    for make in (M.ours, _peers.flax_transformer):
+    for make in (_models.ours, _peers.flax_transformer):
         # Flax's LayerNorm mixes bfloat16 and float32 implicitly.
         with jax.numpy_dtype_promotion("standard"):
             fn, params = make(preset, model, policy)
@@ -533,11 +559,12 @@ def _temp_vs_flax(preset, policy, target=None):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
+@pytest.mark.heavy
 def test_transformer_temp_memory_at_most_flax(policy):
     """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
-    preset = M.PRESETS["transformer-tiny"]
-    ours, flax = _temp_vs_flax(preset, C.parse_checkpoint(policy))
+    preset = _models.PRESETS["transformer-tiny"]
+    ours, flax = _temp_vs_flax(preset, _common.parse_checkpoint(policy))
     assert ours <= flax
 
 
@@ -547,7 +574,9 @@ def test_transformer_temp_memory_at_most_flax_v5e():
     """The same on TPU v5e, at a size where the TPU compiler's layouts matter: with
     `(out, in)` weights (`equinox.nn.Linear`'s) it kept a re-laid-out copy of each
     recomputed layer input under `"nothing"` (+8 MiB per chip here)."""
-    preset = dataclasses.replace(M.PRESETS["transformer-v5e"], layers=2, vocab=1024)
+    preset = dataclasses.replace(
+        _models.PRESETS["transformer-v5e"], layers=2, vocab=1024
+    )
     ours, flax = _temp_vs_flax(preset, "nothing", target="v5e")
     assert ours <= flax
 
@@ -649,12 +678,14 @@ def test_plan_sweep_quick(tmp_path):
 
 
 def test_spearman_ranks_with_ties_and_says_when_it_cannot():
-    assert T.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert T.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert _targets.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert _targets.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     # Ties share their mean rank: [1, 2.5, 2.5, 4] against [1, 2, 3, 4].
-    assert T.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)
-    assert T.spearman([1, 2], [1, 2]) is None  # too few to rank
-    assert T.spearman([1, 1, 1], [1, 2, 3]) is None  # a constant side
+    assert _targets.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(
+        0.9486833, rel=1e-6
+    )
+    assert _targets.spearman([1, 2], [1, 2]) is None  # too few to rank
+    assert _targets.spearman([1, 1, 1], [1, 2, 3]) is None  # a constant side
 
 
 def test_report_reads_committed_results():
@@ -668,13 +699,17 @@ def test_step_time_verdicts_note_cpu_noise_only_for_cpu_rows():
     """The step-time verdicts against peers say that CPU timings are noisy when
     the rows were measured on a CPU, and say nothing of a CPU for the same rows
     measured on a GPU."""
-    data = json.loads((C.RESULTS / "sweep-cpu.json").read_text())
-    presets = {n: M.PRESETS[n] for n in data["presets"]}
+    data = json.loads((_common.RESULTS / "sweep-cpu.json").read_text())
+    presets = {n: _models.PRESETS[n] for n in data["presets"]}
 
     def notes(rows):
-        return {t["why"] for t in T.evaluate(rows, presets) if t["metric"] == "step_s"}
+        return {
+            t["why"]
+            for t in _targets.evaluate(rows, presets)
+            if t["metric"] == "step_s"
+        }
 
-    assert notes(data["rows"]) == {T.NOISY}
+    assert notes(data["rows"]) == {_targets.NOISY}
     gpu = [{**r, "device_kind": "NVIDIA H100 80GB HBM3"} for r in data["rows"]]
     assert notes(gpu) == {""}
 

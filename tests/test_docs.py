@@ -174,6 +174,7 @@ _HEAVY_PAGES = {
     "api/zoo/transformer.md",
     "index.md",
     "tutorials/choosing-a-schedule.md",
+    "tutorials/fit-a-batch.md",
     "tutorials/fit-a-budget.md",
     "tutorials/five-minutes.md",
     "tutorials/own-model.md",

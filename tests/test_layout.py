@@ -35,7 +35,7 @@ LAYERS = (
     ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs
     ("_policies",),  # policy values and how one is applied to a layer
     ("_schedules",),  # the engine, the checkpoint value, the schedules
-    ("_combinators", "_stacked"),  # scan_layers, chain, Stacked
+    ("_accumulate", "_combinators", "_stacked"),  # the stack and batch combinators
     ("_planning",),  # plan, its solver, the hardware table, the clock
     ("__init__", "internal"),  # the namespaces
 )

@@ -144,8 +144,12 @@ def test_two_processes_train_like_one(two_process_run, tmp_path):
     processes' content hashes; the losses equal one process's on one device."""
     save_dir, done = two_process_run
     lines = _spoken(done[0].stderr)
-    assert lines[0].startswith("zoo.Transformer:") and "cpu x4 (fsdp)" in lines[0]
-    assert lines[-1] == f"step 8 of 8: saved step 8 to {save_dir}", lines
+    assert lines[0].startswith("zoo.Transformer:"), lines
+    assert "  on 4 cpu devices, FSDP" in lines[:4], lines
+    assert lines[-2:] == [
+        f"step 8 of 8: saved step 8 to {save_dir}",
+        f"loss curve: {save_dir / 'loss.png'}",
+    ], lines
     assert _spoken(done[1].stderr) == [] and "step" not in done[1].stdout
     rows = _metrics(save_dir)
     assert [r["step"] for r in rows] == [4, 8]
@@ -176,16 +180,20 @@ def test_sigterm_to_one_process_then_resume_is_bit_identical(two_process_run, tm
     saved = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
     assert len(saved) == 1 and 1 <= saved[0] < 8, saved
     stop = saved[0]
-    assert _spoken(done[0].stderr)[-1] == (
+    assert _spoken(done[0].stderr)[-2:] == [
         f"preemption: stopped after step {stop} of 8; saved step {stop} to "
-        f"{tmp_path}; continue with --resume --save-dir {tmp_path}"
-    )
+        f"{tmp_path}; continue with --resume --save-dir {tmp_path}",
+        f"loss curve: {tmp_path / 'loss.png'}",
+    ]
     assert _meta(tmp_path, stop)["step"] == stop
 
     resume = ["--resume", "--save-dir", str(tmp_path), "--no-progress"]
     done = _train(*resume, "--log-every", "4", "--eval-batches", "0").finish()
     mh.assert_ok(done)
-    assert _spoken(done[0].stderr)[-1] == f"step 8 of 8: saved step 8 to {tmp_path}"
+    assert _spoken(done[0].stderr)[-2:] == [
+        f"step 8 of 8: saved step 8 to {tmp_path}",
+        f"loss curve: {tmp_path / 'loss.png'}",
+    ]
     assert _metrics(tmp_path)[-1]["loss"] == _metrics(reference)[-1]["loss"]
     assert _meta(tmp_path, 8)["sha256"] == _meta(reference, 8)["sha256"]
 

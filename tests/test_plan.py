@@ -630,6 +630,30 @@ def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     assert any("the step time of" in n for n in notes), notes
 
 
+def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
+    tiny_table, fresh, monkeypatch
+):
+    # Two uniform options 1% apart when every option was timed together: the
+    # planner runs the faster one round-robin with the other before returning
+    # it, and returns the other where those rounds find it faster.
+    fastest, second = sorted(tiny_table, key=lambda e: e.time_s)[:2]
+
+    def clock(programs, *, rounds, warmup=True):
+        race = len(programs) <= 4
+        return [
+            t._replace(seconds=fastest.time_s * (0.8 if race else 1.01))
+            if p.record.checkpoint == second.checkpoint
+            else t
+            for t, p in zip(_fake_clock(programs, rounds=rounds), programs)
+        ]
+
+    monkeypatch.setattr(_plan, "time_interleaved", clock)
+    result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
+    assert result.checkpoint == second.checkpoint, str(result)
+    assert result.entry.time_s == pytest.approx(0.8 * fastest.time_s)
+    assert any("which fits: choosing" in n for n in result.notes), result.notes
+
+
 def test_the_fastest_option_that_fits_needs_no_more_than_the_two_ends(fresh):
     # Without measuring, the planner compiles the two ends of the hull (the
     # fastest and the lightest option: their base memory) and nothing else

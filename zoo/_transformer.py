@@ -1,5 +1,6 @@
 """The decoder-only Transformer: its block, the model and its `llama` constructor."""
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, SupportsIndex
 
 import equinox as eqx
@@ -27,6 +28,7 @@ from ._layers import (
     gelu,
     wide,
 )
+from ._loss import cross_entropy
 from ._sharding import _embed, _gathered
 
 
@@ -206,6 +208,10 @@ class Transformer(AbstractModel):
 
     (`h` heads, `kv` key/value heads, `hd` head dimension.) Every tag exists for
     every option but `mlp_gate`, which exists only with `mlp="swiglu"`.
+    The output head has no tag and sits outside the checkpointed stack: with
+    `loss_chunk_size`, [`zoo.Transformer.loss`][] recomputes each chunk's
+    logits whatever `checkpoint` says, and the tags above, and the policies
+    that name them, are the same with or without it.
     """
 
     ACTIVATION_NAMES: ClassVar[tuple[str, ...]] = (
@@ -238,6 +244,7 @@ class Transformer(AbstractModel):
     mlp: Mlp = eqx.field(static=True)
     tie_embeddings: bool = eqx.field(static=True)
     use_bias: bool = eqx.field(static=True)
+    loss_chunk_size: int | None = eqx.field(static=True)
     checkpoint: eqx_remat.Checkpoint = eqx.field(static=True)
     unroll: int | bool = eqx.field(static=True, converter=as_unroll)
 
@@ -259,6 +266,7 @@ class Transformer(AbstractModel):
         num_kv_heads: SupportsIndex | None = None,
         tie_embeddings: bool = False,
         use_bias: bool = True,
+        loss_chunk_size: SupportsIndex | None = None,
         checkpoint: eqx_remat.Checkpoint = None,
         unroll: SupportsIndex | bool = 1,
         key: PRNGKeyArray,
@@ -293,6 +301,13 @@ class Transformer(AbstractModel):
         - `tie_embeddings`: if `True`, the output head is the transpose of the
           token embedding (no separate head). Default `False`.
         - `use_bias`: whether the linear layers have biases. Default `True`.
+        - `loss_chunk_size`: how [`zoo.Transformer.loss`][] computes the
+          cross-entropy: `None` (default) from the whole logits, `(seq, vocab)`
+          per sequence; an int >= 1, over chunks of that many positions whose
+          logits are recomputed in the backward pass, so that the whole logits
+          never exist (see [`zoo.cross_entropy`][]). `__call__`, which returns
+          the logits, is unchanged. [`zoo.set_loss_chunk_size`][] switches it on
+          a model already built.
         - `checkpoint`: how the stack of blocks is checkpointed: `None`, a policy
           or its name, or a schedule (see [`eqx_remat.scan_layers`][]).
         - `unroll`: layers per iteration of the layer loop (`lax.scan`'s
@@ -314,6 +329,8 @@ class Transformer(AbstractModel):
         num_kv_heads = _check_heads(cls, d_model, num_heads, num_kv_heads, position)
         dropout = _check_dropout(cls, dropout)
         dtype = _check_dtype(cls, dtype)
+        if loss_chunk_size is not None:
+            loss_chunk_size = check_int(cls, "loss_chunk_size", loss_chunk_size, 1)
 
         tkey, pkey, bkey, hkey = jr.split(key, 4)
         self.token_embedding = eqx.nn.Embedding(vocab_size, d_model, key=tkey)
@@ -323,21 +340,10 @@ class Transformer(AbstractModel):
             else None
         )
         self.embedding_dropout = eqx.nn.Dropout(dropout)
+        block = (d_model, num_heads, num_kv_heads, d_ff, dropout, attention, norm)
+        block += (position, mlp, use_bias)
         self.blocks = eqx_remat.stack(
-            lambda k: _Block(
-                d_model,
-                num_heads,
-                num_kv_heads,
-                d_ff,
-                dropout,
-                attention,
-                norm,
-                position,
-                mlp,
-                use_bias,
-                key=k,
-            ),
-            jr.split(bkey, num_layers),
+            lambda k: _Block(*block, key=k), jr.split(bkey, num_layers)
         )
         self.final_norm = _norm(norm, d_model)
         self.head = (
@@ -360,6 +366,7 @@ class Transformer(AbstractModel):
         self.mlp = mlp
         self.tie_embeddings = tie_embeddings
         self.use_bias = use_bias
+        self.loss_chunk_size = loss_chunk_size
         self.checkpoint = checkpoint
         # Stored as an int by the field's converter, which pyright does not model.
         self.unroll = unroll  # pyright: ignore[reportAttributeAccessIssue]
@@ -459,6 +466,52 @@ class Transformer(AbstractModel):
         `(seq, vocab_size)`: row `i` depends
         only on `tokens[: i + 1]`.
         """
+        features, head = self._features(tokens, key)
+        return head(features).astype(wide(self.dtype))
+
+    @jax.named_scope("zoo.Transformer.loss")
+    @jaxtyped(typechecker=beartype)
+    def loss(
+        self,
+        tokens: Int[Array, " seq"],
+        targets: Int[Array, " seq"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, " seq"]:
+        """The cross-entropy of the model's predictions for `tokens` against
+        `targets`, position by position: `-log softmax(model(tokens))[targets]`,
+        computed as `loss_chunk_size` says (see [`zoo.cross_entropy`][]): with
+        an int, the whole `(seq, vocab)` logits never exist, in the forward pass
+        or the backward pass.
+
+        ```python
+        def loss_fn(model, tokens):  # tokens: (batch, seq + 1)
+            losses = jax.vmap(model.loss)(tokens[:, :-1], tokens[:, 1:])
+            return losses.mean()
+        ```
+
+        **Arguments:**
+
+        - `tokens`: one sequence of token ids, as for `__call__`.
+        - `targets`: the token id to predict at each position, shape `(seq,)`,
+          ids in `[0, vocab_size)` (for next-token prediction, the tokens shifted
+          by one).
+        - `key`: a `jax.random` key for dropout, as for `__call__`. (Keyword
+          only.)
+
+        **Returns:**
+
+        The loss of each position, float32 (float64 for a float64 model), shape
+        `(seq,)`; take the mean for the usual loss.
+        """
+        features, head = self._features(tokens, key)
+        return cross_entropy(head, features, targets, chunk_size=self.loss_chunk_size)
+
+    def _features(
+        self, tokens: Array, key: PRNGKeyArray | None
+    ) -> tuple[Array, Callable[[Array], Array]]:
+        """The final norm's output `(seq, d_model)` and the output head (a
+        function of rows), the weights gathered on a mesh."""
         seq = tokens.shape[0]
         if not 1 <= seq <= self.max_len:
             raise ValueError(
@@ -497,10 +550,9 @@ class Transformer(AbstractModel):
         )
         x = _apply_norm(final_norm, x)
         if head is None:
-            logits = _matmul_t(x, token_embedding.weight)
-        else:
-            logits = head(x)
-        return logits.astype(wide(self.dtype))
+            weight = token_embedding.weight
+            return x, lambda h: _matmul_t(h, weight)
+        return x, head
 
 
 def _check_options(

@@ -1,19 +1,21 @@
-"""What defines a run (`RunConfig`), the command line, and every check that can be
-made before training starts."""
+"""What defines a run (`RunConfig`), the command line (`Flags`, whose flags tyro
+derives from the dataclasses' fields and docstrings), and every check that can
+be made before training starts."""
 
-import argparse
 import dataclasses
 import math
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, NoReturn
 
 import jax
 import numpy as np
 import optax
+import tyro
 
-from benchmarks import _common as C, _device
+from benchmarks import _common, _device
 
 
 VOCAB_SIZE = 256  # bytes
@@ -28,255 +30,217 @@ class UsageError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """What defines a run: a resumed run must have the same values (`steps` may
-    grow, see `check_extension`)."""
+    """Model, data and optimiser (with --resume: the saved run's; given ones must
+    match it, but --steps may grow)."""
 
     seed: int = 0
+    """init, data, dropout"""
     steps: int = 300
+    """total optimiser steps"""
     batch: int = 16
+    """sequences per step"""
     seq: int = 128
+    """tokens per row"""
     d_model: int = 128
+    """width"""
     heads: int = 4
+    """attention heads"""
     layers: int = 4
+    """blocks"""
     d_ff: int | None = None
+    """MLP hidden size (None: 4 * d_model)"""
     dropout: float = 0.0
-    dtype: str = "float32"
+    """dropout rate, in [0, 1)"""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """compute dtype (on a TPU, bfloat16 unless given)"""
     lr: float = 3e-3
-    schedule: str = "cosine"
+    """peak learning rate"""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """after the warmup: cosine decay to min_lr_ratio * lr at --steps, or constant
+    (a run that --resume can extend)"""
     warmup: int = 30
+    """linear warmup steps (unless given, a tenth of --steps)"""
     min_lr_ratio: float = 0.1
+    """final / peak learning rate of the cosine"""
     weight_decay: float = 0.1
+    """AdamW decay of the linear weights"""
     clip: float = 1.0
-    data: str | None = None  # a file or directory of text; None: the stdlib
+    """global gradient norm"""
+    data: str | None = None
+    """a text file, or a directory of them (read as bytes, in sorted path order;
+    hidden and binary files skipped) (None: the Python standard library's .py
+    sources)"""
     data_bytes: int | None = None
+    """use only the first N corpus bytes"""
     val_fraction: float = 0.05
+    """held-out tail of the corpus"""
 
 
-# ------------------------------------------------------------------ argparse types
+@dataclasses.dataclass(frozen=True)
+class Flags:
+    """The command line: the run's `RunConfig`, then how this invocation runs it."""
+
+    run: Annotated[RunConfig, tyro.conf.OmitArgPrefixes] = RunConfig()
+    remat: str = "dots"
+    """how the blocks are rematerialised: None, a policy name, every:K[:POLICY] or
+    every(K[, POLICY]), nested:L, recursive, binomial:S, ranges(N:SPEC, ...)"""
+    mesh: str = "auto"
+    """auto (dp over all devices if several), none, dp[:N] or fsdp[:N]"""
+    save_dir: Path | None = None
+    """the run directory: Orbax checkpoints, metrics.jsonl, TensorBoard events,
+    loss.png (None: no checkpoints; metrics in a fresh
+    benchmarks/runs/train_lm-<date>/)"""
+    resume: bool = False
+    """continue from SAVE_DIR's newest good checkpoint"""
+    save_every: int = 100
+    """save every N steps, and at the end"""
+    keep: int = 3
+    """checkpoints kept: the newest N"""
+    stop_after: int | None = None
+    """stop (and save) after N steps of this invocation, as if preempted"""
+    log_every: int = 25
+    """log the loss every N steps"""
+    eval_every: int = 0
+    """held-out loss every N steps (0: only at the end)"""
+    eval_batches: int = 8
+    """batches of the held-out loss (0: none)"""
+    no_progress: bool = False
+    """no progress bar"""
+    device: Literal["auto", "tpu", "gpu", "cpu"] = "auto"
+    """where to run: the machine's TPU, else GPU, else CPU (auto), or one of them;
+    an explicit JAX_PLATFORMS environment variable wins"""
+    distributed: bool = False
+    """call jax.distributed.initialize() first (a multi-host slice: run the same
+    command on every host; only process 0 logs and writes)"""
+    coordinator_address: str | None = None
+    """with --distributed: process 0's HOST:PORT, the same on every process
+    (None: $JAX_COORDINATOR_ADDRESS, else auto-detected)"""
+    num_processes: int | None = None
+    """with --distributed: how many processes (None: $JAX_NUM_PROCESSES, else
+    auto-detected)"""
+    process_id: int | None = None
+    """with --distributed: this process, 0 to N - 1 (None: $JAX_PROCESS_ID, else
+    auto-detected)"""
+    heartbeat_timeout: int = 100
+    """a process silent this many seconds is taken as dead, and the run stops on
+    every process (as JAX's)"""
+    run_dir: tyro.conf.Suppress[Path | None] = None  # --save-dir, or a fresh one
+    given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
 
 
-def _float_in(low: float, high: float, *, closed_low: bool, name: str):
-    """An argparse `type`: a finite float in the interval `name` describes."""
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a number. Got {text!r}."
-            ) from None
-        ok = (low <= x if closed_low else low < x) and x < high
-        if not ok or not math.isfinite(x):
-            raise argparse.ArgumentTypeError(f"must be in {name}. Got {x}.")
-        return x
-
-    return parse
+# The bounds of the numeric flags: (lowest, highest, whether each is included).
+POSITIVE = ("steps", "batch", "seq", "d_model", "heads", "layers", "d_ff")
+POSITIVE += ("data_bytes", "save_every", "keep", "stop_after", "log_every")
+POSITIVE += ("num_processes", "heartbeat_timeout")
+NON_NEGATIVE = ("seed", "warmup", "eval_every", "eval_batches", "process_id")
+REAL = {
+    "dropout": (0.0, 1.0, "[0, 1)"),
+    "val_fraction": (0.0, 1.0, "(0, 1)"),
+    "lr": (0.0, math.inf, "(0, inf)"),
+    "min_lr_ratio": (0.0, math.inf, "[0, inf)"),
+    "weight_decay": (0.0, math.inf, "[0, inf)"),
+    "clip": (0.0, math.inf, "(0, inf)"),
+}
 
 
-def seed_type(text: str) -> int:
-    """`--seed`: an integer in [0, 2**31 - 1]."""
-    seed = C.non_negative_int(text)
-    if seed > SEED_MAX:
-        raise argparse.ArgumentTypeError(f"expected at most {SEED_MAX}. Got {seed}.")
-    return seed
+def _problem(name: str, x: Any) -> str | None:
+    """What is wrong with the value `x` of flag `name`, or `None`."""
+    if name in POSITIVE and x < 1:
+        return f"expected a positive integer. Got {str(x)!r}."
+    if name in NON_NEGATIVE and x < 0:
+        return f"expected an integer >= 0. Got {str(x)!r}."
+    if name == "seed" and x > SEED_MAX:
+        return f"expected at most {SEED_MAX}. Got {x}."
+    if name in REAL:
+        low, high, text = REAL[name]
+        closed = text.startswith("[")
+        if not ((low <= x if closed else low < x) and x < high and math.isfinite(x)):
+            return f"must be in {text}. Got {float(x)}."
+    return None
 
 
-def remat_spec(spec: str) -> str:
-    """`--remat`: checked with the parser shared by every script (the
-    depth-dependent forms `every:sqrt`, `binomial:log2` are resolved later)."""
+class Usage:
+    """`error(message)`: one argparse-style `error:` line after the usage, rc 2
+    (what `_device.select_device` calls a parser)."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = "usage: train_lm.py [-h] [OPTIONS]"
+        print(f"{usage}\ntrain_lm.py: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: Sequence[str] | None, doc: str | None = None) -> Flags:
+    """Parse and check every flag that can be checked before JAX starts; settle
+    `run_dir` (`--save-dir`, or a fresh default that holds no checkpoints)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = (tyro.conf.FlagCreatePairsOff,)
+    flags = tyro.cli(
+        Flags, args=argv, prog="train_lm.py", description=doc, config=config
+    )
+    usage = Usage()
+    values = dataclasses.asdict(flags.run) | dataclasses.asdict(flags)
+    for name, x in values.items():
+        problem = None if x is None or name == "run" else _problem(name, x)
+        if problem:
+            usage.error(f"argument --{name.replace('_', '-')}: {problem}")
+    spoken = {a[2:].split("=")[0].replace("-", "_") for a in argv if a[:2] == "--"}
+    given = frozenset(f.name for f in dataclasses.fields(RunConfig)) & spoken
+    _check_spec(usage, "remat", flags.remat, remat_problem)
+    _check_spec(usage, "mesh", flags.mesh, mesh_problem)
+    if flags.coordinator_address is not None:
+        address = flags.coordinator_address
+        _check_spec(usage, "coordinator-address", address, _device.address_problem)
+    if flags.resume and flags.save_dir is None:
+        usage.error("argument --resume: needs --save-dir.")
+    if flags.resume and not flags.save_dir.is_dir():
+        usage.error(
+            f"argument --resume: {flags.save_dir} is not a directory: there is no "
+            "run to resume."
+        )
+    if flags.run.data is not None:
+        _check_spec(usage, "data", Path(flags.run.data), data_problem)
+    run_dir = flags.save_dir or _common.run_dir(SCRIPT)  # made when first written
+    if flags.save_dir is not None and (problem := writable_problem(run_dir)):
+        usage.error(
+            f"argument --save-dir: {run_dir} is not a writable directory ({problem})."
+        )
+    return dataclasses.replace(flags, run_dir=run_dir, given=given)
+
+
+def _check_spec(usage: Usage, name: str, value: Any, problem_of) -> None:
+    if problem := problem_of(value):
+        usage.error(f"argument --{name}: {problem}")
+
+
+def remat_problem(spec: str) -> str | None:
+    """`--remat`, in the syntax of every script (the depth-dependent forms
+    `every:sqrt`, `binomial:log2` are resolved later)."""
     try:
-        C.parse_checkpoint(spec, depth=1)
+        _common.parse_checkpoint(spec, depth=1)
     except (ValueError, TypeError) as e:
-        raise argparse.ArgumentTypeError(f"invalid checkpoint {spec!r}: {e}") from None
-    return spec
+        return f"invalid checkpoint {spec!r}: {e}"
+    return None
+
+
+def mesh_problem(spec: str) -> str | None:
+    try:
+        mesh_spec(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def mesh_spec(spec: str) -> tuple[str, int | None] | None:
     """`--mesh`: `auto` (data parallel over all devices when there are several),
     `none`, `dp[:N]`, `fsdp[:N]` → `("auto"|"dp"|"fsdp", N or None)` or `None`."""
     head, _, count = spec.strip().lower().partition(":")
-    if head == "none" and not count:
-        return None
-    if head == "auto" and not count:
-        return ("auto", None)
-    if head not in ("dp", "fsdp"):
-        raise argparse.ArgumentTypeError(
+    if head in ("none", "auto") and not count:
+        return None if head == "none" else ("auto", None)
+    if head not in ("dp", "fsdp") or (count and not (count.isdigit() and int(count))):
+        raise ValueError(
             f"expected auto, none, dp[:DEVICES] or fsdp[:DEVICES]. Got {spec!r}."
         )
-    return head, C.positive_int(count) if count else None
-
-
-# ------------------------------------------------------------------------- parser
-
-
-def build_parser(doc: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train_lm.py",
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _model_args(p.add_argument_group("model and data (with --resume: the saved run's)"))
-    _optimiser_args(p.add_argument_group("optimiser (with --resume: the saved run's)"))
-    _run_args(p)
-    _device.add_device_args(p)
-    return p
-
-
-def _model_args(run: argparse._ArgumentGroup) -> None:
-    d = RunConfig()
-    positive = C.positive_int
-    run.add_argument("--seed", type=seed_type, help=f"init, data, dropout ({d.seed})")
-    run.add_argument("--batch", type=positive, help=f"sequences ({d.batch})")
-    run.add_argument("--seq", type=positive, help=f"tokens per row ({d.seq})")
-    run.add_argument("--d-model", type=positive, help=f"width ({d.d_model})")
-    run.add_argument("--heads", type=positive, help=f"attention heads ({d.heads})")
-    run.add_argument("--layers", type=positive, help=f"blocks ({d.layers})")
-    run.add_argument("--d-ff", type=positive, help="MLP hidden size (4 * d_model)")
-    run.add_argument(
-        "--dropout",
-        type=_float_in(0.0, 1.0, closed_low=True, name="[0, 1)"),
-        help=f"dropout rate, in [0, 1) ({d.dropout})",
-    )
-    run.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16"],
-        help="compute dtype (bfloat16 on a TPU, else float32)",
-    )
-    run.add_argument(
-        "--data",
-        metavar="PATH",
-        help="a text file, or a directory of them (read as bytes, in sorted path "
-        "order; hidden and binary files skipped) (the Python standard library's "
-        ".py sources)",
-    )
-    run.add_argument(
-        "--data-bytes", type=positive, help="use only the first N corpus bytes"
-    )
-    run.add_argument(
-        "--val-fraction",
-        type=_float_in(0.0, 1.0, closed_low=False, name="(0, 1)"),
-        help=f"held-out tail of the corpus ({d.val_fraction})",
-    )
-
-
-def _optimiser_args(run: argparse._ArgumentGroup) -> None:
-    d = RunConfig()
-    positive_real = _float_in(0.0, math.inf, closed_low=False, name="(0, inf)")
-    non_negative_real = _float_in(0.0, math.inf, closed_low=True, name="[0, inf)")
-    run.add_argument(
-        "--steps", type=C.positive_int, help=f"total optimiser steps ({d.steps})"
-    )
-    run.add_argument("--lr", type=positive_real, help=f"peak learning rate ({d.lr})")
-    run.add_argument(
-        "--schedule",
-        choices=["cosine", "constant"],
-        help="after the warmup: cosine decay to --min-lr-ratio * lr at --steps, "
-        "or constant (a run that --resume can extend) (cosine)",
-    )
-    run.add_argument(
-        "--warmup",
-        type=C.non_negative_int,
-        help=f"linear warmup steps (a tenth of --steps: {d.warmup} at {d.steps})",
-    )
-    run.add_argument(
-        "--min-lr-ratio",
-        type=non_negative_real,
-        help=f"final / peak learning rate of the cosine ({d.min_lr_ratio})",
-    )
-    run.add_argument(
-        "--weight-decay",
-        type=non_negative_real,
-        help=f"AdamW decay of the linear weights ({d.weight_decay})",
-    )
-    run.add_argument(
-        "--clip", type=positive_real, help=f"global gradient norm ({d.clip})"
-    )
-
-
-def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--remat",
-        type=remat_spec,
-        default="dots",
-        metavar="SPEC",
-        help="how the blocks are rematerialised: None, a policy name, every:K[:POLICY] "
-        "or every(K[, POLICY]), nested:L, recursive, binomial:S (default: "
-        "%(default)s)",
-    )
-    p.add_argument(
-        "--mesh",
-        type=mesh_spec,
-        default="auto",
-        help="auto (dp over all devices if several), none, dp[:N] or fsdp[:N] "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--save-dir",
-        type=Path,
-        metavar="DIR",
-        help="the run directory: Orbax checkpoints, metrics.jsonl, TensorBoard "
-        "events, loss.png (default: no checkpoints; metrics in a fresh "
-        f"benchmarks/runs/{SCRIPT}-<date>/)",
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from SAVE_DIR's newest good one"
-    )
-    _every(p, "--save-every", 100, "save every N steps, and at the end")
-    _every(p, "--keep", 3, "checkpoints kept: the newest N")
-    p.add_argument(
-        "--stop-after",
-        type=C.positive_int,
-        metavar="N",
-        help="stop (and save) after N steps of this invocation, as if preempted",
-    )
-    _every(p, "--log-every", 25, "log the loss every N steps")
-    _every(p, "--eval-every", 0, "held-out loss every N steps (0: only at the end)", 0)
-    _every(p, "--eval-batches", 8, "batches of the held-out loss (0: none)", 0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _every(
-    p: argparse.ArgumentParser, flag: str, default: int, text: str, least: int = 1
-) -> None:
-    """A count flag: an integer >= `least` (1 or 0)."""
-    p.add_argument(
-        flag,
-        type=C.positive_int if least else C.non_negative_int,
-        default=default,
-        metavar="N",
-        help=f"{text} (default: %(default)s)",
-    )
-
-
-def parse_args(
-    argv: Sequence[str] | None, parser: argparse.ArgumentParser
-) -> argparse.Namespace:
-    """Parse and check every flag that can be checked before JAX starts; settle
-    `args.run_dir` (`--save-dir`, or a fresh default that holds no checkpoints)."""
-    args = parser.parse_args(argv)
-    if args.resume and args.save_dir is None:
-        parser.error("argument --resume: needs --save-dir.")
-    if args.resume and not args.save_dir.is_dir():
-        parser.error(
-            f"argument --resume: {args.save_dir} is not a directory: there is no "
-            "run to resume."
-        )
-    if args.data is not None:
-        problem = data_problem(Path(args.data))
-        if problem:
-            parser.error(f"argument --data: {problem}")
-    if args.save_dir is None:  # made when the first metrics are written
-        args.run_dir = C.run_dir(SCRIPT)
-        return args
-    args.run_dir = args.save_dir
-    problem = writable_problem(args.run_dir)
-    if problem:
-        parser.error(
-            f"argument --save-dir: {args.run_dir} is not a writable directory "
-            f"({problem})."
-        )
-    return args
+    return head, int(count) if count else None
 
 
 def writable_problem(path: Path) -> str | None:
@@ -319,17 +283,11 @@ def data_problem(path: Path) -> str | None:
 # -------------------------------------------------------------- run configuration
 
 
-def run_config(
-    args: argparse.Namespace, saved: dict[str, Any] | None, platform: str
-) -> RunConfig:
+def run_config(flags: Flags, saved: dict[str, Any] | None, platform: str) -> RunConfig:
     """The run's `RunConfig`: the command line over the checkpoint's (`saved`) or
     the defaults. A value given on the command line must equal the saved one
     (except `steps`: see `check_extension`)."""
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(RunConfig)
-        if getattr(args, f.name) is not None
-    }
+    given = {k: getattr(flags.run, k) for k in flags.given}
     if "data" in given:  # the same file however it is spelled
         given["data"] = str(Path(given["data"]).resolve())
     if saved is None:

@@ -1,10 +1,10 @@
 """The training loop: settle the run (`prepare`), take its steps with logging,
 evaluation and saving (`train`), and report where it stopped."""
 
-import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -27,19 +28,20 @@ from rich.progress import (
 )
 
 import eqx_remat
-from benchmarks import _device
-from benchmarks._common import checkpoint_label, parse_checkpoint
+from benchmarks import _common, _device
 
 from . import checkpointing as ckpt
 from .config import (
     FORMAT,
+    Flags,
     RunConfig,
+    Usage,
     UsageError,
-    build_parser,
     check_config,
     check_extension,
     check_remat,
     learning_rate_schedule,
+    mesh_spec,
     parse_args,
     run_config,
 )
@@ -56,7 +58,6 @@ from .model import (
     step_flops,
     train_step,
 )
-from .signals import StopRequest
 
 
 class TrainResult(NamedTuple):
@@ -72,7 +73,7 @@ class TrainResult(NamedTuple):
 class Run(NamedTuple):
     """What the loop needs, settled before its first step."""
 
-    args: argparse.Namespace
+    args: Flags
     c: RunConfig
     checkpoint: eqx_remat.Checkpoint
     placement: Placement | None
@@ -91,9 +92,8 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
     """Train as the command line `argv` says (see `--help`)."""
     from . import __doc__ as package_doc
 
-    parser = build_parser(doc or package_doc)
-    args = parse_args(argv, parser)
-    platform = _device.select_device(args, parser)
+    args = parse_args(argv, doc or package_doc)
+    platform = _device.select_device(args, Usage())
     setup_logging()
     # A --save-dir that does not exist yet is made once every flag is checked
     # (`prepare`): a run refused for its flags leaves nothing behind.
@@ -118,7 +118,17 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
             mgr.close()
 
 
-def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
+def cli(argv: Sequence[str] | None = None) -> None:
+    """`main`, with a bad command line or checkpoint as one `error:` line, rc 2:
+    `python benchmarks/train_lm.py` and `python -m benchmarks.train`."""
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"train_lm.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def abandon(e: Exception, args: Flags) -> NoReturn:
     """End this process of a multi-process run that cannot go on: one line that
     says why, then exit 1 at once. A failed collective means another process has
     stopped or died; any other error is this process's own (its traceback comes
@@ -126,7 +136,7 @@ def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
     next collective fails), where waiting for JAX's orderly shutdown would wait
     for processes that are gone (until `--heartbeat-timeout`, then abort)."""
     me = f"process {jax.process_index()} of {jax.process_count()}"
-    first = (str(e) or type(e).__name__).strip().splitlines()[0][:300]
+    first = _common.first_line(e)
     resume = (
         f" Continue from the last saved step with --resume --save-dir {args.save_dir}."
         if args.save_dir is not None
@@ -149,7 +159,7 @@ def abandon(e: Exception, args: argparse.Namespace) -> NoReturn:
 
 
 def prepare(
-    args: argparse.Namespace, platform: str, mgr: ocp.CheckpointManager | None
+    args: Flags, platform: str, mgr: ocp.CheckpointManager | None
 ) -> tuple[Run, TrainState]:
     """The run and its first state: restored with `--resume`, else fresh."""
     if mgr is not None and not args.resume and mgr.all_steps():
@@ -161,9 +171,9 @@ def prepare(
     saved = ckpt.newest_meta(mgr) if args.resume else None
     c = run_config(args, saved and saved["config"], platform)
     check_config(c)
-    checkpoint = parse_checkpoint(args.remat, depth=c.layers)
+    checkpoint = _common.parse_checkpoint(args.remat, depth=c.layers)
     check_remat(args.remat, checkpoint, c.layers)
-    placement = make_placement(args.mesh, c.batch)
+    placement = make_placement(mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
     if args.resume:
         c, state = resume(args, mgr, placement, corpus, platform)
@@ -189,7 +199,7 @@ def prepare(
 
 
 def resume(
-    args: argparse.Namespace,
+    args: Flags,
     mgr: ocp.CheckpointManager,
     placement: Placement | None,
     corpus: Corpus,
@@ -226,7 +236,7 @@ def describe(run: Run, state: TrainState) -> str:
             f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, "
             f"{c.layers} layers, {c.heads} heads",
             f"  batch {c.batch} x seq {c.seq}, {c.dtype}, "
-            f"remat {checkpoint_label(run.checkpoint)}",
+            f"remat {_common.checkpoint_label(run.checkpoint)}",
             f"  on {devices}",
             f"  data: {run.corpus.source}: {len(run.corpus.train):,} + "
             f"{len(run.corpus.val):,} held-out bytes",
@@ -243,6 +253,58 @@ def model_flops(run: Run, state: TrainState) -> tuple[int | None, int | None]:
         return None, None
     tokens = jax.ShapeDtypeStruct((run.c.batch, run.c.seq + 1), jnp.int32)
     return step_flops(state, tokens, run.optimizer)
+
+
+# ---------------------------------------------------------------------- preemption
+# SIGTERM and Ctrl-C stop the run after the current step, saved. With several
+# processes (`--distributed`), SIGTERM to any one of them (a slice's preemption
+# reaches every host; here one is enough) is caught by JAX's preemption notifier,
+# which tells every process; they agree on a step to stop after
+# (`multihost_utils.reached_preemption_sync_point`), save it together and exit 0.
+
+
+class StopRequest:
+    """SIGTERM / SIGINT: the first asks the loop to finish its step, save and exit
+    0; the handler then gives the signal back to the operating system, so a second
+    one ends the process at once (even inside a compile), without saving."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        signals = [signal.SIGINT]
+        if jax.process_count() == 1:
+            # On a multi-host slice, SIGTERM (preemption) reaches JAX's preemption
+            # notifier, and the hosts agree on a step (`reached_preemption_sync_point`).
+            signals.append(signal.SIGTERM)
+        for s in signals:
+            self.previous[s] = signal.signal(s, self._handle)
+
+    def uninstall(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        for s in self.previous:
+            signal.signal(s, signal.SIG_DFL)
+        if jax.process_count() > 1:
+            # Ctrl-C on one process of several: handed to JAX's preemption
+            # notifier as a SIGTERM, so that every process stops after one step.
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """What stopped the run, for its closing line."""
+        return signal.Signals(self.signum).name if self.signum else "preemption"
+
+    def requested(self, step: int) -> bool:
+        if self.signum is not None or jax.process_count() == 1:
+            return self.signum is not None
+        return multihost_utils.reached_preemption_sync_point(step)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -354,7 +416,7 @@ def _every(step: int, n: int) -> bool:
     return n > 0 and step % n == 0
 
 
-def _progress(args: argparse.Namespace) -> Progress:
+def _progress(args: Flags) -> Progress:
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

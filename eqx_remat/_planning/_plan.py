@@ -65,7 +65,6 @@ from ._clock import (
     concrete,
     device_memory_bytes,
     on_one_clock,
-    paired_ratio,
     time_interleaved,
 )
 from ._hardware import hardware
@@ -831,19 +830,6 @@ class _Planner:
         inputs = jax.tree.unflatten(jax.tree.structure(dynamic), self.inputs)
         return _Program(self.compiled[c], inputs)
 
-    def ratio(self, a: Checkpoint, b: Checkpoint) -> tuple[float, float]:
-        """`(time of a / time of b, spread)`, both run round-robin now: the
-        median of the rounds' ratios."""
-        programs = [self._program(a), self._program(b)]
-        compile_s = self.compiled[a].compile_s
-        start = time.perf_counter()
-        ta, tb = time_interleaved(programs, rounds=1)
-        step = ta.seconds + tb.seconds
-        rounds = int(max(5, min(15, compile_s / max(step, 1e-9) - 1)))
-        ta, tb = time_interleaved(programs, rounds=rounds, warmup=False)
-        self.timed_s += time.perf_counter() - start
-        return paired_ratio(ta, tb), max(ta.spread, tb.spread)
-
     def time_s(self, c: Checkpoint, estimate: float) -> tuple[float, bool]:
         """`(seconds, measured)`: `c`'s measured step time, else `estimate`."""
         if c in self.timings:
@@ -1010,8 +996,8 @@ class _Planner:
                 self.budget,
                 self._target_name(),
             )
-        if self.measure and isinstance(pick.checkpoint, ranges):
-            pick = self._confirm_by_clock(pick)
+        if self.measure:
+            pick = self._race(pick)
         hull = lower_hull(self.options())
         self.say(
             "lower convex hull: " + ", ".join(_name(o.checkpoint) for o in hull),
@@ -1356,26 +1342,43 @@ class _Planner:
             c, memory, memory, flops, self.compiled[c].host_bytes, seconds, measured
         )
 
-    def _confirm_by_clock(self, pick: FrontierPoint) -> FrontierPoint:
-        """Run the mix `pick` round-robin with the fastest uniform option that
-        fits: the pick if it is faster, else that option (say so)."""
+    def _race(self, pick: FrontierPoint) -> FrontierPoint:
+        """Run `pick` round-robin with its rivals, the uniform options that fit
+        and were timed within 3% of the fastest of them (at most three): the
+        fastest in these rounds (say so where it is not the pick). Timings
+        that close are within the noise of the rounds that ranked them; the
+        same rivals are raced once per plan cache."""
         fitting = [
             c
             for c, r in self.compiled.items()
-            if self._fits(r) and not isinstance(c, ranges) and c in self.timings
+            if self._fits(r)
+            and not isinstance(c, ranges)
+            and c in self.timings
+            and self.runnable(c)
         ]
         if not fitting or not self.runnable(pick.checkpoint):
             return pick
-        best = min(fitting, key=lambda c: self.timings[c].seconds)
-        ratio, spread = self.ratio(pick.checkpoint, best)
-        seconds = ratio * self.timings[best].seconds
-        self.timings[pick.checkpoint] = Timing(seconds, spread, 0)
+        fitting.sort(key=lambda c: self.timings[c].seconds)
+        bar = 1.03 * self.timings[fitting[0]].seconds
+        rivals = [c for c in fitting if self.timings[c].seconds <= bar]
+        rivals = [c for c in rivals if c != pick.checkpoint][:3]
+        if not rivals:
+            return pick
+        run = [pick.checkpoint, *rivals]
+        timings = CACHE.get(
+            self.fn, self._k("race", tuple(run)), lambda: self._time_race(run)
+        )
+        for c, t in zip(run[1:], timings[1:]):
+            self.timings.setdefault(c, t)
+        k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
+        best, ratio = run[k], timings[0].seconds / timings[k].seconds
         self.say(
-            f"timed the pick: {ratio:.3f}x the step time of {_name(best)}, the "
+            f"raced the pick: {ratio:.3f}x the step time of {_name(best)}, the "
             "fastest uniform option that fits"
         )
         if ratio < 1.0:
-            return pick._replace(time_s=seconds, measured=True)
+            self.timings[pick.checkpoint] = timings[0]
+            return pick._replace(time_s=timings[0].seconds, measured=True)
         self.note(
             f"{_name(pick.checkpoint)} ran {ratio:.3f}x the step time of "
             f"{_name(best)}, which fits: choosing {_name(best)}"
@@ -1383,14 +1386,21 @@ class _Planner:
         r = self.compiled[best]
         memory = r.memory_bytes or 0
         return FrontierPoint(
-            best,
-            memory,
-            memory,
-            r.flops,
-            r.host_bytes,
-            self.timings[best].seconds,
-            True,
+            best, memory, memory, r.flops, r.host_bytes, timings[k].seconds, True
         )
+
+    def _time_race(self, run: list[Checkpoint]) -> list[Timing]:
+        """`run` timed round-robin, 5 to 15 rounds (about the time the first
+        one's compile took), on the clock of `run[1]`'s earlier timing."""
+        programs = [self._program(c) for c in run]
+        start = time.perf_counter()
+        first = time_interleaved(programs, rounds=1)
+        step = sum(t.seconds for t in first)
+        compile_s = self.compiled[run[0]].compile_s
+        rounds = int(max(5, min(15, compile_s / max(step, 1e-9) - 1)))
+        timings = time_interleaved(programs, rounds=rounds, warmup=False)
+        self.timed_s += time.perf_counter() - start
+        return on_one_clock(timings, 1, self.timings[run[1]].seconds)
 
     def _compiled_points(self) -> list[FrontierPoint]:
         """Compiled schedules and mixes (the uniform options are priced)."""
