@@ -4,25 +4,24 @@ import importlib.metadata as _metadata
 
 from . import internal as internal
 from ._accumulate import accumulate as accumulate
-from ._binomial import binomial as binomial
-from ._checkpoint import (
-    Checkpoint as Checkpoint,
-    set_checkpoint as set_checkpoint,
-)
 from ._combinators import (
     chain as chain,
     scan_layers as scan_layers,
     stack as stack,
 )
-from ._engine import Layers as Layers, Schedule as Schedule
-from ._flops import FlopCount as FlopCount, count_flops as count_flops
-from ._memory import (
+from ._inspect._flops import FlopCount as FlopCount, count_flops as count_flops
+from ._inspect._memory import (
     MemoryReport as MemoryReport,
     ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
     v5e_mesh as v5e_mesh,
 )
-from ._plan import (
+from ._inspect._residuals import (
+    Residual as Residual,
+    print_residuals as print_residuals,
+    residuals as residuals,
+)
+from ._planning._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
     FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
@@ -31,21 +30,25 @@ from ._plan import (
     parse_bytes as parse_bytes,
     plan as plan,
 )
-from ._policies import (
-    POLICIES as POLICIES,
+from ._policies._named import POLICIES as POLICIES, policy as policy
+from ._policies._values import (
     offload_names as offload_names,
-    policy as policy,
     save_all_but_names as save_all_but_names,
     save_and_offload_names as save_and_offload_names,
     save_names as save_names,
 )
-from ._ranges import ranges as ranges
-from ._residuals import (
-    Residual as Residual,
-    print_residuals as print_residuals,
-    residuals as residuals,
+from ._schedules._binomial import binomial as binomial
+from ._schedules._checkpoint import (
+    Checkpoint as Checkpoint,
+    set_checkpoint as set_checkpoint,
 )
-from ._schedules import every as every, nested as nested, recursive as recursive
+from ._schedules._engine import Layers as Layers, Schedule as Schedule
+from ._schedules._ranges import ranges as ranges
+from ._schedules._uniform import (
+    every as every,
+    nested as nested,
+    recursive as recursive,
+)
 from ._stacked import Stacked as Stacked
 from ._util import format_bytes as format_bytes
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._checkpoint import Checkpoint, normalise_checkpoint
-from ._engine import Schedule, remat_scan
-from ._policies import checkpointed
+from ._policies._apply import checkpointed
+from ._schedules._checkpoint import Checkpoint, normalise_checkpoint
+from ._schedules._engine import Schedule, remat_scan
 from ._validate import check_int
 
 

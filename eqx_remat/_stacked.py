@@ -7,8 +7,8 @@ from typing import Any, Generic, SupportsIndex, TypeVar, cast
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._checkpoint import Checkpoint, check_checkpoint, checkpoint_field
 from ._combinators import _check_unroll, _depth, scan_stacked, stack_layers
+from ._schedules._checkpoint import Checkpoint, check_checkpoint, checkpoint_field
 
 
 _M = TypeVar("_M")

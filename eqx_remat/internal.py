@@ -7,23 +7,28 @@ messages). It is documented and tested, but not part of the stable API of
 `eqx_remat`: a name here may change or move in a minor release.
 """
 
-from ._checkpoint import check_checkpoint as check_checkpoint
-from ._clock import (
+from ._inspect._memory import compiled_report as compiled_report
+from ._inspect._pallas import with_pallas_costs as with_pallas_costs
+from ._inspect._targets import v5e_shape as v5e_shape
+from ._jax_private import pallas_interpreting as pallas_interpreting
+from ._planning._clock import (
     Timing as Timing,
     concrete as concrete,
     on_one_clock as on_one_clock,
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
-from ._hardware import (
+from ._planning._hardware import (
     HARDWARE as HARDWARE,
     Hardware as Hardware,
     cpu_hardware as cpu_hardware,
     hardware as hardware,
 )
-from ._memory import compiled_report as compiled_report
-from ._pallas import with_pallas_costs as with_pallas_costs
-from ._plan import needed_bytes as needed_bytes, roofline_seconds as roofline_seconds
+from ._planning._plan import (
+    needed_bytes as needed_bytes,
+    roofline_seconds as roofline_seconds,
+)
+from ._schedules._checkpoint import check_checkpoint as check_checkpoint
 from ._util import (
     format_flops as format_flops,
     is_array_like as is_array_like,
@@ -46,9 +51,11 @@ __all__ = [
     "is_array_like",
     "needed_bytes",
     "on_one_clock",
+    "pallas_interpreting",
     "paired_ratio",
     "roofline_seconds",
     "time_interleaved",
     "traceable",
+    "v5e_shape",
     "with_pallas_costs",
 ]

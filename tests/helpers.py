@@ -1,21 +1,7 @@
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from eqx_remat._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
-
-
-def tree_allclose(x, y, *, rtol=1e-5, atol=1e-6) -> bool:
-    """Whether two pytrees have the same structure and allclose array leaves."""
-    if jax.tree.structure(x) != jax.tree.structure(y):
-        return False
-    for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if not np.allclose(a, b, rtol=rtol, atol=atol):
-            return False
-    return True
+from eqx_remat._inspect._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
 
 
 def temp_bytes(fn, *args) -> int:
@@ -42,7 +28,7 @@ def count_primitive(jaxpr, name: str, *, weighted: bool = True) -> int:
     return total
 
 
-__all__ = ["tree_allclose", "temp_bytes", "count_primitive", "jnp"]
+__all__ = ["temp_bytes", "count_primitive", "jnp"]
 
 
 def raises_bad_input(match: str, *, param: str):

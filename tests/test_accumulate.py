@@ -49,6 +49,7 @@ MLP = zoo.MLP(3, 2, 8, 2, key=jr.key(0))
 GRAD = eqx.filter_value_and_grad(mlp_loss, has_aux=True)
 
 
+@pytest.mark.heavy
 @given(
     k=st.integers(1, 4),
     per_micro=st.integers(1, 3),
@@ -211,6 +212,7 @@ def test_errors_name_the_argument():
         eqx_remat.accumulate(GRAD, 2, in_axes=(None, 2, 0))(MLP, x, y)
 
 
+@pytest.mark.heavy
 def test_sharded_data_parallel_and_fsdp_stay_local():
     """On 8 host CPU devices (a subprocess: the device count is fixed when JAX
     starts), a Transformer's accumulated gradients under data parallelism and

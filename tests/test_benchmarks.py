@@ -557,6 +557,7 @@ def _temp_vs_flax(preset, policy, target=None):
     return out
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
 @pytest.mark.heavy
 def test_transformer_temp_memory_at_most_flax(policy):

@@ -165,20 +165,42 @@ def _blocks(page: Path) -> list[_Block]:
     return out
 
 
+# The pages whose quick blocks take longest (11 s or more each on two cores): run
+# with `-m heavy`, kept out of the README's test command.
+_HEAVY_PAGES = {
+    "README.md",
+    "api/eqx_remat/name_policies.md",
+    "api/eqx_remat/schedules.md",
+    "api/zoo/transformer.md",
+    "index.md",
+    "tutorials/choosing-a-schedule.md",
+    "tutorials/fit-a-batch.md",
+    "tutorials/fit-a-budget.md",
+    "tutorials/five-minutes.md",
+    "tutorials/own-model.md",
+    "tutorials/training.md",
+    "tutorials/v5e-without-a-tpu.md",
+    "tutorials/writing-a-schedule.md",
+}
+
+
 def _cases() -> list:
     """One case per page with code (the README's snippet too): its blocks before
-    `<!-- docs: slow -->`, and one more, marked slow, for a page with blocks after
-    that marker (all of them)."""
+    `<!-- docs: slow -->`, marked heavy if the page is in `_HEAVY_PAGES`, and one
+    more, marked slow, for a page with blocks after that marker (all of them)."""
     cases = []
     for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         blocks = _blocks(page)
         rel = page.relative_to(DOCS if page.is_relative_to(DOCS) else ROOT).as_posix()
         if any(not b.slow for b in blocks):
-            cases.append(pytest.param(page, False, id=rel))
+            heavy = [pytest.mark.heavy] if rel in _HEAVY_PAGES else []
+            cases.append(pytest.param(page, False, id=rel, marks=heavy))
         if any(b.slow for b in blocks):
             cases.append(
                 pytest.param(page, True, id=rel + "[all]", marks=pytest.mark.slow)
             )
+    ids = {c.id for c in cases}
+    assert _HEAVY_PAGES <= ids, _HEAVY_PAGES - ids  # a renamed page stays heavy
     return cases
 
 

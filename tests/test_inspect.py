@@ -842,6 +842,7 @@ def test_v5e_dots_saves_memory_in_the_default_compile():
     assert dots.temp_bytes < 0.6 * none.temp_bytes
 
 
+@pytest.mark.heavy
 @needs_libtpu
 def test_v5e_flash_attention_with_unsharded_arguments():
     """`attention="flash"` needs a TPU: on a v5e target the function is traced on
@@ -998,7 +999,7 @@ def test_count_flops_without_a_cpu_backend_equals_with(monkeypatch):
     """`JAX_PLATFORMS=cuda` initialises no CPU backend (`jax.devices("cpu")`
     raises): a value that decides a branch is then computed on the default
     backend's device, and the count is the same."""
-    from eqx_remat import _flops
+    from eqx_remat._inspect import _flops
 
     def f(x):  # `rem` has no NumPy shortcut: JAX computes the branch index
         return lax.cond(lax.rem(jnp.int32(7), 3) == 1, lambda x: x @ x, jnp.sin, x)
@@ -1026,7 +1027,7 @@ def test_count_flops_without_a_cpu_backend_equals_with(monkeypatch):
 def test_scan_sizes_reads_consts_and_carries_in_every_jax():
     """A `scan` equation's constants and carries, whether jax gives their
     counts as parameters (< 0.11) or packs them into `ft_in` (0.11)."""
-    from eqx_remat._jaxpr import scan_sizes
+    from eqx_remat._inspect._jaxpr import scan_sizes
 
     w = jnp.ones((3, 3))
 

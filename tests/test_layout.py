@@ -1,10 +1,12 @@
 """The package layout, read from the source (`ast`, nothing imported but
 `eqx_remat` itself): the import graph between `eqx_remat`'s modules has no cycle
 (imports inside functions and under `if TYPE_CHECKING:` count: they dodge a cycle,
-they do not remove it); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
+they do not remove it), and each module imports only from its own layer or those
+below it (`LAYERS`); `eqx_remat` never imports `zoo` or `benchmarks`; and `zoo`
 and `benchmarks` use only the names `eqx_remat` exports, its public namespace and
-the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; and
-no function in `eqx_remat`, `zoo` or `benchmarks` is over 80 lines of code.
+the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; only
+`eqx_remat/_jax_private.py` imports `jax._src`; and no function in `eqx_remat`,
+`zoo` or `benchmarks` is over 80 lines of code.
 
 Each check is a function returning what it found, so that the checks themselves
 are tested on small made-up packages (they can fail).
@@ -26,6 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "eqx_remat"
 INTERNAL = "internal"
 CLIENTS = ("zoo", "benchmarks")
+# The layers of `eqx_remat`, lowest first, by the first part of a module's dotted
+# name: a module imports only from its own layer or those below it.
+LAYERS = (
+    ("_jax_private", "_util", "_validate"),  # foundations
+    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs
+    ("_policies",),  # policy values and how one is applied to a layer
+    ("_schedules",),  # the engine, the checkpoint value, the schedules
+    ("_accumulate", "_combinators", "_stacked"),  # the stack and batch combinators
+    ("_planning",),  # plan, its solver, the hardware table, the clock
+    ("__init__", "internal"),  # the namespaces
+)
+PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
 MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
 
 
@@ -39,37 +53,72 @@ def _imports(path: Path):
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
     """`module -> the modules of the same package it imports`, for every `.py`
-    file of a flat package (`__init__` included: `from . import name`, when
-    `name` is not a module, is an import of `__init__`)."""
+    file of the package at any depth, each named by its dotted path inside the
+    package (`_inspect._jaxpr`; a subpackage by its name, `_inspect`; the
+    package's own `__init__` as `__init__`). `from . import name`, when `name`
+    is not a module, is an import of the package's `__init__`."""
     name = package_dir.name
-    modules = {p.stem for p in package_dir.glob("*.py")}
 
-    def module_of(dotted: str | None) -> str:
-        head = (dotted or "").split(".")[0]
-        return head if head in modules else "__init__"
+    def dotted(path: Path) -> str:
+        parts = path.relative_to(package_dir).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        return ".".join(parts) or "__init__"
+
+    files = {dotted(p): p for p in sorted(package_dir.rglob("*.py"))}
+
+    def module_of(parts: list[str]) -> str:
+        for k in range(len(parts), 0, -1):
+            if ".".join(parts[:k]) in files:
+                return ".".join(parts[:k])
+        return "__init__"
 
     graph = {}
-    for path in sorted(package_dir.glob("*.py")):
+    for module, path in files.items():
+        # The package a relative import starts from.
+        if module == "__init__":
+            package = []
+        elif path.stem == "__init__":
+            package = module.split(".")
+        else:
+            package = module.split(".")[:-1]
         edges = set()
         for node in _imports(path)[1]:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == name or alias.name.startswith(name + "."):
-                        edges.add(module_of(alias.name[len(name) + 1 :]))
+                        edges.add(module_of(alias.name.split(".")[1:]))
                 continue
             if node.level == 0:
                 if node.module != name and not node.module.startswith(name + "."):
                     continue
-                base = node.module[len(name) + 1 :]
+                base = node.module.split(".")[1:]
             else:
-                base = node.module or ""
-            if base:
-                edges.add(module_of(base))
-            else:  # `from . import a, b`: modules, or names of `__init__`
-                edges.update(module_of(alias.name) for alias in node.names)
-        edges.discard(path.stem)
-        graph[path.stem] = edges
+                up = node.level - 1
+                base = package[: len(package) - up] if up else list(package)
+                base = base + (node.module.split(".") if node.module else [])
+            for alias in node.names:  # `from pkg import sub`: the submodule
+                sub = ".".join([*base, alias.name])
+                edges.add(sub if sub in files else module_of(base))
+        edges.discard(module)
+        graph[module] = edges
     return graph
+
+
+def upward_imports(graph: dict[str, set[str]], layers) -> list[str]:
+    """`a imports b` for each import of a module `b` of a higher layer than `a`
+    (`layers`: tuples of first parts of dotted names, lowest first), and
+    `a: in no layer` for a module that no layer holds."""
+    rank = {head: i for i, layer in enumerate(layers) for head in layer}
+    out = []
+    for a in sorted(graph):
+        if a.split(".")[0] not in rank:
+            out.append(f"{a}: in no layer")
+            continue
+        for b in sorted(graph[a]):
+            if rank.get(b.split(".")[0], -1) > rank[a.split(".")[0]]:
+                out.append(f"{a} imports {b}")
+    return out
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -194,6 +243,25 @@ def function_sizes(path: Path) -> list[tuple[str, int]]:
     return sizes
 
 
+def jax_private_imports(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """`package/file.py:line module` for each import of `jax._src` (at any depth,
+    `from jax import _src` too) in the packages under `root`."""
+    out = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in _imports(path)[1]:
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif node.level == 0:
+                    names = [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                for n in names:
+                    if n == "jax._src" or n.startswith("jax._src."):
+                        out.append(f"{path.relative_to(root)}:{node.lineno} {n}")
+    return out
+
+
 def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> list[str]:
     """`package/file.py:line:name n` for each function of the packages under `root`
     (every `.py` file, at any depth) with more than `limit` lines of code."""
@@ -211,9 +279,15 @@ def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> list[st
 
 def test_eqx_remat_import_graph_has_no_cycle():
     graph = import_graph(ROOT / PACKAGE)
-    assert "_engine" in graph and graph["__init__"], graph  # the parse found them
+    # The parse found them.
+    assert "_schedules._engine" in graph and graph["__init__"], graph
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle in eqx_remat: {' imports '.join(cycle)}"
+
+
+def test_eqx_remat_imports_only_downwards():
+    graph = import_graph(ROOT / PACKAGE)
+    assert upward_imports(graph, LAYERS) == []
 
 
 def test_eqx_remat_never_imports_zoo_or_benchmarks():
@@ -226,9 +300,15 @@ def test_clients_use_only_exported_names(client):
     assert private_uses(ROOT / client, public, internal) == []
 
 
+def test_private_jax_is_imported_by_one_module():
+    found = jax_private_imports(ROOT, (PACKAGE, *CLIENTS))
+    assert found, "the parse found no import of jax._src at all"
+    assert {f.split(":")[0] for f in found} == {f"{PACKAGE}/{PRIVATE_JAX}"}, found
+
+
 def test_no_function_is_over_80_lines_of_code():
     packages = (PACKAGE, *CLIENTS)
-    sizes = function_sizes(ROOT / PACKAGE / "_engine.py")
+    sizes = function_sizes(ROOT / PACKAGE / "_schedules" / "_engine.py")
     assert len(sizes) > 10 and all(n > 0 for _, n in sizes), sizes  # parsed
     found = long_functions(ROOT, packages, MAX_FUNCTION_LINES)
     assert found == [], f"over {MAX_FUNCTION_LINES} lines of code: {found}"
@@ -241,6 +321,7 @@ def _package(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
     package = tmp_path / name
     package.mkdir()
     for file, text in files.items():
+        (package / file).parent.mkdir(parents=True, exist_ok=True)
         (package / file).write_text(textwrap.dedent(text))
     return package
 
@@ -274,6 +355,29 @@ def test_a_cycle_through_a_deferred_import_is_found(tmp_path):
     assert find_cycle(import_graph(package)) is not None
     (package / "_c.py").write_text("import os\n")
     assert find_cycle(import_graph(package)) is None
+
+
+def test_an_upward_import_is_found(tmp_path):
+    package = _package(
+        tmp_path,
+        PACKAGE,
+        {
+            "__init__.py": "from ._top import f as f\n",
+            "_top.py": "from ._low import g\n",
+            "_low.py": "def g():\n    from ._top import f\n",
+            "_sub/__init__.py": "",
+            "_sub/_x.py": "from .._top import f\nfrom .. import _low\n",
+            "_stray.py": "",
+        },
+    )
+    graph = import_graph(package)
+    assert graph["_sub._x"] == {"_top", "_low"}, graph
+    layers = (("_low",), ("_sub",), ("_top",), ("__init__",))
+    assert upward_imports(graph, layers) == [
+        "_low imports _top",
+        "_stray: in no layer",
+        "_sub._x imports _top",
+    ]
 
 
 def test_an_import_of_zoo_is_found(tmp_path):
@@ -323,6 +427,23 @@ def test_private_uses_are_found(tmp_path):
         "_bad.py:7 er.check_int",
         "_bad.py:7 er._plan",
         "_bad.py:7 er.internal.nope",
+    ]
+
+
+def test_private_jax_imports_are_found(tmp_path):
+    _package(
+        tmp_path,
+        "pkg",
+        {
+            "_a.py": "import jax\nfrom jax._src import core\n",
+            "_b.py": "def f():\n    import jax._src.ad_util as u\n",
+            "_c.py": "from jax import _src, numpy\nimport jax.extend\n",
+        },
+    )
+    assert jax_private_imports(tmp_path, ("pkg",)) == [
+        "pkg/_a.py:2 jax._src.core",
+        "pkg/_b.py:2 jax._src.ad_util",
+        "pkg/_c.py:1 jax._src",
     ]
 
 

@@ -38,6 +38,7 @@ def model_loss(model, tokens):
     return jax.vmap(model.loss)(tokens[:, :-1], tokens[:, 1:]).mean()
 
 
+@pytest.mark.heavy
 @given(
     seq=st.integers(1, 12),
     chunk=st.one_of(st.none(), st.integers(1, 13)),

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHECK = Path(__file__).with_name("_multihost_check.py")
 # f32, the batch split 4 ways and FSDP contractions summed in another order than
-# one device sums them (as tests/_sharded_check.py, seen ~1e-6).
+# one device sums them (as tests/test_sharding.py, seen ~1e-6).
 RTOL, ATOL = 1e-5, 1e-6
 
 

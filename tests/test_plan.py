@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eqx_remat as er
-from eqx_remat import _hardware, _plan, _solve
-from eqx_remat._binomial import optimal_evaluations
+from eqx_remat._planning import _hardware, _plan, _solve
+from eqx_remat._schedules._binomial import optimal_evaluations
 from eqx_remat.internal import Hardware, Timing
 
 
@@ -468,6 +468,7 @@ def tiny_options():
         return _tiny_planner().prices.options
 
 
+@pytest.mark.heavy
 def test_solver_on_priced_options_matches_an_exhaustive_search(tiny_options):
     # The options of a real model, priced by tracing (no compile): saving more
     # costs bytes and saves recomputation.
@@ -754,6 +755,7 @@ def test_the_table_of_hardware_has_every_figure_with_a_source():
         assert h.memory_bytes and h.host_bytes_per_s and h.source
 
 
+@pytest.mark.heavy
 @needs_libtpu
 def test_v5e_prices_offloading_and_splits_by_the_batch_sharding():
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -890,6 +892,7 @@ def _calibrated_planner():
     return planner
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "schedule",
     [er.every(2), er.every(2, "dots"), er.nested(2), er.recursive(), er.binomial(2)],
@@ -911,6 +914,7 @@ def _refused(record, needed: int):
     return record._replace(report=None, error=message, executable=None)
 
 
+@pytest.mark.heavy
 def test_an_option_refused_on_every_layer_is_predicted_from_compiled_mixes():
     # Where XLA refuses an option on every layer, it gives only a lower bound
     # of its memory; a compiled mix with it on its heavy layers tells more, for
@@ -971,6 +975,7 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(fresh):
     assert tighter.n < 3 and tighter.predicted <= budget
 
 
+@pytest.mark.heavy
 def test_after_mixes_that_do_not_fit_the_planner_chooses_among_uniform_options(
     fresh, monkeypatch
 ):

@@ -5,7 +5,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import tree_allclose
 from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
@@ -331,7 +330,7 @@ def test_name_policy_with_names_tagged_in_some_layers_only(make, place):
         jax.make_jaxpr(grad, static_argnums=1)(x, place(make(*names), 4))
     if make in (er.save_names, er.save_all_but_names):
         got = grad(x, place(make("a", "b"), 4))
-        assert tree_allclose(got, grad(x, None), rtol=1e-6, atol=1e-6)
+        assert eqx.tree_equal(got, grad(x, None), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match=r"Got 'c', which tags.* are \['a', 'b'\]"):
         jax.make_jaxpr(grad, static_argnums=1)(x, place(make("a", "c"), 4))
 
@@ -343,6 +342,18 @@ def test_name_policy_on_a_function_without_tags_raises():
     # Only eqx_remat's name policies are checked: JAX's own are left as they are.
     jax_policy = jax.checkpoint_policies.save_only_these_names("a")
     assert jnp.allclose(jax.grad(loss)(1.0, jax_policy), jax.grad(loss)(1.0, None))
+
+
+def test_the_tag_check_does_not_depend_on_the_module_of_the_policy():
+    """A name policy's class decides whether its names are checked, wherever it
+    is defined: a subclass defined here (another module) is checked too."""
+
+    class MyNames(er.save_names):
+        pass
+
+    loss = lambda x, ck: er.chain([jnp.sin] * 3, checkpoint=ck)(x)
+    with pytest.raises(ValueError, match="That function has no checkpoint_name tags"):
+        jax.grad(loss)(1.0, MyNames("a"))
 
 
 # --- the shared validators -----------------------------------------------------
@@ -540,3 +551,54 @@ def test_save_and_offload_names_moves_only_the_offloaded_names_to_host():
     # The device keeps less than when it saves both, more than when it saves
     # only what offload_names("b") keeps (it also keeps `a`).
     assert offload_b.temp_bytes < mixed.temp_bytes < both.temp_bytes
+
+
+# --- under JAX's remat3 ----------------------------------------------------------
+
+
+@pytest.fixture
+def remat3():
+    """`jax_remat3=True` for one test (jax 0.10.2 has it off; later jax turns it
+    on): `jax.checkpoint` honours only JAX's own name policies at a tag."""
+    if not hasattr(jax.config, "jax_remat3"):
+        pytest.skip("this jax has no jax_remat3 flag")
+    before = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", before)
+
+
+class _TaggedLayer(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return jnp.tanh(checkpoint_name(x * self.w, "h"))
+
+
+def test_under_remat3_policies_are_jax_values_or_fail_clearly(remat3):
+    """Under remat3 the combinators give JAX its own value for `save_names`
+    (`save_only_these_names`) and for the named policies, with the same
+    gradients and the same tag check; the name policies remat3 cannot honour
+    raise a `NotImplementedError` that says so, instead of silently
+    recomputing every tag."""
+    from eqx_remat._policies._apply import for_remat3
+
+    assert for_remat3(er.save_names("b", "a")) == (
+        jax.checkpoint_policies.save_only_these_names("a", "b")
+    )
+    layers = _TaggedLayer(jnp.linspace(0.5, 1.5, 4))
+    grad = jax.grad(lambda x, ck: er.scan_layers(layers, x, checkpoint=ck))
+    ref = grad(1.0, None)
+    for ck in ["dots", er.save_names("h"), er.every(2, policy=er.save_names("h"))]:
+        assert jnp.allclose(grad(1.0, ck), ref), ck
+    with pytest.raises(ValueError, match="Got 'hh', which tags nothing"):
+        grad(1.0, er.save_names("hh"))
+    with pytest.raises(NotImplementedError, match="not supported under JAX's remat3"):
+        grad(1.0, er.save_all_but_names("h"))
+    if isinstance(
+        er.offload_names("h")._jax_policy.policy, type(lambda: None)
+    ):  # jax 0.10.2: JAX's offloading by name is a function remat3 ignores
+        with pytest.raises(NotImplementedError, match="remat3"):
+            grad(1.0, er.offload_names("h"))

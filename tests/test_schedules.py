@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import count_primitive, raises_bad_input, temp_bytes, tree_allclose
+from helpers import count_primitive, raises_bad_input, temp_bytes
 from hypothesis import given
 
 import eqx_remat as er
@@ -62,6 +62,7 @@ _grad = jax.jit(jax.grad(_loss, argnums=(0, 1)), static_argnums=3)
 _value = jax.jit(_loss, static_argnums=3)
 
 
+@pytest.mark.heavy
 @given(
     depth=st.integers(1, 64),
     width=st.sampled_from([2, 5]),
@@ -74,7 +75,9 @@ def test_scan_layers_gradients(depth, width, batch, ck, with_xs):
     x = jax.random.normal(jax.random.key(1), (batch, width))
     ts = jnp.linspace(0.9, 1.1, depth) if with_xs else None
     assert jnp.allclose(_value(layers, x, ts, ck), _value(layers, x, ts, None), 1e-5)
-    assert tree_allclose(_grad(layers, x, ts, ck), _grad(layers, x, ts, None))
+    assert eqx.tree_equal(
+        _grad(layers, x, ts, ck), _grad(layers, x, ts, None), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("depth", [1, 7], ids=lambda d: f"D{d}")
@@ -93,10 +96,18 @@ def test_chain_gradients(depth, ck):
     w = jnp.array([0.5, 0.9, -0.4])
     g = jax.grad(loss, argnums=(0, 1))(x, w, ck)
     g_ref = jax.grad(loss, argnums=(0, 1))(x, w, None)
-    assert tree_allclose(g, g_ref)
+    assert eqx.tree_equal(g, g_ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("ck", [er.every(3), er.nested(2), er.recursive()], ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(er.every(3), marks=pytest.mark.heavy),
+        er.nested(2),
+        pytest.param(er.recursive(), marks=pytest.mark.heavy),
+    ],
+    ids=str,
+)
 def test_vmap_conventions(ck):
     depth, width, batch = 11, 4, 3
     layers = make_layers(depth, width)
@@ -110,9 +121,11 @@ def test_vmap_conventions(ck):
 
     # grad of vmap (the Equinox convention) and vmap of grad (per-example grads).
     g = jax.grad(batched)(layers, xs, ck)
-    assert tree_allclose(g, jax.grad(batched)(layers, xs, None))
+    assert eqx.tree_equal(g, jax.grad(batched)(layers, xs, None), rtol=1e-5, atol=1e-6)
     pe = jax.vmap(jax.grad(per_example), (None, 0, None))
-    assert tree_allclose(pe(layers, xs, ck), pe(layers, xs, None))
+    assert eqx.tree_equal(
+        pe(layers, xs, ck), pe(layers, xs, None), rtol=1e-5, atol=1e-6
+    )
     # Batched parameters (an ensemble) and nested vmaps.
     ens = jax.vmap(lambda k: make_layers(depth, width, k))(
         jax.random.split(jax.random.key(3), 2)
@@ -120,7 +133,12 @@ def test_vmap_conventions(ck):
     nested = lambda ens, xs, ck: jnp.sum(
         jax.vmap(batched, (0, None, None))(ens, xs, ck)
     )
-    assert tree_allclose(jax.grad(nested)(ens, xs, ck), jax.grad(nested)(ens, xs, None))
+    assert eqx.tree_equal(
+        jax.grad(nested)(ens, xs, ck),
+        jax.grad(nested)(ens, xs, None),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 class _Centred(eqx.Module):
@@ -146,10 +164,14 @@ def test_vmap_axis_name_reaches_the_layers(ck):
         return jnp.sum(jnp.sin(jax.vmap(run, axis_name="batch")(xs)))
 
     got, want = jax.grad(loss)(layers, ck), jax.grad(loss)(layers, None)
-    assert tree_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert eqx.tree_equal(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("ck", [er.every(2), er.nested(2), er.recursive()], ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [er.every(2), er.nested(2), pytest.param(er.recursive(), marks=pytest.mark.heavy)],
+    ids=str,
+)
 def test_grad_of_grad(ck):
     layers = make_layers(6, 3)
     x = jnp.array([[0.1, 0.2, -0.3]])
@@ -157,7 +179,9 @@ def test_grad_of_grad(ck):
     def gg(x, ck):
         return jnp.sum(jax.grad(_loss)(layers, x, None, ck).w)
 
-    assert tree_allclose(jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4)
+    assert eqx.tree_equal(
+        jax.grad(gg)(x, ck), jax.grad(gg)(x, None), rtol=1e-4, atol=1e-6
+    )
 
 
 DEPTH_SCHEDULES = [
@@ -169,7 +193,14 @@ DEPTH_SCHEDULES = [
 ]
 
 
-@pytest.mark.parametrize("ck", DEPTH_SCHEDULES, ids=str)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(ck, marks=pytest.mark.heavy) if i < 4 else ck
+        for i, ck in enumerate(DEPTH_SCHEDULES)
+    ],
+    ids=str,
+)
 def test_forward_over_reverse_matches_unchecked(ck):
     # Hessian-vector products (jax.jvp of jax.grad) and jax.hessian work through
     # every schedule and equal the un-checkpointed ones (float64).
@@ -185,9 +216,9 @@ def test_forward_over_reverse_matches_unchecked(ck):
 
         v = jnp.ones_like(x)
         hvp = lambda c: jax.jvp(jax.grad(lambda x: f(x, c)), (x,), (v,))[1]
-        assert tree_allclose(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
+        assert eqx.tree_equal(hvp(ck), hvp(None), rtol=1e-12, atol=1e-12)
         hessian = lambda c: jax.hessian(lambda x: f(x, c))(x)
-        assert tree_allclose(hessian(ck), hessian(None), rtol=1e-12, atol=1e-12)
+        assert eqx.tree_equal(hessian(ck), hessian(None), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("ck", DEPTH_SCHEDULES, ids=str)
@@ -207,7 +238,7 @@ def test_policies_keep_forward_mode():
     g = lambda x: er.scan_layers(layers, x, checkpoint="nothing")
     out, tangent = jax.jvp(g, (x,), (x,))
     ref = jax.jvp(lambda x: er.scan_layers(layers, x), (x,), (x,))
-    assert tree_allclose((out, tangent), ref)
+    assert eqx.tree_equal((out, tangent), ref, rtol=1e-5, atol=1e-6)
 
 
 # --- parameter memory ---------------------------------------------------------
@@ -224,6 +255,7 @@ PARAMETER_CHECKPOINTS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("vmapped", [False, True], ids=["plain", "vmap"])
 def test_parameter_dominated_stack_never_exceeds_none(vmapped):
     # Wide layers, a batch of two: parameters dominate (LLM fine-tuning with
@@ -280,7 +312,9 @@ def test_vmap_costs_at_most_one_layer_more_on_a_parameter_dominated_chain():
 # --- exact evaluation counts ----------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [1, 5, 13, 16])
+@pytest.mark.parametrize(
+    "depth", [1, *(pytest.param(d, marks=pytest.mark.heavy) for d in (5, 13, 16))]
+)
 def test_count_flops_follows_the_evaluations_of_every_schedule(depth):
     # Each layer computes `width` tanh's per example, and nothing else in the
     # program is transcendental: the transcendentals of a gradient differ
@@ -334,7 +368,7 @@ def test_unroll_keeps_gradients(ck, unroll):
         return jnp.sum(out**2)
 
     ref = jax.grad(loss)(layers, 1)
-    assert tree_allclose(jax.grad(loss)(layers, unroll), ref, rtol=1e-5, atol=1e-6)
+    assert eqx.tree_equal(jax.grad(loss)(layers, unroll), ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("ck", [None, "nothing", er.every(2), er.binomial(2)])
@@ -345,7 +379,7 @@ def test_unroll_takes_any_integer_type(ck, unroll):
     layers = make_layers(5, 3)
     out = er.scan_layers(layers, jnp.ones((2, 3)), checkpoint=ck, unroll=unroll)
     ref = er.scan_layers(layers, jnp.ones((2, 3)), checkpoint=ck, unroll=2)
-    assert tree_allclose(out, ref, rtol=0, atol=0)
+    assert eqx.tree_equal(out, ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import raises_bad_input, temp_bytes, tree_allclose
+from helpers import raises_bad_input, temp_bytes
 from hypothesis import given, settings
 from zoo_helpers import build, quick_jit
 
@@ -54,9 +54,18 @@ def ck_id(ck) -> str:
     return getattr(ck, "__name__", None) or str(ck)
 
 
-def ck_params(cks):
+def ck_params(cks, *, heavy=()):
+    """`cks` as parameters: those not in `FAST` marked slow, those in `heavy`
+    marked heavy."""
     return [
-        pytest.param(c, marks=() if c in FAST else pytest.mark.slow, id=ck_id(c))
+        pytest.param(
+            c,
+            marks=[
+                *([] if c in FAST else [pytest.mark.slow]),
+                *([pytest.mark.heavy] if c in heavy else []),
+            ],
+            id=ck_id(c),
+        )
         for c in cks
     ]
 
@@ -91,7 +100,7 @@ def assert_same_gradients(model, tokens, ck, keys=None):
     ref = grads(er.set_checkpoint(model, None), tokens, keys)
     got = grads(er.set_checkpoint(model, ck), tokens, keys)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
-    assert tree_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale), ck_id(ck)
+    assert eqx.tree_equal(got, ref, rtol=1e-5, atol=1e-5 * scale), ck_id(ck)
 
 
 def tiny(num_layers=3, **kwargs):
@@ -105,11 +114,12 @@ TOKENS = jr.randint(jr.key(1), (2, 7), 0, 16)
 # --- gradients equal the un-checkpointed model's ------------------------------
 
 
-@pytest.mark.parametrize("ck", ck_params(CHECKPOINTS))
+@pytest.mark.parametrize("ck", ck_params(CHECKPOINTS, heavy=["dots"]))
 def test_gradients(ck):
     assert_same_gradients(tiny(), TOKENS, ck)
 
 
+@pytest.mark.heavy
 @settings(max_examples=min(settings().max_examples, 4))
 @given(
     head_dim=st.integers(1, 4),
@@ -162,7 +172,7 @@ def test_set_checkpoint_switches_schedule():
         assert switched.blocks is not model.blocks
         for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(switched)):
             assert a is b
-        assert tree_allclose(grads(switched, TOKENS), ref, rtol=1e-5, atol=1e-7)
+        assert eqx.tree_equal(grads(switched, TOKENS), ref, rtol=1e-5, atol=1e-7)
 
 
 # --- the model -------------------------------------------------------------------
@@ -211,7 +221,11 @@ def batch_keys(seed=2, batch=2):
     return jr.split(jr.key(seed), batch)
 
 
-@pytest.mark.parametrize("ck", ["nothing", er.every(2), er.recursive()], ids=ck_id)
+@pytest.mark.parametrize(
+    "ck",
+    [pytest.param("nothing", marks=pytest.mark.heavy), er.every(2), er.recursive()],
+    ids=ck_id,
+)
 def test_dropout_gradients(ck):
     """Per-layer keys are scan inputs: a recomputed layer draws the same mask."""
     assert_same_gradients(dropout_model(), TOKENS, ck, batch_keys())
@@ -260,7 +274,12 @@ def test_dropout_needs_a_key():
 
 
 @pytest.mark.parametrize(
-    "ck", ["nothing", pytest.param(er.every(2), marks=pytest.mark.slow)], ids=ck_id
+    "ck",
+    [
+        pytest.param("nothing", marks=pytest.mark.heavy),
+        pytest.param(er.every(2), marks=pytest.mark.slow),
+    ],
+    ids=ck_id,
 )
 def test_bf16_gradients(ck):
     """bf16 activations, float32 parameters: checkpointing re-runs the same bf16
@@ -331,6 +350,7 @@ def lm_temp_bytes(ck, dropout: float) -> int:
     return temp_bytes(grad, params, tokens, keys)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("ck, ratio", [("dots", 0.6), ("nothing", 0.3)])
 def test_memory(ck, ratio):
     assert lm_temp_bytes(ck, 0.0) <= ratio * lm_temp_bytes(None, 0.0)
@@ -423,6 +443,7 @@ def options(draw):
     }
 
 
+@pytest.mark.heavy
 @settings(max_examples=min(settings().max_examples, 4))
 @given(
     opts=options(),
@@ -449,21 +470,36 @@ def test_gradients_options_property(opts, num_layers, seq, batch, ck, seed):
         assert_same_gradients(model, tokens, ck)
 
 
+OPTIONS = {
+    "rms": {"norm": "rms"},
+    "rope": {"position": "rope"},
+    "swiglu": {"mlp": "swiglu"},
+    "mqa": {"num_kv_heads": 1},
+    "tied": {"tie_embeddings": True},
+    "dot_product": {"attention": "dot_product", "num_kv_heads": 1},
+    "flash": {"attention": "flash", "num_kv_heads": 1, "position": "rope"},
+}
+# The slowest combinations (each 4 s or more on two cores) run with `-m heavy`.
+_HEAVY_OPTIONS = {
+    "nothing": {"rms", "rope", "mqa", "dot_product", "flash"},
+    "every(k=2, policy=None)": {"mqa", "dot_product", "flash"},
+}
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    "ck, kwargs",
     [
-        {"norm": "rms"},
-        {"position": "rope"},
-        {"mlp": "swiglu"},
-        {"num_kv_heads": 1},
-        {"tie_embeddings": True},
-        {"attention": "dot_product", "num_kv_heads": 1},
-        {"attention": "flash", "num_kv_heads": 1, "position": "rope"},
+        pytest.param(
+            ck,
+            kwargs,
+            id=f"{ck_id(ck)}-{name}",
+            marks=[pytest.mark.heavy] if name in _HEAVY_OPTIONS[ck_id(ck)] else [],
+        )
+        for name, kwargs in OPTIONS.items()
+        for ck in ["nothing", er.every(2)]
     ],
-    ids=["rms", "rope", "swiglu", "mqa", "tied", "dot_product", "flash"],
 )
-@pytest.mark.parametrize("ck", ck_params(["nothing", er.every(2)]))
-def test_option_gradients(kwargs, ck):
+def test_option_gradients(ck, kwargs):
     if kwargs.get("attention") == "flash":
         with flash_interpret():
             assert_same_gradients(tiny(**kwargs), TOKENS, ck)
@@ -471,6 +507,7 @@ def test_option_gradients(kwargs, ck):
         assert_same_gradients(tiny(**kwargs), TOKENS, ck)
 
 
+@pytest.mark.heavy
 def test_attention_implementations_agree():
     """`"dot_product"` and `"flash"` compute `"xla"`'s attention (grouped-query,
     rotary, the Llama block), forward and gradients, to float32 rounding."""
@@ -486,6 +523,7 @@ def test_attention_implementations_agree():
         assert max_rel_error(got, ref_grads) < 1e-5, attention
 
 
+@pytest.mark.heavy
 def test_gqa_equals_repeated_heads():
     """Grouped-query attention is multi-head attention with each key/value head
     shared by its group of query heads."""
@@ -520,6 +558,7 @@ def test_dense():
         zoo.Dense(0, 5, key=jr.key(0))
 
 
+@pytest.mark.heavy
 def test_llama():
     model = zoo.Transformer.llama(16, 8, 8, 2, 3, key=jr.key(0))
     assert (model.norm, model.position, model.mlp) == ("rms", "rope", "swiglu")

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import temp_bytes, tree_allclose
+from helpers import temp_bytes
 from hypothesis import given
 from zoo_helpers import build, quick_jit
 
@@ -64,7 +64,7 @@ def assert_same_gradients(model, x, ck, *, rtol=1e-5):
     # atol relative to the largest gradient: entries near zero are differences
     # of O(1) terms, so rtol alone would be too strict for them.
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref))
-    assert tree_allclose(got, ref, rtol=rtol, atol=rtol * scale), ck_id(ck)
+    assert eqx.tree_equal(got, ref, rtol=rtol, atol=rtol * scale), ck_id(ck)
 
 
 def mlp(depth=3, *, in_size=3, out_size=2, width=5, seed=0, **kwargs):
@@ -84,7 +84,16 @@ POLICY_CHECKPOINTS = [c for c in CHECKPOINTS if not isinstance(c, er.Schedule)]
 SCHEDULE_CHECKPOINTS = [c for c in CHECKPOINTS if isinstance(c, er.Schedule)]
 
 
-@pytest.mark.parametrize("ck", POLICY_CHECKPOINTS, ids=ck_id)
+@pytest.mark.parametrize(
+    "ck",
+    [
+        pytest.param(ck, marks=pytest.mark.heavy)
+        if ck == "offload_dots_no_batch"
+        else ck
+        for ck in POLICY_CHECKPOINTS
+    ],
+    ids=ck_id,
+)
 def test_mlp_gradients(ck):
     x = jr.normal(jr.key(1), (2, 3))
     assert_same_gradients(mlp(), x, ck)
@@ -96,6 +105,7 @@ def test_residual_chain_gradients(ck):
     assert_same_gradients(chain(), x, ck)
 
 
+@pytest.mark.heavy
 @given(
     kind=st.sampled_from(["MLP", "ResidualChain"]),
     in_size=st.integers(1, 4),
@@ -207,7 +217,7 @@ def test_set_checkpoint_switches_schedule(make, size):
         ):
             assert a is b
         g = er.set_checkpoint(_grads(switched, x), None)
-        assert tree_allclose(g, _grads(model, x))
+        assert eqx.tree_equal(g, _grads(model, x), rtol=1e-5, atol=1e-6)
     back = er.set_checkpoint(er.set_checkpoint(model, er.recursive()), None)
     assert back.checkpoint is None
 
@@ -283,6 +293,7 @@ INT_ARGS = {
     "Dense": (zoo.Dense, {"in_size": 2, "out_size": 3}),
 }
 INT_CASES = [(model, arg) for model, (_, kwargs) in INT_ARGS.items() for arg in kwargs]
+_HEAVY_INT_CASE = ("Transformer", "vocab_size", np.int64)
 
 
 def _static_values(module):
@@ -298,9 +309,20 @@ def _static_values(module):
     return out
 
 
-@pytest.mark.parametrize("to", [np.int64, jnp.int32], ids=["np.int64", "jnp.int32"])
 @pytest.mark.parametrize(
-    "model, arg", INT_CASES, ids=[f"{m}-{a}" for m, a in INT_CASES]
+    "model, arg, to",
+    [
+        pytest.param(
+            model,
+            arg,
+            to,
+            id=f"{model}-{arg}-{name}",
+            # The one slow case (a Transformer built twice) runs with -m heavy.
+            marks=[pytest.mark.heavy] if (model, arg, to) == _HEAVY_INT_CASE else [],
+        )
+        for to, name in [(np.int64, "np.int64"), (jnp.int32, "jnp.int32")]
+        for model, arg in INT_CASES
+    ],
 )
 def test_integer_arguments_take_any_integer_type(model, arg, to):
     # A NumPy or JAX integer (what config loaders produce) builds the model that
@@ -316,7 +338,7 @@ def test_integer_arguments_take_any_integer_type(model, arg, to):
         assert type(getattr(got, arg)) is int
         assert getattr(got, arg) == kwargs[arg]
     arrays = [jax.tree.leaves(eqx.filter(m, eqx.is_array)) for m in (got, want)]
-    assert tree_allclose(*arrays, rtol=0, atol=0)
+    assert eqx.tree_equal(*arrays, rtol=0, atol=0)
 
 
 # bool is an integer type but no size: rejected (except `unroll=True`, the whole
@@ -347,8 +369,8 @@ def test_scan_layers_unroll_takes_any_integer_type(to):
     want = er.scan_layers(model.hidden, x, unroll=2)
     got = er.scan_layers(model.hidden, x, unroll=to(2))
     got_ck = er.scan_layers(model.hidden, x, checkpoint=er.recursive(), unroll=to(2))
-    assert tree_allclose(got, want, rtol=0, atol=0)
-    assert tree_allclose(got_ck, want, rtol=1e-6, atol=1e-6)
+    assert eqx.tree_equal(got, want, rtol=0, atol=0)
+    assert eqx.tree_equal(got_ck, want, rtol=1e-6, atol=1e-6)
 
 
 def test_zoo_models_state_the_contract():
@@ -431,13 +453,19 @@ EXCLUSIONS = [
     for tag in getattr(zoo, model).ACTIVATION_NAMES
 ]
 # Compiling the Transformer's gradient takes ~10 s a tag on two cores: one strict
-# and one non-strict tag run by default, the rest with -m slow.
+# and one non-strict tag run with -m heavy, the rest with -m slow.
 _FAST = {"qkv_proj", "out_proj"}
 MEMORY_EXCLUSIONS = [
     pytest.param(
         *e,
         id=f"{e[0]}-{e[1]}",
-        marks=[pytest.mark.slow] if e[0] == "Transformer" and e[1] not in _FAST else [],
+        marks=(
+            [pytest.mark.heavy]
+            if e[0] == "Transformer" and e[1] in _FAST
+            else [pytest.mark.slow]
+            if e[0] == "Transformer"
+            else []
+        ),
     )
     for e in EXCLUSIONS
 ]
@@ -486,7 +514,7 @@ def test_save_all_but_names_residual_bytes(model, tag, strict):
     ref = _model_grads(m, x)
     got = _model_grads(er.set_checkpoint(m, er.save_all_but_names(tag)), x)
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
-    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+    assert eqx.tree_equal(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("model, tag, strict", MEMORY_EXCLUSIONS)
@@ -592,23 +620,42 @@ def test_switching_checkpoint_mid_training_covers_the_optimiser_state():
     ref, _ = step(model, opt_state)
     assert got.checkpoint == "nothing"
     arrays = lambda m: eqx.filter(er.set_checkpoint(m, None), eqx.is_array)
-    assert tree_allclose(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+    assert eqx.tree_equal(arrays(got), arrays(ref), rtol=1e-5, atol=1e-6)
+
+
+UNROLL_MODELS = {
+    "MLP": (lambda **kw: zoo.MLP(3, 2, 8, 4, key=jr.key(0), **kw), jnp.ones(3)),
+    "ResidualChain": (
+        lambda **kw: zoo.ResidualChain(4, 5, key=jr.key(0), **kw),
+        jnp.ones(4),
+    ),
+    "Transformer": (
+        lambda **kw: zoo.Transformer(16, 8, 8, 2, 3, key=jr.key(0), **kw),
+        jnp.arange(6, dtype=jnp.int32),
+    ),
+}
+# The slowest combinations run with -m heavy.
+_HEAVY_UNROLL = {
+    "None": {"MLP", "Transformer"},
+    "dots": {"MLP", "Transformer"},
+    "recursive(policy=None)": {"Transformer"},
+}
 
 
 @pytest.mark.parametrize(
-    "make, x",
+    "ck, make, x",
     [
-        (lambda **kw: zoo.MLP(3, 2, 8, 4, key=jr.key(0), **kw), jnp.ones(3)),
-        (lambda **kw: zoo.ResidualChain(4, 5, key=jr.key(0), **kw), jnp.ones(4)),
-        (
-            lambda **kw: zoo.Transformer(16, 8, 8, 2, 3, key=jr.key(0), **kw),
-            jnp.arange(6, dtype=jnp.int32),
-        ),
+        pytest.param(
+            ck,
+            *UNROLL_MODELS[name],
+            id=f"{ck}-{name}",
+            marks=[pytest.mark.heavy] if name in _HEAVY_UNROLL[str(ck)] else [],
+        )
+        for name in UNROLL_MODELS
+        for ck in [None, "dots", er.recursive()]
     ],
-    ids=["MLP", "ResidualChain", "Transformer"],
 )
-@pytest.mark.parametrize("ck", [None, "dots", er.recursive()], ids=str)
-def test_unroll_keeps_gradients(make, x, ck):
+def test_unroll_keeps_gradients(ck, make, x):
     def grads(unroll):
         model = make(checkpoint=ck, unroll=unroll)
         assert model.unroll == unroll
@@ -616,6 +663,6 @@ def test_unroll_keeps_gradients(make, x, ck):
 
     ref = jax.tree.leaves(grads(1))
     for unroll in (2, True):
-        assert tree_allclose(jax.tree.leaves(grads(unroll)), ref, rtol=1e-5, atol=1e-6)
+        assert eqx.tree_equal(jax.tree.leaves(grads(unroll)), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="unroll must be an int >= 1"):
         make(unroll=0)

@@ -64,12 +64,7 @@ def _flash_module():
 def _interpreting() -> bool:
     """Whether Pallas TPU kernels run in interpret mode
     (`jax.experimental.pallas.tpu.force_tpu_interpret_mode()`)."""
-    try:
-        from jax._src import config
-
-        return config.pallas_tpu_interpret_mode_context_manager.value is not None
-    except (ImportError, AttributeError):  # pragma: no cover - other jax versions
-        return False
+    return eqx_remat.internal.pallas_interpreting()
 
 
 def _flash_attention(q: Array, k: Array, v: Array) -> Array:

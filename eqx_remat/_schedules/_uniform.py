@@ -9,9 +9,9 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from ._checkpoint import check_policy
+from .._policies._named import to_jax_policy
+from .._validate import check_int
 from ._engine import Layers, Schedule
-from ._validate import check_int
 
 
 def _ceil_root(n: int, k: int) -> int:
@@ -147,7 +147,7 @@ class every(_UniformSplit):
 
     def __post_init__(self):
         object.__setattr__(self, "k", check_int("every", "k", self.k, 1))
-        check_policy("every", self.policy)
+        to_jax_policy(self.policy, fn="every")
 
     def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         k = min(self.k, depth)
@@ -187,7 +187,7 @@ class nested(_UniformSplit):
     def __post_init__(self):
         levels = check_int("nested", "levels", self.levels, 1)
         object.__setattr__(self, "levels", levels)
-        check_policy("nested", self.policy)
+        to_jax_policy(self.policy, fn="nested")
 
     def _split(self, depth: int) -> tuple[tuple[int, ...], int]:
         b = _ceil_root(depth, self.levels)

@@ -31,24 +31,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._binomial import binomial
-from ._checkpoint import (
-    Checkpoint,
-    check_checkpoint,
-    map_checkpoints,
-    set_checkpoint,
-)
-from ._clock import (
-    Timing,
-    concrete,
-    device_memory_bytes,
-    on_one_clock,
-    time_interleaved,
-)
-from ._engine import Schedule
-from ._flops import count_flops
-from ._hardware import hardware
-from ._memory import (
+from .._inspect._flops import count_flops
+from .._inspect._memory import (
     MemoryReport,
     ReplicatedArgumentsWarning,
     _v5e,
@@ -57,9 +41,33 @@ from ._memory import (
     traced_for,
     warn_replicated,
 )
-from ._policies import save_names
-from ._ranges import ranges
-from ._schedules import every, nested, recursive
+from .._policies._values import save_names
+from .._schedules._binomial import binomial
+from .._schedules._checkpoint import (
+    Checkpoint,
+    check_checkpoint,
+    map_checkpoints,
+    set_checkpoint,
+)
+from .._schedules._engine import Schedule
+from .._schedules._ranges import ranges
+from .._schedules._uniform import every, nested, recursive
+from .._util import (
+    format_bytes,
+    format_flops,
+    is_array_like,
+    split_args,
+    traceable,
+)
+from .._validate import check_int
+from ._clock import (
+    Timing,
+    concrete,
+    device_memory_bytes,
+    on_one_clock,
+    time_interleaved,
+)
+from ._hardware import hardware
 from ._solve import (
     Mix,
     Option,
@@ -75,14 +83,6 @@ from ._solve import (
     share_per_chip,
     stack_depths,
 )
-from ._util import (
-    format_bytes,
-    format_flops,
-    is_array_like,
-    split_args,
-    traceable,
-)
-from ._validate import check_int
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._checkpoint import check_policy
+from .._policies._named import to_jax_policy
+from .._validate import check_int
 from ._engine import Layers, Schedule
-from ._validate import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,26 +40,13 @@ class binomial(Schedule):
     — the last layer first. With `r` evaluations per layer, `slots` carries reverse
     up to `C(slots + r, slots)` layers.
 
-    **Cost model.** One *layer evaluation* is one call of a layer's forward
-    computation outside that layer's own backward step. The backward step of a
-    layer (`jax.vjp` at its stored or recomputed input, then the pullback) is
-    counted apart: every schedule, and no checkpointing at all, does exactly one per
-    layer. The forward pass is included (it evaluates all `D` layers). Then
-    `binomial(s)` on `D` layers does `F(D, s) + 1` layer evaluations, where
-
-    - `F(1, s) = 0` (a lone layer is reversed straight from its stored input),
-    - `F(l, 1) = l (l - 1) / 2` (one slot: re-run from the input for every layer),
-    - `F(l, s) = min over 0 < j < l of j + F(l - j, s - 1) + F(j, s)` (advance `j`
-      layers and store that carry, reverse the last `l - j` with one slot fewer,
-      then the first `j` with the slot freed again),
-
-    in closed form `F(l, s) = r l - C(s + r, s + 1)` with `r` the smallest integer
-    such that `C(s + r, s) >= l`. The `+ 1` is the last layer, evaluated once by the
-    forward pass to produce the output and once more in its backward step. No
-    schedule that keeps at most `s` carries stored does fewer evaluations.
-    `slots >= D` stores every layer's input: `D` evaluations, the cost of plain
-    per-layer rematerialisation. Memory: at most `slots` stored carries plus one
-    working carry (the one being advanced), and one parameter-gradient buffer.
+    `binomial(s)` on `D` layers does `evaluations(D)` layer evaluations, the
+    fewest of any schedule that keeps at most `s` carries stored; `slots >= D`
+    stores every layer's input (`D` evaluations, plain per-layer
+    rematerialisation). Memory: at most `slots` stored carries plus one working
+    carry (the one being advanced), and one parameter-gradient buffer. The cost
+    model, its recurrence and closed form: [the binomial cost
+    model][the-binomial-cost-model].
 
     The traced program holds the layer `O(log D)` times (never `D` times), so it
     compiles in about the same time at any depth, and
@@ -94,7 +81,7 @@ class binomial(Schedule):
 
     def __post_init__(self):
         object.__setattr__(self, "slots", check_int("binomial", "slots", self.slots, 1))
-        check_policy("binomial", self.policy)
+        to_jax_policy(self.policy, fn="binomial")
 
     def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
         depth = layers.depth

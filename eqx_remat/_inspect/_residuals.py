@@ -7,15 +7,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._jaxpr import CALLS, is_literal, open_jaxpr, producers, scan_sizes
-from ._policies import _KEEP
-from ._util import format_bytes, traceable
-
-
-try:  # Only for the file:line of each residual's source.
-    from jax._src.source_info_util import summarize as _summarize
-except ImportError:  # pragma: no cover
-    _summarize = None
+from .. import _jax_private
+from .._util import format_bytes, traceable
+from ._jaxpr import CALLS, KEEP_TAG, is_literal, open_jaxpr, producers, scan_sizes
 
 
 class Residual(NamedTuple):
@@ -154,7 +148,7 @@ def _residual(aval, source, name, layers) -> Residual:
 
 
 def _where(eqn) -> str:
-    where = None if _summarize is None else _summarize(eqn.source_info)
+    where = _jax_private.summarize_source(eqn.source_info)
     return where or "an unknown location"
 
 
@@ -171,7 +165,7 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
     if prim == "name":
         tag = e.params["name"]
         inner = e.invars[0]
-        if tag == _KEEP and not is_literal(inner) and inner in producer:
+        if tag == KEEP_TAG and not is_literal(inner) and inner in producer:
             return _describe(jaxpr, inner, producer)
         return f"named '{tag}' from {_where(e)}", tag, 1
     if prim == "scan":

@@ -38,7 +38,8 @@ of the user's `jax.vmap`.
 """
 
 import abc
-import copy
+import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -50,26 +51,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._policies import (
-    _is_name_policy,
-    _to_jax_policy,
-    check_tags,
-    checkpoint_names,
-    checkpointed,
-)
-
-
-try:  # Private: which trace a primitive bound now would be processed by.
-    from jax._src.core import no_axis_name as _no_axis_name, trace_ctx as _trace_ctx
-    from jax._src.interpreters.batching import BatchTrace as _BatchTrace
-except ImportError:  # pragma: no cover - depends on the jax version
-    _trace_ctx = _BatchTrace = _no_axis_name = None
-
-
-try:  # Private: zeros of an abstract value, with its weak type and sharding.
-    from jax._src.ad_util import zeros_like_aval as _zeros_like_aval
-except ImportError:  # pragma: no cover - depends on the jax version
-    _zeros_like_aval = None
+from .. import _jax_private
+from .._inspect._jaxpr import checkpoint_names
+from .._policies._apply import checkpointed
+from .._policies._named import to_jax_policy
+from .._policies._values import NamePolicy, check_tags
 
 
 _warned_no_vmap_rule = False
@@ -77,18 +63,18 @@ _warned_no_vmap_rule = False
 
 def _innermost_is_vmap() -> bool:
     global _warned_no_vmap_rule
-    if _trace_ctx is None or _BatchTrace is None:  # pragma: no cover - jax version
+    if not _jax_private.sees_traces():  # pragma: no cover - jax version
         if not _warned_no_vmap_rule:
             _warned_no_vmap_rule = True
             warnings.warn(
-                "eqx_remat: this jax version has no `jax._src.core.trace_ctx` "
+                "eqx_remat: this jax version hides which trace is innermost "
                 f"(jax {jax.__version__}; eqx_remat is tested with jax 0.10.2). "
                 "Schedules under jax.vmap still give correct gradients, but "
                 "per-example parameter gradients are materialised.",
                 stacklevel=3,
             )
         return False
-    return isinstance(_trace_ctx.trace, _BatchTrace)
+    return _jax_private.innermost_is_vmap()
 
 
 def _vmap_names() -> dict[str, Any]:
@@ -96,17 +82,7 @@ def _vmap_names() -> dict[str, Any]:
     keyword arguments of `jax.vmap`, so that the `custom_vmap` rule batches
     with them: collectives over the axis name still work, and values stay split
     over the mesh axes of `spmd_axis_name` (a `shard_map`'s specs keep them)."""
-    if _trace_ctx is None:  # pragma: no cover - then `_innermost_is_vmap` is False
-        return {}
-    axis = getattr(_trace_ctx.trace, "axis_data", None)
-    name = getattr(axis, "name", None)
-    spmd = getattr(axis, "spmd_name", None)
-    names = {}
-    if name is not None and name is not _no_axis_name:
-        names["axis_name"] = name
-    if spmd is not None:
-        names["spmd_axis_name"] = spmd
-    return names
+    return _jax_private.vmap_axis_names()
 
 
 def _is_diff(x: Any) -> bool:
@@ -141,10 +117,7 @@ def _zeros_of_type(t: Any) -> jax.Array:
     """Zeros of the abstract value `t` with all that its type carries (shape,
     dtype, weak type, sharding, memory space): what a `lax.cond` branch that
     skips a layer returns in place of values the other branch computes."""
-    if _zeros_like_aval is None:  # pragma: no cover - depends on the jax version
-        z = jnp.zeros(t.shape, t.dtype)
-    else:
-        z = _zeros_like_aval(t)
+    z = _jax_private.zeros_like_aval(t)
     space = getattr(t, "memory_space", None)
     if space is not None and space != jax.memory.Space.Device:
         z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory
@@ -184,6 +157,7 @@ class _Saved:
         return cls(children[0], layout)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Layers:
     """The stack of layers that a [`eqx_remat.Schedule`][] checkpoints, and the
     operations a schedule may use on it.
@@ -201,33 +175,45 @@ class Layers:
     opaque: the cotangent of the running carry and the gradient buffers. Pass it
     through loops as a pytree.
 
+    A `Layers` is a frozen value, built by the engine: a schedule never
+    changes one, and `view` returns a new one.
+
     **Attributes:**
 
     - `depth`: the number of layers, `D`.
     """
 
+    # The layer function, `step(consts, layer_params, carry)`.
+    _step: Callable[[Any, Any, Any], Any]
+    # What every layer reads (closed-over parameters), and the stacked layers.
+    _consts: Any
+    _stacked: Any
     depth: int
+    # The inner policy (normalised to a JAX policy, or `None`).
+    _policy: Any
+    _unroll: int | bool
+    # Where this stack starts in `_stacked` (a `view`'s first layer).
+    _offset: int = 0
 
-    def __init__(
-        self,
-        step: Callable[[Any, Any, Any], Any],
-        consts: Any,
-        stacked: Any,
-        depth: int,
-        policy: Any,
-        unroll: int | bool,
-    ):
-        self.depth = depth
-        self._offset = 0
-        self._step = step
-        policy = _to_jax_policy(policy)
-        self._policy = policy
-        self._layer_fn = step if policy is None else checkpointed(step, policy)
-        self._consts = consts
-        self._stacked = stacked
-        self._unroll = unroll
-        self._consts_d, self._consts_nd = eqx.partition(consts, _is_diff)
-        self._stacked_d, self._stacked_nd = eqx.partition(stacked, _is_diff)
+    def __post_init__(self):
+        object.__setattr__(self, "_policy", to_jax_policy(self._policy))
+
+    @functools.cached_property
+    def _layer_fn(self) -> Callable[[Any, Any, Any], Any]:
+        """`_step` under the inner policy."""
+        if self._policy is None:
+            return self._step
+        return checkpointed(self._step, self._policy)
+
+    @functools.cached_property
+    def _consts_split(self) -> tuple[Any, Any]:
+        """`_consts` as its differentiable leaves and the others."""
+        return eqx.partition(self._consts, _is_diff)
+
+    @functools.cached_property
+    def _stacked_split(self) -> tuple[Any, Any]:
+        """`_stacked` as its differentiable leaves and the others."""
+        return eqx.partition(self._stacked, _is_diff)
 
     def view(self, start: int, depth: int, policy: Any) -> "Layers":
         """The layers `start, ..., start + depth - 1` of this stack as a stack of
@@ -249,14 +235,9 @@ class Layers:
                 f"Layers.view expected layers within 0..{self.depth - 1}. Got "
                 f"start={start!r}, depth={depth!r}."
             )
-        new = copy.copy(self)
-        new.depth = depth
-        new._offset = self._offset + start
-        new._policy = policy = _to_jax_policy(policy)
-        new._layer_fn = (
-            self._step if policy is None else checkpointed(self._step, policy)
+        return dataclasses.replace(
+            self, depth=depth, _offset=self._offset + start, _policy=policy
         )
-        return new
 
     def _at(self, i: Any) -> Any:
         """The index in the full stack of this stack's layer `i`."""
@@ -308,18 +289,20 @@ class Layers:
         x_d, x_nd = eqx.partition(carry, _is_diff)
 
         def layer(c_d, s_d, x_d):
-            c = eqx.combine(c_d, self._consts_nd)
+            c = eqx.combine(c_d, self._consts_split[1])
             out = self._layer_fn(c, eqx.combine(s_d, s_nd), eqx.combine(x_d, x_nd))
             return eqx.partition(out, _is_diff)
 
-        out_d, vjp, out_nd = jax.vjp(layer, self._consts_d, s_d, x_d, has_aux=True)
+        out_d, vjp, out_nd = jax.vjp(
+            layer, self._consts_split[0], s_d, x_d, has_aux=True
+        )
         invariant = jtu.tree_leaves((self._consts, s_d, s_nd))
         return eqx.combine(out_d, out_nd), vjp, invariant
 
     def _params(self, i: Any) -> tuple[Any, Any]:
         """Layer `i`'s differentiable and other parameters, read from the stack."""
         i = self._at(i)
-        return _index(self._stacked_d, i), _index(self._stacked_nd, i)
+        return _index(self._stacked_split[0], i), _index(self._stacked_split[1], i)
 
     def _apply(self, i: Any, vjp: Callable, cts: Any) -> Any:
         ct, gs, gc = cts
@@ -468,6 +451,29 @@ class Layers:
 
         ts = jnp.arange(trips, dtype=jnp.int32)
         return lax.scan(body, cts, ts, reverse=True)[0]
+
+    # --- the gradient state -------------------------------------------------
+
+    def _initial_cts(self, ct: Any) -> Any:
+        """The backward state before the last layer is reversed: the cotangent
+        `ct` of the stack's output, and zero gradient buffers."""
+        return (
+            eqx.filter(ct, _is_diff),
+            jtu.tree_map(jnp.zeros_like, self._stacked_split[0]),
+            jtu.tree_map(jnp.zeros_like, self._consts_split[0]),
+        )
+
+    def _gradients(self, cts: Any, ct: Any) -> tuple[Any, Any, Any]:
+        """`(consts, stacked, carry)` cotangents, shaped like the stack's
+        arguments (`None` for what is not differentiable), from the backward
+        state `cts` after the first layer has been reversed; `ct` is the
+        cotangent the backward pass started from."""
+        ct_x, gs, gc = cts
+        return (
+            eqx.combine(gc, _nones(self._consts_split[1])),
+            eqx.combine(gs, _nones(self._stacked_split[1])),
+            eqx.combine(ct_x, _nones(eqx.filter(ct, _is_diff, inverse=True))),
+        )
 
     # --- stored carries -----------------------------------------------------
 
@@ -627,8 +633,8 @@ def _check_inner_names(step, consts, stacked, carry, schedule: Schedule) -> None
     checked only where they are applied, in the backward pass, and a typo
     would go unnoticed by a function that is not differentiated. Traces one
     layer, only when there is a name policy to check."""
-    pols = [_to_jax_policy(p) for p in schedule.policies()]
-    pols = [p for p in pols if _is_name_policy(p)]
+    pols = [to_jax_policy(p) for p in schedule.policies()]
+    pols = [p for p in pols if isinstance(p, NamePolicy)]
     if not pols:
         return
     args = (consts, _index(stacked, 0), carry)
@@ -700,17 +706,8 @@ def _custom_vjp(step, depth: int, schedule: Schedule, unroll):
     def fn_bwd(res, ct):
         consts, stacked, saved = res
         stack = layers(consts, stacked, schedule.policy)
-        cts = (
-            eqx.filter(ct, _is_diff),
-            jtu.tree_map(jnp.zeros_like, stack._stacked_d),
-            jtu.tree_map(jnp.zeros_like, stack._consts_d),
-        )
-        ct_x, gs, gc = schedule.backward(stack, saved, cts)
-        return (
-            eqx.combine(gc, _nones(stack._consts_nd)),
-            eqx.combine(gs, _nones(stack._stacked_nd)),
-            eqx.combine(ct_x, _nones(eqx.filter(ct, _is_diff, inverse=True))),
-        )
+        cts = schedule.backward(stack, saved, stack._initial_cts(ct))
+        return stack._gradients(cts, ct)
 
     fn.defvjp(fn_fwd, fn_bwd)
     return fn

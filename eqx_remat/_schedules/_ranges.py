@@ -25,9 +25,9 @@ from typing import Any
 
 import jax
 
+from .._validate import check_int
 from ._checkpoint import _SCHEDULES_IN_RANGES, Checkpoint, check_checkpoint
 from ._engine import Layers, Schedule
-from ._validate import check_int
 
 
 @dataclasses.dataclass(frozen=True, init=False, repr=False)

@@ -5,7 +5,6 @@ import functools
 import glob
 import importlib.util
 import os
-import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -15,18 +14,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._util import format_bytes, split_args, traceable
 from ._flops import count_flops
-from ._util import format_bytes, split_args, traceable
+from ._targets import PLATFORMS, VALID_TARGETS, v5e_shape
 
-
-_V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
-
-_VALID_TARGETS = (
-    'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
-    'reports name it), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" (e.g. "v5e:2x4", '
-    '"v5e:4x4")'
-)
-_PLATFORMS = ("cpu", "gpu", "tpu")
 
 _TPU_EXTRA_HINT = (
     "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
@@ -172,7 +163,7 @@ def memory_report(
     one chip — XLA refuses to compile it, so there is no report to return.
     """
     dynamic, _ = split_args(args)
-    if target in _PLATFORMS:
+    if target in PLATFORMS:
         if target != jax.default_backend():
             raise ValueError(
                 f"memory_report(target={target!r}): a platform name must be the "
@@ -211,7 +202,7 @@ def traced_for(target: Any) -> contextlib.AbstractContextManager:
     `memory_report(..., target=target)` traces them: on a v5e target's abstract
     mesh, so that code asking what it is traced for (zoo's flash attention)
     sees the TPU. Nothing for `None` or a platform name."""
-    if target is None or target in _PLATFORMS:
+    if target is None or target in PLATFORMS:
         return contextlib.nullcontext()
     return _on_mesh(_v5e(target)[1], abstract=True)
 
@@ -279,16 +270,16 @@ def v5e_mesh(target: str = "v5e") -> Mesh:
 
 
 def _v5e(target: Any) -> tuple[str, Mesh]:
-    match = _V5E.fullmatch(target) if isinstance(target, str) else None
-    if match is None:
+    shape = v5e_shape(target)
+    if shape is None:
         raise ValueError(
-            f"Unknown target {target!r}. It needs to be one of {_VALID_TARGETS}."
+            f"Unknown target {target!r}. It needs to be one of {VALID_TARGETS}."
         )
-    a, b = (2, 2) if match.group(1) is None else map(int, match.groups())
+    a, b = shape
     if a < 1 or b < 1:
         raise ValueError(
             f"Unknown target {target!r}: a slice needs at least one chip per "
-            f"side. It needs to be one of {_VALID_TARGETS}."
+            f"side. It needs to be one of {VALID_TARGETS}."
         )
     if not _installed("libtpu"):
         raise ImportError(
@@ -320,7 +311,7 @@ def _mesh(a: int, b: int) -> Mesh:
                 raise
             raise ValueError(
                 f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
-                f"need to be one of {_VALID_TARGETS}, for a slice shape that TPU "
+                f"need to be one of {VALID_TARGETS}, for a slice shape that TPU "
                 "v5e comes in."
             ) from e
     n = len(topo.devices)

@@ -15,11 +15,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
 from typing_extensions import TypeIs
 
-
-try:  # Only for the source locations of re-evaluated equations; optional.
-    from jax._src import source_info_util as _source_info_util
-except ImportError:  # pragma: no cover - depends on the jax version
-    _source_info_util = None
+from .. import _jax_private
 
 
 # Primitives that call one jaxpr once, and the parameter that holds it.
@@ -208,15 +204,7 @@ def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list:
 
 def _user_context(eqn: JaxprEqn):
     """Bind an equation re-evaluated from a jaxpr at its original source location."""
-    if _source_info_util is None:
-        return contextlib.nullcontext()
-    try:
-        name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
-        return _source_info_util.user_context(
-            eqn.source_info.traceback, name_stack=name_stack
-        )
-    except AttributeError:  # pragma: no cover
-        return contextlib.nullcontext()
+    return _jax_private.source_context(eqn.source_info)
 
 
 def trace(fn: Callable[..., Any], *args: Any) -> tuple[ClosedJaxpr, list, Any]:
@@ -237,3 +225,40 @@ def iter_eqns(jaxpr: Jaxpr) -> Iterator[JaxprEqn]:
         yield eqn
         for sub in sub_jaxprs(eqn):
             yield from iter_eqns(open_jaxpr(sub))
+
+
+# The tag that the exact `save_all_but_names` (eqx_remat/_policies/_exclude.py)
+# gives values that must stay saved: not a tag of the user's, so
+# `checkpoint_names` leaves it out and `residuals` looks through it.
+KEEP_TAG = "__eqx_remat_keep__"
+
+
+def is_tag(prim: Any, params: Mapping[str, Any]) -> bool:
+    """Whether primitive `prim`, bound with `params`, is a `checkpoint_name` tag."""
+    # `checkpoint_name(x, name)` binds the primitive "name" with a `name` parameter.
+    return getattr(prim, "name", None) == "name" and "name" in params
+
+
+def checkpoint_names(jaxpr: Jaxpr) -> list[str]:
+    """The `checkpoint_name` tags of `jaxpr` and of the jaxprs it holds (loop
+    bodies, `cond`/`switch` branches, calls, custom derivatives...), each once,
+    in the order met (depth first)."""
+    found: dict[str, None] = {}
+    for e in iter_eqns(jaxpr):
+        name = tag_name(e)
+        if name is not None and name != KEEP_TAG:
+            found.setdefault(name, None)
+    return list(found)
+
+
+def tag_name(eqn: JaxprEqn) -> str | None:
+    """The name of `eqn` if it is a `checkpoint_name` tag, else `None`. Under
+    JAX's remat3 (`jax_remat3=True`, jax 0.10.2) a tag is a higher-order
+    primitive, `call_hi_primitive`, holding a `CheckpointName` with the name in
+    its `params`: that form is recognised too."""
+    if is_tag(eqn.primitive, eqn.params):
+        return eqn.params["name"]
+    hi = eqn.params.get("_prim") if eqn.primitive.name == "call_hi_primitive" else None
+    if type(hi).__name__ == "CheckpointName":
+        return getattr(hi, "params", {}).get("name")
+    return None

@@ -4,7 +4,6 @@ benchmarks read it too. The CPU's figures are measured, once per process."""
 
 import functools
 import os
-import re
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -12,6 +11,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from .._inspect._targets import v5e_shape
 
 
 class Hardware(NamedTuple):
@@ -117,7 +118,6 @@ sources. The CPU is not in it: its figures are measured
 
 # What an unknown device of a platform is priced as (and said to be).
 _FALLBACK = {"tpu": "TPU v5 lite", "gpu": "NVIDIA A100-SXM4-80GB"}
-_V5E = re.compile(r"v5e(:\d+x\d+)?")
 
 
 _CPU_NOMINAL = Hardware(
@@ -171,7 +171,7 @@ def hardware(target: str | None) -> tuple[Hardware, bool]:
     `(hardware, known)`: `known` is `False` when the device kind is not in
     `HARDWARE` and a platform's nominal figures are used instead.
     """
-    if isinstance(target, str) and _V5E.fullmatch(target):
+    if v5e_shape(target) is not None:
         return HARDWARE["TPU v5 lite"], True
     device = jax.devices()[0]
     if device.platform == "cpu":

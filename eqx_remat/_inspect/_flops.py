@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .. import _jax_private
+from .._util import traceable
 from ._jaxpr import (
     CALLS,
     is_literal,
@@ -26,24 +28,10 @@ from ._jaxpr import (
     scan_sizes,
     sub_jaxprs,
 )
-from ._util import traceable
-
-
-try:  # Private (no public equivalent): drop dead code, as XLA would.
-    from jax._src.interpreters import partial_eval as _pe
-except ImportError:  # pragma: no cover - depends on the jax version
-    _pe = None
 
 
 def _dce_jaxpr(jaxpr: Any, used_outputs: list[bool], instantiate: bool) -> Any:
-    if _pe is None or not hasattr(_pe, "dce_jaxpr"):  # pragma: no cover
-        raise ImportError(
-            "eqx_remat.count_flops needs jax's private "
-            "`jax._src.interpreters.partial_eval.dce_jaxpr`, which this jax "
-            f"({jax.__version__}) does not have. eqx_remat is tested with "
-            "jax 0.10.2; install that version (pip install 'jax==0.10.2')."
-        )
-    return _pe.dce_jaxpr(jaxpr, used_outputs, instantiate)
+    return _jax_private.dce_jaxpr(jaxpr, used_outputs, instantiate)
 
 
 class FlopCount(int):

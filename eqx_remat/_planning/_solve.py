@@ -21,13 +21,19 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._checkpoint import Checkpoint, set_checkpoint
-from ._engine import Layers, Schedule
-from ._flops import FlopCount, count_flops
+from .._inspect._flops import FlopCount, count_flops
+from .._inspect._jaxpr import (
+    checkpoint_names,
+    is_literal,
+    open_jaxpr,
+    scan_sizes,
+    sub_jaxprs,
+)
+from .._policies._values import offload_names, save_names
+from .._schedules._checkpoint import Checkpoint, set_checkpoint
+from .._schedules._engine import Layers, Schedule
+from .._util import traceable
 from ._hardware import Hardware
-from ._jaxpr import is_literal, open_jaxpr, scan_sizes, sub_jaxprs
-from ._policies import _KEEP, offload_names, save_names
-from ._util import traceable
 
 
 # --- the stacks ---------------------------------------------------------------
@@ -64,21 +70,6 @@ def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
 
 
 # --- jaxpr walks ----------------------------------------------------------------
-
-
-def tags(jaxpr) -> list[str]:
-    """The `checkpoint_name` tags in `jaxpr` and its sub-jaxprs, in order."""
-    found: dict[str, None] = {}
-
-    def walk(j):
-        for e in j.eqns:
-            if e.primitive.name == "name" and e.params.get("name") != _KEEP:
-                found.setdefault(e.params["name"], None)
-            for sub in sub_jaxprs(e):
-                walk(open_jaxpr(sub))
-
-    walk(jaxpr)
-    return list(found)
 
 
 def _nbytes(aval) -> int:
@@ -168,7 +159,7 @@ def price(
     jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
     device, host = saved_across(jaxpr, depths)
     flops = count_flops(fn, *checkpointed)
-    return device, host, int(flops), bytes_moved(flops, device), tags(jaxpr)
+    return device, host, int(flops), bytes_moved(flops, device), checkpoint_names(jaxpr)
 
 
 def bytes_moved(flops: FlopCount, saved: int) -> int:

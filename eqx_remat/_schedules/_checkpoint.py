@@ -13,8 +13,9 @@ from typing import Any, TypeAlias, TypeVar
 import equinox as eqx
 import jax.tree_util as jtu
 
+from .._policies._named import to_jax_policy
+from .._policies._values import Policy
 from ._engine import Schedule
-from ._policies import Policy, _to_jax_policy
 
 
 _T = TypeVar("_T")
@@ -45,7 +46,7 @@ def normalise_checkpoint(
     if isinstance(spec, Schedule):
         return spec
     try:
-        return _to_jax_policy(spec)
+        return to_jax_policy(spec)
     except ValueError as e:
         raise ValueError(
             f"{name} expected None, a policy name, a JAX policy or a schedule "
@@ -93,26 +94,6 @@ def check_checkpoint(
     """
     normalise_checkpoint(spec, name=name, schedules=schedules)
     return spec
-
-
-def check_policy(fn: str, value: Any) -> None:
-    """Check that `value` is a policy: `None`, a name from
-    [`eqx_remat.POLICIES`][] or a JAX policy callable (a schedule's inner
-    policy).
-
-    **Arguments:**
-
-    - `fn`: the name of the function being called, for the message.
-    - `value`: the value to check.
-
-    **Raises:**
-
-    `ValueError` naming `fn`, listing the valid policy names.
-    """
-    try:
-        _to_jax_policy(value)
-    except ValueError as e:
-        raise ValueError(f"{fn}: invalid policy. {e}") from None
 
 
 def _is_module(x: Any) -> bool:
