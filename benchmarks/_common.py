@@ -179,7 +179,7 @@ def parse_bytes(text: str) -> int:
 
 
 def _target_type(text: str) -> str:
-    if re.fullmatch(r"v5e(:\d+x\d+)?", text) is None:
+    if er.internal.v5e_shape(text) is None:
         raise ValueError(f"expected v5e or v5e:AxB (e.g. v5e:2x4). Got {text!r}.")
     return text
 
@@ -278,23 +278,28 @@ def parser(
         "--quick", action="store_true", help="tiny presets, end to end (default: off)"
     )
     _device.add_device_args(p)
-    if runs:  # how the variants of a script that runs steps are kept apart
-        p.add_argument(
-            "--memory-limit",
-            type=_checked(parse_bytes, "memory-limit"),
-            metavar="SIZE",
-            help="report variants whose compiled memory exceeds this as not fitting, "
-            "without running them, e.g. 15GiB (default: none)",
-        )
-        p.add_argument(
-            "--isolate",
-            choices=("auto", "always", "never"),
-            default="auto",
-            help="measure each variant in its own process (auto: on a TPU or GPU, "
-            "where peak memory is measured) (default: %(default)s)",
-        )
-        p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    if runs:
+        _add_run_args(p)
     return p
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a script that runs steps: how its variants are kept apart."""
+    p.add_argument(
+        "--memory-limit",
+        type=_checked(parse_bytes, "memory-limit"),
+        metavar="SIZE",
+        help="report variants whose compiled memory exceeds this as not fitting, "
+        "without running them, e.g. 15GiB (default: none)",
+    )
+    p.add_argument(
+        "--isolate",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="measure each variant in its own process (auto: on a TPU or GPU, "
+        "where peak memory is measured) (default: %(default)s)",
+    )
+    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
 
 
 def isolate(args: argparse.Namespace) -> bool:
