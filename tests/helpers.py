@@ -1,5 +1,6 @@
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from eqx_remat._inspect._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
 
@@ -42,3 +43,12 @@ def raises_bad_input(match: str, *, param: str):
         (ValueError, TypeCheckError),
         match=f"(?s){match}|typechecking parameter '{param}'",
     )
+
+
+def check_close(actual, expected, *, rtol=1e-5, atol=1e-6):
+    """Two pytrees of arrays: the same shapes and dtypes, values within
+    `rtol`/`atol` leaf by leaf."""
+    leaves = zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True)
+    for a, b in leaves:
+        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)

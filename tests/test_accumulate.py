@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import raises_bad_input
+from helpers import check_close, raises_bad_input
 from hypothesis import given
 
 import eqx_remat
@@ -22,16 +22,6 @@ import zoo
 
 # f32: k micro-batches sum the batch in another order (k partial means). Seen:
 # max relative difference ~2e-7.
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def check_close(actual, expected):
-    leaves = zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True)
-    for a, b in leaves:
-        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
-
-
 def mlp_loss(model, x, y, *, scale=1.0):
     """Mean squared error of a batch (`x`, `y` batched along axis 0), with aux:
     an integer count and a float mean."""
