@@ -1360,16 +1360,17 @@ class _Planner:
             return pick
         fitting.sort(key=lambda c: self.timings[c].seconds)
         bar = 1.03 * self.timings[fitting[0]].seconds
-        rivals = [c for c in fitting if self.timings[c].seconds <= bar]
-        rivals = [c for c in rivals if c != pick.checkpoint][:3]
+        rivals = [
+            c
+            for c in fitting
+            if self.timings[c].seconds <= bar and c != pick.checkpoint
+        ][:3]
         if not rivals:
             return pick
         run = [pick.checkpoint, *rivals]
         timings = CACHE.get(
             self.fn, self._k("race", tuple(run)), lambda: self._time_race(run)
         )
-        for c, t in zip(run[1:], timings[1:]):
-            self.timings.setdefault(c, t)
         k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
         best, ratio = run[k], timings[0].seconds / timings[k].seconds
         self.say(
