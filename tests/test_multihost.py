@@ -202,8 +202,10 @@ def test_sigterm_to_one_process_then_resume_is_bit_identical(two_process_run, tm
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_dying_process_ends_the_run(victim, tmp_path):
     """SIGKILL to one process mid-run: the other ends within seconds, rc 1, with
-    a line that says another process stopped (process 0 killed: the coordinator
-    goes with it)."""
+    a line that says another process stopped. Process 0 killed takes JAX's
+    coordination service with it: which comes first in the survivor is a race,
+    our line (rc 1) or JAX's own abort (SIGABRT) with its line that another task
+    died; either is an end with a reason, never a hang."""
     long = [*TINY, "--steps", "100000", "--log-every", "1", "--save-every", "1000"]
     run = _train(*long, "--save-dir", str(tmp_path), timeout=300)
     run.wait_for(0, "step      3")
@@ -212,7 +214,8 @@ def test_a_dying_process_ends_the_run(victim, tmp_path):
     done = run.finish()
     survivor = done[1 - victim]
     assert done[victim].returncode == -signal.SIGKILL
-    assert survivor.returncode == 1, survivor.tail()
+    ends = (1,) if victim == 1 else (1, -signal.SIGABRT)
+    assert survivor.returncode in ends, survivor.tail()
     # Well within the 60 s heartbeat timeout: the next collective fails at once.
     assert survivor.seconds - killed < 15, (survivor.seconds, killed)
     mine = f"train_lm.py: error: process {1 - victim} of 2: "
