@@ -23,6 +23,7 @@ from ._inspect._residuals import (
 )
 from ._planning._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+    BatchOption as BatchOption,
     FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
@@ -56,6 +57,7 @@ from ._util import format_bytes as format_bytes
 __version__ = _metadata.version("eqx-remat")
 
 __all__ = [
+    "BatchOption",
     "Checkpoint",
     "DEFAULT_CANDIDATES",
     "FlopCount",

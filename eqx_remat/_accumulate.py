@@ -147,6 +147,13 @@ class _Accumulated(eqx.Module):
         return eqx.combine(out, static)
 
 
+def check_split(args: tuple, micro_batches: int, in_axes: Any) -> None:
+    """Raise what `accumulate(grad_fn, micro_batches, in_axes=in_axes)(*args)`
+    would raise for the split of `args` (their shapes only: nothing runs)."""
+    axes = _broadcast_axes(in_axes, args)
+    eqx.filter_eval_shape(lambda a: _split(a, axes, micro_batches), args)
+
+
 def _broadcast_axes(in_axes: Any, args: tuple) -> tuple:
     """`in_axes` as one full pytree of `int | None` per argument (to its array
     leaves)."""

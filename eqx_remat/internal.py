@@ -28,7 +28,10 @@ from ._planning._plan import (
     needed_bytes as needed_bytes,
     roofline_seconds as roofline_seconds,
 )
-from ._schedules._checkpoint import check_checkpoint as check_checkpoint
+from ._schedules._checkpoint import (
+    check_checkpoint as check_checkpoint,
+    map_loss_chunk_sizes as map_loss_chunk_sizes,
+)
 from ._util import (
     format_flops as format_flops,
     is_array_like as is_array_like,

@@ -1,19 +1,16 @@
 """The loss head: next-token cross-entropy of a final projection, whole or over
 chunks of the sequence whose logits are recomputed in the backward pass."""
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any, SupportsIndex, TypeVar
+from typing import SupportsIndex, TypeVar
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 from beartype import beartype
 from jax import lax
 from jaxtyping import Array, Float, Int, jaxtyped
 
-from eqx_remat.internal import check_int
+from eqx_remat.internal import check_int, map_loss_chunk_sizes
 
 from ._layers import wide
 
@@ -128,24 +125,7 @@ def set_loss_chunk_size(tree: _T, chunk_size: SupportsIndex | None) -> _T:
     fn = "zoo.set_loss_chunk_size"
     if chunk_size is not None:
         chunk_size = check_int(fn, "chunk_size", chunk_size, 1)
-    found = []
-    is_module = lambda x: isinstance(x, eqx.Module)
-
-    def replace(x: Any) -> Any:
-        if not is_module(x):
-            return x
-        new = object.__new__(type(x))
-        for f in dataclasses.fields(x):
-            value = getattr(x, f.name)
-            if f.name == "loss_chunk_size":
-                found.append(value)
-                value = chunk_size
-            else:
-                value = jtu.tree_map(replace, value, is_leaf=is_module)
-            object.__setattr__(new, f.name, value)
-        return new
-
-    out = jtu.tree_map(replace, tree, is_leaf=is_module)
+    out, found = map_loss_chunk_sizes(tree, lambda _: chunk_size)
     if not found:
         raise ValueError(
             f"{fn} expected a pytree containing a module with a `loss_chunk_size` "

@@ -31,6 +31,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from .._accumulate import accumulate
 from .._inspect._flops import count_flops
 from .._inspect._memory import (
     MemoryReport,
@@ -47,6 +48,7 @@ from .._schedules._checkpoint import (
     Checkpoint,
     check_checkpoint,
     map_checkpoints,
+    map_loss_chunk_sizes,
     set_checkpoint,
 )
 from .._schedules._engine import Schedule
@@ -177,6 +179,31 @@ class FrontierPoint(NamedTuple):
     measured: bool = False
 
 
+class BatchOption(NamedTuple):
+    """One way to run the global batch that [`eqx_remat.plan`][] compared when
+    given `micro_batches=` or `loss_chunks=`: a row of a
+    [`eqx_remat.PlanResult`][]'s `batches`.
+
+    **Attributes:**
+
+    - `micro_batches`: how many micro-batches the batch is split into
+      ([`eqx_remat.accumulate`][]).
+    - `loss_chunk_size`: the `loss_chunk_size` of the model's loss head
+      (`None`: whole logits; see `zoo.cross_entropy`).
+    - `checkpoint`: the fastest checkpoint found that fits, this way.
+    - `memory_bytes`: its compiled memory (the whole global batch's step).
+    - `time_s`: its time per global batch: measured, or the roofline's.
+    - `measured`: whether `time_s` was measured by running it.
+    """
+
+    micro_batches: int
+    loss_chunk_size: int | None
+    checkpoint: Checkpoint
+    memory_bytes: int
+    time_s: float
+    measured: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanResult:
     """What [`eqx_remat.plan`][] found.
@@ -200,6 +227,16 @@ class PlanResult:
       earlier call are not counted).
     - `seconds`: how long it took.
     - `timed_seconds`: how much of it was spent running programs to time them.
+    - `micro_batches`: how many micro-batches to split the batch into (1
+      unless planned with `micro_batches=`): `step` applies it.
+    - `loss_chunk_size`: the loss head's chunking the plan ran with (planned
+      with `loss_chunks=`, else the model's own; `None` where the model has
+      none): `apply` sets it where it was planned.
+    - `in_axes`: the batch axes `plan` was given, for `step`.
+    - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
+      found for each (micro-batches, loss chunking) combination that fits, as
+      [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
+      that of the combination solved in full (see [`eqx_remat.plan`][]).
     """
 
     checkpoint: Checkpoint
@@ -212,22 +249,44 @@ class PlanResult:
     compiles: int = 0
     seconds: float = 0.0
     timed_seconds: float = 0.0
+    micro_batches: int = 1
+    loss_chunk_size: int | None = None
+    in_axes: Any = (None, 0)
+    batches: tuple[BatchOption, ...] = ()
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
-        (e.g. the model) using the chosen checkpoint."""
-        return set_checkpoint(tree, self.checkpoint)
+        (e.g. the model) using the chosen checkpoint; planned with
+        `loss_chunks=`, with `loss_chunk_size` set too
+        (`zoo.set_loss_chunk_size`)."""
+        tree = set_checkpoint(tree, self.checkpoint)
+        if self.batches and map_loss_chunk_sizes(tree, lambda c: c)[1]:
+            tree = map_loss_chunk_sizes(tree, lambda _: self.loss_chunk_size)[0]
+        return tree
+
+    def step(self, grad_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`grad_fn` run over `micro_batches` micro-batches:
+        `eqx_remat.accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)`
+        (the gradient function the plan was made for, or one like it)."""
+        return accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)
 
     def __str__(self) -> str:
         checkpoints = [self.checkpoint, *(p.checkpoint for p in self.frontier)]
+        checkpoints += [b.checkpoint for b in self.batches]
         checkpoints += [e.checkpoint for e in self.table]
         return _fit(checkpoints, self._render)
 
     def _render(self, names: "_Names") -> str:
         e = self.entry
+        batch = ""
+        if self.batches:
+            batch = (
+                f", micro_batches={self.micro_batches}, "
+                f"loss_chunk_size={self.loss_chunk_size}"
+            )
         lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={names.short(self.checkpoint)}"
+            f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
         ]
         how = "measured" if e.measured else "estimated"
         lines.append(
@@ -236,6 +295,8 @@ class PlanResult:
             f"({how})"
         )
         lines += [_wrap(f"note: {n}", "  ", "    ") for n in self.notes]
+        if self.batches:
+            lines += ["batches (per global batch):", _batch_table(self, names)]
         if self.frontier:
             lines += [
                 "frontier:",
@@ -516,6 +577,9 @@ def plan(
     candidates: Sequence[Checkpoint] | None = None,
     measure: bool | None = None,
     progress: bool | Literal["verbose"] = True,
+    micro_batches: Sequence[SupportsIndex] | None = None,
+    loss_chunks: Sequence[SupportsIndex | None] | None = None,
+    in_axes: Any = (None, 0),
 ) -> PlanResult:
     """The checkpoint that fits a memory budget and runs a step fastest: a byte
     budget in, the checkpoint to train with out.
@@ -569,6 +633,25 @@ def plan(
     - `progress`: what it does, on stderr: `True` a few lines (the stages,
       counts and times), `"verbose"` every option priced and every compile,
       `False` nothing.
+    - `micro_batches`: to plan the global batch too, the micro-batch counts
+      to compare (each must divide the batch; `fn` is then run as
+      `eqx_remat.accumulate(fn, k, in_axes=in_axes)`, so it must be a
+      gradient function, not a whole training step). Times are per global
+      batch.
+    - `loss_chunks`: the `loss_chunk_size`s of the model's loss head to
+      compare (`None`: whole logits; the arguments must hold a module with a
+      `loss_chunk_size` field, as `zoo.Transformer`).
+    - `in_axes`: the batch axes of `fn`'s arguments, as
+      [`eqx_remat.accumulate`][] takes them (default: `fn(model, batch)`).
+
+    With `micro_batches` or `loss_chunks`, the first combination (fewest
+    micro-batches, then the loss chunks in the order given) for which
+    something fits is solved in full; each later one compiles that pick and
+    up to two options that ran faster than it, where they are predicted to
+    fit; the best of each combination within 3% of the fastest run
+    round-robin, and the fastest is the pick. `PlanResult.batches` lists
+    them; `result.apply(model)` sets the checkpoint and the loss chunking,
+    `result.step(fn)` splits the batch.
 
     **Returns:**
 
@@ -623,9 +706,23 @@ def plan(
         name, mesh = _v5e(target)
         warn_replicated("plan", name, mesh, split_args(args)[0])
     say = _Progress(progress)
+    ways = None
+    if micro_batches is not None or loss_chunks is not None:
+        from ._batch import combinations, plan_batches
+
+        if candidates is not None:
+            raise ValueError(
+                "plan compares candidates= on one function; with micro_batches= "
+                "or loss_chunks= it solves. Pass candidates=None."
+            )
+        ways = combinations(args, micro_batches, loss_chunks, in_axes)
     with warnings.catch_warnings(), traced_for(target):
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        if ways is not None:
+            return plan_batches(
+                fn, args, budget, target, bool(measure), say, ways, in_axes
+            )
         planner = _Planner(
             fn, args, budget, target, bool(measure), say, candidates is None
         )
@@ -1531,6 +1628,10 @@ def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     return out
 
 
+class NothingFits(ValueError):
+    """No candidate fits the budget (a `ValueError`, as `plan` documents)."""
+
+
 def _raise_nothing_fits(
     table: Sequence[PlanEntry], budget: int, target: str
 ) -> NoReturn:
@@ -1541,14 +1642,14 @@ def _raise_nothing_fits(
     listed = _fit([e.checkpoint for e in table], render)
     measured = [e for e in table if e.report is not None]
     if not measured:
-        raise ValueError(
+        raise NothingFits(
             f"No candidate fits in budget_bytes={format_bytes(budget)} "
             f"[{target}]: XLA refused to compile every one of them "
             "(RESOURCE_EXHAUSTED: larger than one device's memory).\n" + listed
         )
     best = min(measured, key=lambda e: e.memory_bytes or 0)
     smallest = best.memory_bytes or 0  # compiled: never None
-    raise ValueError(
+    raise NothingFits(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
         f"[{target}]. The smallest achievable memory is "
         f"{format_bytes(smallest)} ({smallest} bytes), with "
@@ -1639,6 +1740,27 @@ def _frontier_table(
                 format_flops(p.flops),
                 _bytes(p.host_bytes) if p.host_bytes else "-",
                 _format_time(p.time_s) + ("" if p.measured else " (est.)"),
+            )
+        )
+    return _columns(rows)
+
+
+def _batch_table(result: PlanResult, names: _Names) -> str:
+    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
+    for b in result.batches:
+        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == (
+            result.micro_batches,
+            result.loss_chunk_size,
+            result.checkpoint,
+        )
+        rows.append(
+            (
+                "*" if chosen else "",
+                str(b.micro_batches),
+                str(b.loss_chunk_size),
+                names.short(b.checkpoint),
+                _bytes(b.memory_bytes),
+                _format_time(b.time_s) + ("" if b.measured else " (est.)"),
             )
         )
     return _columns(rows)

@@ -115,19 +115,15 @@ def _is_checkpoint_field(f: dataclasses.Field) -> bool:
     return f.name == "checkpoint" or bool(f.metadata.get(_CHECKPOINT_FIELD))
 
 
-def map_checkpoints(
-    tree: _T, fn: Callable[[Checkpoint], Checkpoint]
-) -> tuple[_T, list[Checkpoint]]:
-    """The one walk over checkpoint fields: a copy of `tree` in which every
-    checkpoint field `c` of every `eqx.Module` (modules nested inside others
-    included) is replaced by `fn(c)`, and the list of the fields' old values, in
-    the order met. The rest of the tree, arrays included, is kept as it is.
-
-    A checkpoint field is one declared with `checkpoint_field()` — the
-    `checkpoint` of an [`eqx_remat.Stacked`][], wherever it sits in a model — or
-    any field named `checkpoint` (the zoo's models, and models of your own that
-    follow them)."""
-    found: list[Checkpoint] = []
+def map_fields(
+    tree: _T, is_field: Callable[[dataclasses.Field], bool], fn: Callable[[Any], Any]
+) -> tuple[_T, list[Any]]:
+    """The one walk over a kind of module field: a copy of `tree` in which the
+    value `v` of every field `f` with `is_field(f)` of every `eqx.Module`
+    (modules nested inside others included) is replaced by `fn(v)`, and the
+    list of the fields' old values, in the order met. The rest of the tree,
+    arrays included, is kept as it is."""
+    found: list[Any] = []
 
     def replace(x):
         if not _is_module(x):
@@ -135,7 +131,7 @@ def map_checkpoints(
         new = object.__new__(type(x))
         for f in dataclasses.fields(x):
             value = getattr(x, f.name)
-            if _is_checkpoint_field(f):
+            if is_field(f):
                 found.append(value)
                 value = fn(value)
             else:
@@ -145,6 +141,24 @@ def map_checkpoints(
 
     out = jtu.tree_map(replace, tree, is_leaf=_is_module)
     return out, found
+
+
+def map_checkpoints(
+    tree: _T, fn: Callable[[Checkpoint], Checkpoint]
+) -> tuple[_T, list[Checkpoint]]:
+    """`map_fields` over checkpoint fields: one declared with
+    `checkpoint_field()` — the `checkpoint` of an [`eqx_remat.Stacked`][],
+    wherever it sits in a model — or any field named `checkpoint` (the zoo's
+    models, and models of your own that follow them)."""
+    return map_fields(tree, _is_checkpoint_field, fn)
+
+
+def map_loss_chunk_sizes(
+    tree: _T, fn: Callable[[int | None], int | None]
+) -> tuple[_T, list[int | None]]:
+    """`map_fields` over fields named `loss_chunk_size` (a
+    `zoo.Transformer`'s, and models of your own that follow it)."""
+    return map_fields(tree, lambda f: f.name == "loss_chunk_size", fn)
 
 
 def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:

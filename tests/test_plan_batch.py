@@ -1,0 +1,169 @@
+"""`plan(..., micro_batches=, loss_chunks=)`: the planner chooses how to run a
+global batch (micro-batches, loss chunking and checkpoint) by time per global
+batch. Tests never time anything: the clock is the fake one of test_plan.py."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import check_close
+
+import eqx_remat as er
+import zoo
+from eqx_remat._planning import _batch, _hardware, _plan
+from eqx_remat.internal import Hardware, Timing
+
+
+def _fake_clock(programs, *, rounds, warmup=True):
+    # Step time from FLOPs and temporaries, as test_plan.py's fake clock.
+    return [
+        Timing(p.record.flops * 1e-10 + p.record.report.temp_bytes * 1e-13, 0.0, rounds)
+        for p in programs
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic(monkeypatch):
+    monkeypatch.setattr(_plan, "time_interleaved", _fake_clock)
+    monkeypatch.setattr(_batch, "time_interleaved", _fake_clock)
+    monkeypatch.setattr(
+        _hardware, "cpu_hardware", lambda: Hardware("cpu", 1e10, 1e10, None, None, "")
+    )
+    monkeypatch.setattr(_plan, "CACHE", _plan.PlanCache())
+    monkeypatch.setattr(_batch, "CACHE", _plan.CACHE)
+
+
+MODEL = zoo.Transformer(64, 16, 16, 2, 2, key=jax.random.key(0))
+TOKENS = jax.random.randint(jax.random.key(1), (8, 17), 0, 64)
+
+
+def _loss(model, tokens):
+    return jax.vmap(model.loss)(tokens[:, :-1], tokens[:, 1:]).mean()
+
+
+GRAD = eqx.filter_value_and_grad(_loss)
+
+
+def _lightest(fn) -> int:
+    """The least memory of `fn` over the lightest checkpoints."""
+    return min(
+        er.memory_report(fn, *er.set_checkpoint((MODEL, TOKENS), c)).total_bytes
+        for c in (er.recursive(), "nothing")
+    )
+
+
+@pytest.mark.heavy
+def test_micro_batches_fit_where_the_whole_batch_does_not():
+    """A budget under what the whole batch needs with any checkpoint, over
+    what 4 micro-batches need: the pick runs 4 micro-batches (or 2), fits,
+    and is the fastest of the combinations it lists; `step` and `apply` run
+    the plan, with the same loss and gradients as the whole batch."""
+    one, four = _lightest(GRAD), _lightest(er.accumulate(GRAD, 4))
+    assert four < one
+    budget = (one + four) // 2
+    r = er.plan(
+        GRAD,
+        MODEL,
+        TOKENS,
+        budget_bytes=budget,
+        micro_batches=(1, 2, 4),
+        loss_chunks=(None, 4),
+        progress=False,
+    )
+    assert r.micro_batches in (2, 4)
+    assert r.entry.memory_bytes is not None and r.entry.memory_bytes <= budget
+    assert r.entry.fits and r.entry.measured
+    assert r.batches, r
+    assert all(b.micro_batches > 1 and b.memory_bytes <= budget for b in r.batches)
+    assert [b.time_s for b in r.batches] == sorted(b.time_s for b in r.batches)
+    first = r.batches[0]
+    assert (first.micro_batches, first.loss_chunk_size, first.checkpoint) == (
+        r.micro_batches,
+        r.loss_chunk_size,
+        r.checkpoint,
+    )
+    assert f"micro_batches={r.micro_batches}" in str(r)
+    model = r.apply(MODEL)
+    assert model.checkpoint == r.checkpoint
+    assert model.loss_chunk_size == r.loss_chunk_size
+    (loss, grads), (want_loss, want) = r.step(GRAD)(model, TOKENS), GRAD(MODEL, TOKENS)
+    check_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    check_close(grads, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.heavy
+def test_with_room_the_fastest_combination_is_the_pick():
+    """With the budget of the whole batch's `None`, every combination fits
+    something: the pick is the least time per global batch of those listed,
+    each measured, and the loss chunk planned is the one `apply` sets."""
+    budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
+    r = er.plan(
+        GRAD,
+        MODEL,
+        TOKENS,
+        budget_bytes=budget,
+        micro_batches=(1, 2),
+        loss_chunks=(4, None),
+        measure=True,
+        progress=False,
+    )
+    assert {(b.micro_batches, b.loss_chunk_size) for b in r.batches} == {
+        (1, 4),
+        (1, None),
+        (2, 4),
+        (2, None),
+    }
+    assert all(b.measured for b in r.batches)
+    fastest = min(r.batches, key=lambda b: b.time_s)
+    assert (fastest.micro_batches, fastest.loss_chunk_size) == (
+        r.micro_batches,
+        r.loss_chunk_size,
+    )
+    assert r.apply(MODEL).loss_chunk_size == r.loss_chunk_size
+
+
+@pytest.mark.heavy
+def test_nothing_fits_with_any_combination():
+    """A budget under every combination's lightest: the error says so, with
+    the table of the last combination and the counts tried."""
+    with pytest.raises(ValueError, match="No candidate fits") as e:
+        er.plan(
+            GRAD,
+            MODEL,
+            TOKENS,
+            budget_bytes=1000,
+            micro_batches=(2,),
+            measure=False,
+            progress=False,
+        )
+    assert "micro-batch counts and loss chunk sizes tried: 2/None" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(micro_batches=()), "micro_batches to be a non-empty sequence"),
+        (dict(micro_batches=(0,)), "micro_batches must be an int >= 1. Got 0"),
+        (dict(micro_batches=(3,)), "micro_batches=3 must divide the batch size"),
+        (dict(loss_chunks=(0,)), "loss_chunks must be an int >= 1. Got 0"),
+        (dict(micro_batches=(2,), candidates=["dots"]), "Pass candidates=None"),
+        (dict(micro_batches=(2,), in_axes=(None, 2)), "gives axis 2 for the array"),
+    ],
+)
+def test_bad_batch_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        er.plan(GRAD, MODEL, TOKENS, budget_bytes="1GiB", progress=False, **kwargs)
+
+
+def test_loss_chunks_need_a_loss_head():
+    mlp = zoo.MLP(4, 8, 4, 2, key=jax.random.key(0))
+    grad = eqx.filter_grad(lambda m, x: jnp.sum(jax.vmap(m)(x)))
+    with pytest.raises(ValueError, match="`loss_chunk_size` field"):
+        er.plan(
+            grad,
+            mlp,
+            jnp.ones((4, 4)),
+            budget_bytes="1GiB",
+            loss_chunks=(None, 2),
+            progress=False,
+        )
