@@ -21,6 +21,7 @@ from ._inspect._residuals import (
     print_residuals as print_residuals,
     residuals as residuals,
 )
+from ._planning._api import plan as plan
 from ._planning._plan import (
     DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
     BatchOption as BatchOption,
@@ -29,7 +30,6 @@ from ._planning._plan import (
     PlanResult as PlanResult,
     clear_plan_cache as clear_plan_cache,
     parse_bytes as parse_bytes,
-    plan as plan,
 )
 from ._policies._named import POLICIES as POLICIES, policy as policy
 from ._policies._values import (

@@ -52,6 +52,7 @@ __all__ = [
     "format_flops",
     "hardware",
     "is_array_like",
+    "map_loss_chunk_sizes",
     "needed_bytes",
     "on_one_clock",
     "pallas_interpreting",

@@ -543,6 +543,7 @@ def _tiny_budgets(table):
     return [memories[0], *mids, memories[-1]]
 
 
+@pytest.mark.heavy
 def test_the_pick_fits_and_is_no_slower_than_the_best_uniform_candidate(tiny_table):
     for budget in _tiny_budgets(tiny_table):
         result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
@@ -574,6 +575,7 @@ def _plan_compiled(result):
     return [p.checkpoint for p in result.frontier if p.compiled_bytes is not None]
 
 
+@pytest.mark.heavy
 def test_measuring_compiles_every_option_and_runs_only_what_fits(fresh, monkeypatch):
     runs = []
     real_call = _plan._Program.__call__
@@ -603,6 +605,7 @@ def test_measuring_compiles_every_option_and_runs_only_what_fits(fresh, monkeypa
     assert result.timed_seconds > 0
 
 
+@pytest.mark.heavy
 def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     tiny_table, fresh, monkeypatch
 ):
@@ -630,6 +633,7 @@ def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     assert any("the step time of" in n for n in notes), notes
 
 
+@pytest.mark.heavy
 def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
     tiny_table, fresh, monkeypatch
 ):
@@ -1049,6 +1053,7 @@ def test_concrete_inputs_keep_shapes_dtypes_and_arrays():
     assert out["given"] is given
 
 
+@pytest.mark.heavy
 def test_the_roofline_is_one_estimate_whichever_way_plan_is_asked(fresh):
     # The same checkpoint, estimated by the roofline: as a candidate, as a
     # frontier point of a plan that solves, and by roofline_seconds, alike;

@@ -167,3 +167,26 @@ def test_loss_chunks_need_a_loss_head():
             loss_chunks=(None, 2),
             progress=False,
         )
+
+
+@pytest.mark.heavy
+def test_ahead_of_time_the_fewest_micro_batches_within_one_percent():
+    """Without the clock (the roofline), the pick is the fewest micro-batches
+    among the combinations estimated within 1% of the least time: the
+    roofline does not see what a smaller micro-batch costs a chip."""
+    budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
+    r = er.plan(
+        GRAD,
+        MODEL,
+        TOKENS,
+        budget_bytes=budget,
+        micro_batches=(1, 2, 4),
+        measure=False,
+        progress=False,
+    )
+    assert {b.micro_batches for b in r.batches} == {1, 2, 4}
+    assert not any(b.measured for b in r.batches) and not r.entry.measured
+    least = min(b.time_s for b in r.batches)
+    close = [b for b in r.batches if b.time_s <= 1.01 * least]
+    assert r.micro_batches == min(b.micro_batches for b in close)
+    assert r.entry.time_s <= 1.01 * least

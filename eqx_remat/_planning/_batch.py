@@ -10,8 +10,8 @@ loss_chunks=...)`).
    that are predicted to fit (their memory there, scaled as the pick's
    scaled); the fastest of what fits is that combination's best;
 3. race: on the device at hand, the bests within 3% of the fastest run
-   round-robin, and the fastest in those rounds is the pick (elsewhere, the
-   roofline's least time).
+   round-robin, and the fastest in those rounds is the pick (ahead of time,
+   the fewest micro-batches within 1% of the roofline's least time).
 
 Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 """
@@ -35,6 +35,7 @@ from ._plan import (
     _name,
     _Planner,
     _Progress,
+    race_rounds,
 )
 
 
@@ -123,11 +124,15 @@ def plan_batches(
     ]
     for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
         say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best = _try(_Way(k, c, planner(k, c, False)), solved, result.checkpoint)
+        best = _try(_Way(k, c, planner(k, c, False)), solved, bests[0])
         if best is not None:
             bests.append(best)
     bests.sort(key=lambda b: b.time_s)
-    pick = bests[0]
+    # The roofline does not see what a smaller micro-batch costs a chip (a
+    # matmul too small to keep it busy): within 1% of the least estimate, the
+    # fewest micro-batches.
+    close = [b for b in bests if b.time_s <= 1.01 * bests[0].time_s]
+    pick = bests[0] if measure else min(close, key=lambda b: b.way.k)
     if measure and len(bests) > 1:
         pick = _race(bests, solved)
         same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
@@ -212,17 +217,17 @@ def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
     raise AssertionError("unreachable")
 
 
-def _try(way: _Way, solved: _Way, pick: Checkpoint) -> _Best | None:
+def _try(way: _Way, solved: _Way, pick: _Best) -> _Best | None:
     """`way`'s fastest fitting option among the solved pick and up to two of
     the options faster than it (on the solved combination's clock), fastest
     first, where their memory, scaled as the pick's scaled, fits."""
     p, s = way.planner, solved.planner
-    record = p.compile(pick, s.compiled[pick].memory_bytes)
-    if record.memory_bytes is None:
+    before = s.compiled[pick.checkpoint].memory_bytes
+    record = p.compile(pick.checkpoint, before)
+    if record.memory_bytes is None or before is None:
         return None
-    scale = record.memory_bytes / max(s.compiled[pick].memory_bytes or 1, 1)
-    times = _times(s)
-    faster = sorted((t, c) for c, t in times.items() if t < times.get(pick, 0.0))
+    scale = record.memory_bytes / before
+    faster = sorted((t, c) for c, t in _times(s).items() if t < pick.time_s)
     tried = 0
     for _, c in faster:
         memory = s.compiled[c].memory_bytes
@@ -265,11 +270,12 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
     )
 
     def measure():
-        """5 to 15 rounds: about the time the programs' compiles took."""
+        """As many rounds as what is left of the compiles' time allows."""
         first = time_interleaved(programs, rounds=1)
         step = sum(t.seconds for t in first)
-        compile_s = sum(b.way.planner.compiled[b.checkpoint].compile_s for b in run)
-        rounds = int(max(5, min(15, compile_s / max(step, 1e-9) - 1)))
+        done = [q for q in {id(b.way.planner): b.way.planner for b in run}.values()]
+        left = sum(q.compile_s - q.timed_s for q in done) - step
+        rounds = race_rounds(left, step)
         start = time.perf_counter()
         out = time_interleaved(programs, rounds=rounds, warmup=False)
         solved.planner.timed_s += time.perf_counter() - start
