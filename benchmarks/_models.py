@@ -267,6 +267,8 @@ PRESETS: dict[str, Preset] = {
     # Heavier CPU presets. transformer-s 2x wider, 2x longer (8x the FLOPs):
     # where a FLOP-ranked planner got the order of its options wrong (issue 28).
     "transformer-w": TransformerPreset(batch=4, seq=256, d_model=256),
+    # The loss head outweighs the blocks: logits 4 x 128 x 8192 (16 MiB in f32).
+    "transformer-v": TransformerPreset(batch=4, vocab=8192),
     "transformer-m": TransformerPreset(
         batch=8, vocab=1024, seq=256, d_model=256, heads=8, layers=12
     ),

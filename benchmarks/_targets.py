@@ -528,6 +528,59 @@ class RankCorrelation:
         ]
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchPickVsCombinations:
+    """By the clock, at every budget: the planner's (micro-batches, loss
+    chunking, checkpoint) fits, and runs a global batch in at most `at_most`
+    x the time of the fastest (uniform checkpoint x micro-batches x loss
+    chunking) that fits, timed in the same interleaved rounds."""
+
+    on: Any
+    at_most: float = 1.03
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        picks = _picks(rows, group)
+        if not picks:
+            return []
+        worst = max(r["ratio"] for r in picks)
+        value = worst if all(r["fits"] for r in picks) else math.inf
+        name = (
+            f"measured: pick <= {self.at_most:.2f}x the fastest fitting (uniform "
+            "checkpoint x micro-batches x loss chunking), every budget"
+        )
+        spread = max(r["spread"] for r in picks)
+        measured = (
+            f"{worst:.3f}x at worst, {min(r['ratio'] for r in picks):.3f}x at best "
+            f"({len(picks)} budgets; spread up to {100 * spread:.1f}%)"
+        )
+        return [_verdict(name, group, "step_s", self.at_most, value, measured)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlanningCost:
+    """Planning a batch costs at most `at_most` x a checkpoint-only plan of
+    the same model and budget, both from an empty plan cache."""
+
+    on: Any
+    at_most: float = 3.0
+
+    def evaluate(self, rows: Rows, group: str) -> list[dict[str, Any]]:
+        timed = [r for r in _picks(rows, group) if r.get("plain_plan_s")]
+        if not timed:
+            return []
+        r = timed[0]
+        x = r["plan_s"] / r["plain_plan_s"]
+        name = f"planning a batch <= {self.at_most:.0f}x a checkpoint-only plan"
+        measured = f"{x:.2f}x ({r['plan_s']:.0f} s vs {r['plain_plan_s']:.0f} s)"
+        return [_verdict(name, group, "seconds", self.at_most, x, measured)]
+
+
+BATCH_TARGETS = (
+    BatchPickVsCombinations(_models.Preset),
+    BatchPlanningCost(_models.Preset),
+)
+
+
 PLAN_TARGETS = (
     PickFits(_models.Preset),
     PickVsUniform(_models.Preset),

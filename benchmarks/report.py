@@ -7,7 +7,7 @@ summary `summary.md` (every target verdict, which the top-level README quotes).
 Nothing is measured or judged here: every number and every verdict is read from
 the JSON files the other scripts wrote (`sweep-*.json`, `seed_claim.json`,
 `depth_scaling.json`, `compile_time.json`, `plan-*.json`,
-`plan_sweep-*.json`).
+`plan_sweep-*.json`, `batch_sweep-*.json`).
 """
 
 import argparse
@@ -240,6 +240,55 @@ def sweep_section(data: dict) -> str:
     return "\n\n".join([sweep(data), peers(data), targets(data)])
 
 
+def batch_sweep(data: dict) -> str:
+    """Per budget: the planner's (micro-batches, loss chunk, checkpoint), its
+    tokens/s, its time against the fastest fitting combination's; then the
+    targets."""
+    cols = ["preset", "budget", "pick", "micro-batches", "loss chunk", "compiled"]
+    cols += ["tokens/s", "vs fastest fitting", "which", "planned in"]
+    rows = [
+        [
+            r["group"],
+            _common.fmt_bytes(r["budget_bytes"]),
+            f"`{r['checkpoint']}`",
+            r["micro_batches"],
+            r["loss_chunk_size"] or "whole",
+            _common.fmt_bytes(r["memory_bytes"]),
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['ratio']:.3f}x",
+            f"`{r['best_combination']}`",
+            f"{r['plan_s']:.0f} s"
+            + (f" ({r['plain_plan_s']:.0f} s alone)" if r.get("plain_plan_s") else ""),
+        ]
+        for r in data["rows"]
+        if r["kind"] == "pick"
+    ]
+    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
+    return "\n\n".join([presets, _common.markdown_table(cols, rows), targets(data)])
+
+
+def batch_aot(data: dict) -> str:
+    """The plan's pick for the global batch beside MaxText's recipe at each
+    per-chip batch that fits, in tokens/s per chip by the roofline."""
+    cols = ["preset", "what", "checkpoint", "per-chip batch", "micro-batches"]
+    cols += ["loss chunk", "compiled", "tokens/s per chip (roofline)"]
+    rows = [
+        [
+            r["group"],
+            "plan" if r["kind"] == "aot-pick" else "MaxText's recipe",
+            f"`{r['checkpoint']}`",
+            r["per_chip_batch"],
+            r.get("micro_batches", 1),
+            r.get("loss_chunk_size") or "whole",
+            _common.fmt_bytes(r["memory_bytes"]),
+            f"{r['tokens_per_s_per_chip']:,.0f}",
+        ]
+        for r in data["rows"]
+    ]
+    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
+    return presets + "\n\n" + _common.markdown_table(cols, rows)
+
+
 SECTIONS = (
     ("CPU sweep", "sweep-cpu", sweep_section),
     ("v5e sweep", "sweep-v5e", sweep_section),
@@ -252,6 +301,8 @@ SECTIONS = (
     ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
     ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),
     ("Planner sweep, NVIDIA H200", "plan_sweep-cuda", plan_sweep),
+    ("Batch planner sweep, CPU", "batch_sweep-cpu", batch_sweep),
+    ("Batch planner, v5e: the seed setting", "batch_sweep-v5e_2x4", batch_aot),
 )
 
 

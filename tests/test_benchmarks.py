@@ -331,6 +331,7 @@ def test_parse_checkpoint_lists_the_forms():
 def _parsers() -> dict:
     """Every script's parser, built without running anything."""
     from benchmarks import (
+        batch_sweep,
         compile_time,
         depth_scaling,
         plan_sweep,
@@ -346,6 +347,7 @@ def _parsers() -> dict:
         "compile_time.py": compile_time._parser(),
         "report.py": report._parser(),
         "plan_sweep.py": plan_sweep._parser(),
+        "batch_sweep.py": batch_sweep._parser(),
         "train_lm.py": _TrainFlags(),
     }
 
@@ -620,6 +622,29 @@ def test_run_budget_quick(tmp_path):
     rows = json.loads((tmp_path / "plan-cpu.json").read_text())["rows"]
     assert {r["checkpoint"] for r in rows} == {"None", "recursive()"}
     assert sum(r["chosen"] for r in rows) == 1
+
+
+@pytest.mark.heavy
+def test_batch_sweep_runs_the_pick_beside_every_combination(tmp_path):
+    """transformer-tiny (batch 2): every (uniform checkpoint x micro-batches x
+    loss chunking) is compiled and timed; at each budget the plan's pick
+    fits, is raced with the fastest fitting combinations, and the targets
+    are judged on it."""
+    args = ["--quick", "--budgets", "2", "--repeats", "2"]
+    run("batch_sweep.py", *args, "--out", str(tmp_path))
+    data = check_files(tmp_path, "batch_sweep-cpu")
+    combos = [r for r in data["rows"] if r["kind"] == "combination"]
+    assert len(combos) == 4 * 2 * 2  # 4 checkpoints x (1, 2) x (whole, chunked)
+    picks = [r for r in data["rows"] if r["kind"] == "pick"]
+    assert len(picks) == 2
+    for r in picks:
+        assert r["fits"] and r["memory_bytes"] <= r["budget_bytes"], r
+        assert r["micro_batches"] in (1, 2) and r["ratio"] > 0
+    assert picks[0]["plain_plan_s"] > 0
+    assert {t["target"].split(" <=")[0] for t in data["targets"]} == {
+        "measured: pick",
+        "planning a batch",
+    }
 
 
 @pytest.mark.heavy

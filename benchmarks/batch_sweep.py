@@ -1,0 +1,411 @@
+"""Fit a batch, by the clock: `eqx_remat.plan(..., micro_batches=...,
+loss_chunks=...)` against every combination of a uniform checkpoint, a
+micro-batch count and a loss chunking, on the device it runs on.
+
+    python benchmarks/batch_sweep.py            # transformer-s and transformer-v
+    python benchmarks/batch_sweep.py --preset transformer-s --budgets 3
+    python benchmarks/batch_sweep.py --target v5e:2x4      # seed-llama, compiled
+    python benchmarks/batch_sweep.py --quick               # transformer-tiny (tests)
+
+Every combination (uniform checkpoints `None`, "dots", "dots_no_batch",
+"nothing", or those of `--checkpoint`; 1, 2 and 4 micro-batches, those that
+divide the batch; whole logits or chunks of a quarter of the sequence) is
+compiled and timed in interleaved rounds. At budgets spaced geometrically from
+the least memory of any combination to the whole batch's `None`, the plan's
+pick runs round-robin with the three fastest combinations that fit, and its
+time per global batch is its median per-round ratio to the fastest of them (its
+time and tokens/s: that one's in the combinations' rounds, times the ratio: one
+clock for every row). The loss is the zoo's `Transformer.loss` (chunked as
+`loss_chunk_size` says). Writes `batch_sweep-<device>.json` and a plot of
+tokens/s against the budget under `--out` (default: a new run directory).
+
+With `--target v5e:2x4` (default preset `seed-llama`), nothing runs: the
+plan's pick for the preset's global batch at one chip's 16 GiB, compiled for
+the slice, beside MaxText's recipe (full recomputation, `"nothing"`, at the
+largest per-chip batch that fits), in tokens/s per chip by the roofline.
+"""
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+import eqx_remat as er
+import zoo
+from benchmarks import _common, _measure, _models, _targets
+
+
+UNIFORM = (None, "dots", "dots_no_batch", "nothing")
+MICRO_BATCHES = (1, 2, 4)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
+    p.add_argument(
+        "--budgets",
+        type=_common.positive_int,
+        metavar="N",
+        default=4,
+        help="how many budgets (default: %(default)s)",
+    )
+    return p
+
+
+def _loss(model, tokens):
+    return jax.vmap(model.loss)(tokens[:, :-1], tokens[:, 1:]).mean()
+
+
+def _flash_loss(model, tokens):
+    # The flash kernel runs per chip under `jax.shard_map`: the batch axis of
+    # the vmap is the mesh's "data" axis.
+    losses = jax.vmap(model.loss, spmd_axis_name="data")
+    return losses(tokens[:, :-1], tokens[:, 1:]).mean()
+
+
+GRAD = eqx.filter_grad(_loss)
+
+
+def _tokens(preset: _models.TransformerPreset, batch: int | None = None) -> Any:
+    """`seq + 1` tokens per example: the loss predicts `seq` of them."""
+    shape = (batch or preset.batch, preset.seq + 1)
+    return jax.random.randint(jax.random.key(1), shape, 0, preset.vocab)
+
+
+class _Combo:
+    """One (checkpoint, micro-batches, loss chunk) combination, compiled."""
+
+    def __init__(self, model, tokens, checkpoint, k: int, chunk: int | None):
+        self.checkpoint, self.k, self.chunk = checkpoint, k, chunk
+        self.model = zoo.set_loss_chunk_size(
+            er.set_checkpoint(model, checkpoint), chunk
+        )
+        self.tokens = tokens
+        # equinox's Compiled: runs with the model's arrays, holds jax's.
+        self.run = eqx.filter_jit(er.accumulate(GRAD, k)).lower(self.model, tokens)
+        self.run = self.run.compile()
+        report = er.internal.compiled_report(
+            self.run.compiled, flops=0, target=jax.default_backend()
+        )
+        self.memory = report.total_bytes
+        self.seconds = 0.0  # measured with the others (`_time`)
+
+    def __call__(self):
+        return self.run(self.model, self.tokens)
+
+    def name(self) -> str:
+        return f"{self.checkpoint!r} x{self.k} chunk {self.chunk}"
+
+
+def _time(programs, rounds: int) -> list[er.internal.Timing]:
+    timings = er.internal.time_interleaved(programs, rounds=rounds)
+    return er.internal.on_one_clock(timings, 0)
+
+
+def _preset(name: str) -> _models.TransformerPreset:
+    preset = _models.PRESETS[name]
+    if not isinstance(preset, _models.TransformerPreset):
+        raise SystemExit(
+            f"batch_sweep.py: --preset {name}: expected a zoo.Transformer preset "
+            "(its loss head is what loss chunking splits)."
+        )
+    return preset
+
+
+def sweep_preset(args, name: str, console) -> list[dict[str, Any]]:
+    preset = _preset(name)
+    model, tokens = preset.build(), _tokens(preset)
+    seq = preset.seq
+    chunks = (None, max(seq // 4, 1))
+    counts = tuple(k for k in MICRO_BATCHES if tokens.shape[0] % k == 0)
+    uniform = UNIFORM
+    if args.checkpoint:
+        uniform = [_common.parse_checkpoint(c, preset.depth) for c in args.checkpoint]
+    grid = list(itertools.product(uniform, counts, chunks))
+    console.print(f"{name}: compiling {len(grid)} combinations")
+    combos = [_Combo(model, tokens, c, k, ch) for c, k, ch in grid]
+    timings = _time(combos, args.repeats)
+    for combo, t in zip(combos, timings, strict=True):
+        combo.seconds = t.seconds
+    low = min(c.memory for c in combos)
+    high = next(
+        c.memory for c in combos if (c.checkpoint, c.k, c.chunk) == (None, 1, None)
+    )
+    budgets = np.geomspace(low, high, args.budgets).astype(int).tolist()
+    rows = [
+        {
+            "group": name,
+            "kind": "combination",
+            "checkpoint": repr(c.checkpoint),
+            "micro_batches": c.k,
+            "loss_chunk_size": c.chunk,
+            "memory_bytes": c.memory,
+            "time_s": c.seconds,
+            "tokens_per_s": tokens.shape[0] * seq / c.seconds,
+        }
+        for c in combos
+    ]
+    er.clear_plan_cache()
+    for i, budget in enumerate(budgets):
+        way = (counts, chunks)
+        rows.append(_pick(args, name, model, tokens, way, budget, combos, i == 0))
+        console.print(_describe(rows[-1]))
+    return rows
+
+
+def _pick(args, name, model, tokens, way, budget, combos, first) -> dict[str, Any]:
+    """Plan at `budget`, then race the pick with the three fastest fitting
+    combinations (the first budget also times a checkpoint-only plan afresh,
+    to compare planning times)."""
+    plain_s = None
+    if first:
+        er.clear_plan_cache()
+        start = time.perf_counter()
+        try:
+            er.plan(GRAD, model, tokens, budget_bytes=budget, progress=False)
+        except ValueError:
+            pass  # nothing fits the whole batch: the time is still the cost
+        plain_s = time.perf_counter() - start
+        er.clear_plan_cache()
+    start = time.perf_counter()
+    r = er.plan(
+        GRAD,
+        model,
+        tokens,
+        budget_bytes=budget,
+        micro_batches=way[0],
+        loss_chunks=way[1],
+        progress=False,
+    )
+    plan_s = time.perf_counter() - start
+    fitting = sorted((c for c in combos if c.memory <= budget), key=lambda c: c.seconds)
+    pick = _Combo(model, tokens, r.checkpoint, r.micro_batches, r.loss_chunk_size)
+    timings = _time([pick, *fitting[:3]], args.repeats)
+    rivals = timings[1:]
+    best = min(range(len(rivals)), key=lambda i: rivals[i].seconds)
+    ratio = er.internal.paired_ratio(timings[0], rivals[best])
+    # On the clock of the combinations' rounds, as every other row: the
+    # fastest rival's time there, times the pick's ratio to it here.
+    seconds = fitting[best].seconds * ratio
+    return {
+        "group": name,
+        "kind": "pick",
+        "budget_bytes": budget,
+        "checkpoint": str(r.checkpoint),
+        "micro_batches": r.micro_batches,
+        "loss_chunk_size": r.loss_chunk_size,
+        "memory_bytes": pick.memory,
+        "fits": pick.memory <= budget,
+        "time_s": seconds,
+        "tokens_per_s": tokens.shape[0] * (tokens.shape[1] - 1) / seconds,
+        "best_combination": fitting[best].name(),
+        "ratio": ratio,
+        "spread": max(t.spread for t in timings),
+        "plan_s": plan_s,
+        "plain_plan_s": plain_s,
+        "compiles": r.compiles,
+    }
+
+
+def _describe(row: dict[str, Any]) -> str:
+    return (
+        f"  {_common.fmt_bytes(row['budget_bytes'])}: {row['checkpoint']} "
+        f"x{row['micro_batches']} chunk {row['loss_chunk_size']}, "
+        f"{row['ratio']:.3f}x {row['best_combination']} "
+        f"(spread {100 * row['spread']:.1f}%), planned in {row['plan_s']:.0f} s"
+        + (
+            f" (a checkpoint-only plan: {row['plain_plan_s']:.0f} s)"
+            if row["plain_plan_s"]
+            else ""
+        )
+    )
+
+
+def aot_preset(args, name: str, console) -> list[dict[str, Any]]:
+    """Compiled for `--target` (TPU v5e, per chip, nothing run): the plan's pick
+    for the preset's global batch at one chip's 16 GiB, beside MaxText's
+    recipe: full recomputation (`"nothing"`) at the largest per-chip batch
+    that fits (doubling from 1). Times are the roofline's."""
+    preset = _preset(name)
+    mesh = er.v5e_mesh(args.target)
+    model = zoo.shard(preset.build(abstract=True), mesh, fsdp=preset.fsdp)
+    loss = _flash_loss if getattr(preset, "attention", None) == "flash" else _loss
+    grad = eqx.filter_grad(loss)
+
+    def fn(model, tokens):  # gradients kept sharded like the parameters
+        return zoo.shard(grad(model, tokens), mesh, fsdp=preset.fsdp)
+
+    def tokens_of(batch: int) -> Any:
+        shape = jax.ShapeDtypeStruct((batch, preset.seq + 1), jax.numpy.int32)
+        return _measure.place_batch(shape, mesh)
+
+    hbm, chips = _measure.V5E_HBM, mesh.size
+    per_chip = preset.batch // chips
+    counts = [k for k in (1, 2, 4) if per_chip % k == 0]
+    rows = []
+    with jax.set_mesh(mesh):
+        console.print(f"{name}: planning micro-batches {counts} at 16 GiB per chip")
+        start = time.perf_counter()
+        r = er.plan(
+            fn,
+            model,
+            tokens_of(preset.batch),
+            budget_bytes=hbm,
+            target=args.target,
+            micro_batches=counts,
+            loss_chunks=(None, 512),
+            progress=False,
+        )
+        tokens = preset.batch * preset.seq
+        rows.append(
+            {
+                "group": name,
+                "kind": "aot-pick",
+                "checkpoint": str(r.checkpoint),
+                "micro_batches": r.micro_batches,
+                "loss_chunk_size": r.loss_chunk_size,
+                "per_chip_batch": per_chip,
+                "memory_bytes": r.entry.memory_bytes,
+                "time_s": r.entry.time_s,
+                "tokens_per_s_per_chip": tokens / r.entry.time_s / chips,
+                "plan_s": time.perf_counter() - start,
+                "compiles": r.compiles,
+            }
+        )
+        for b in (1, 2, 4, 8, 16, 32):
+            console.print(f"{name}: MaxText's recipe, per-chip batch {b}")
+            try:
+                e = er.plan(
+                    fn,
+                    er.set_checkpoint(model, "nothing"),
+                    tokens_of(b * chips),
+                    budget_bytes=hbm,
+                    target=args.target,
+                    candidates=["nothing"],
+                    progress=False,
+                ).entry
+            except ValueError as err:
+                if "fits" not in str(err):
+                    raise
+                break
+            rows.append(
+                {
+                    "group": name,
+                    "kind": "maxtext",
+                    "checkpoint": "nothing",
+                    "per_chip_batch": b,
+                    "memory_bytes": e.memory_bytes,
+                    "time_s": e.time_s,
+                    "tokens_per_s_per_chip": b * preset.seq / e.time_s,
+                }
+            )
+    for row in rows:
+        console.print(
+            f"  {row['kind']}: {row['checkpoint']} per-chip batch "
+            f"{row['per_chip_batch']}, {_common.fmt_bytes(row['memory_bytes'])}, "
+            f"{row['tokens_per_s_per_chip']:,.0f} tokens/s per chip (roofline)"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _common.parse_args(_parser(), argv, "batch_sweep")
+    console = _common.Console()
+    default = ["transformer-s", "transformer-v"]
+    if args.target or args.quick:
+        default = ["seed-llama" if args.target else "transformer-tiny"]
+    names = args.preset or default
+    presets = {n: _preset(n) for n in names}
+    t0 = time.perf_counter()
+    each = aot_preset if args.target else sweep_preset
+    rows = [r for n in names for r in each(args, n, console)]
+    data = {
+        "meta": _common.meta(args, seconds=time.perf_counter() - t0),
+        "presets": {n: {"describe": p.describe()} for n, p in presets.items()},
+        "rows": rows,
+    }
+    data["targets"] = _targets.evaluate(rows, presets, _targets.BATCH_TARGETS)
+    tag = (args.target or args.platform).replace(":", "_")
+    path = _common.write(args, f"batch_sweep-{tag}", data, plot)
+    for v in data["targets"]:
+        verdict = "met" if v["met"] else "NOT met"
+        console.print(f"{v['name']}: {v['measured']} ({verdict})")
+    console.print(f"results in {path}")
+    return data
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Tokens/s against the budget: the pick, and each uniform checkpoint at
+    its best micro-batch count and loss chunking that fits."""
+    import matplotlib.pyplot as plt
+
+    groups = [g for g in data["presets"] if any(r["group"] == g for r in data["rows"])]
+    if any(r["kind"] != "combination" and r["kind"] != "pick" for r in data["rows"]):
+        return _plot_aot(data, path)
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(6 * len(groups), 4), squeeze=False
+    )
+    for ax, group in zip(axes[0], groups, strict=True):
+        rows = [r for r in data["rows"] if r["group"] == group]
+        picks = [r for r in rows if r["kind"] == "pick"]
+        budgets = [r["budget_bytes"] / 2**20 for r in picks]
+        ax.plot(budgets, [r["tokens_per_s"] for r in picks], "k-o", label="plan's pick")
+        combos = [r for r in rows if r["kind"] == "combination"]
+        for c in dict.fromkeys(r["checkpoint"] for r in combos):
+            best = [
+                max(
+                    (
+                        r["tokens_per_s"]
+                        for r in combos
+                        if r["checkpoint"] == c
+                        and r["memory_bytes"] <= p["budget_bytes"]
+                    ),
+                    default=np.nan,
+                )
+                for p in picks
+            ]
+            ax.plot(budgets, best, "--.", label=f"{c}, best micro-batches")
+        ax.set(xscale="log", xlabel="budget (MiB)", ylabel="tokens/s", title=group)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_aot(data: dict[str, Any], path: Path) -> None:
+    """Tokens/s per chip (roofline): the pick beside MaxText's recipe at each
+    per-chip batch that fits."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = data["rows"]
+    maxtext = [r for r in rows if r["kind"] == "maxtext"]
+    ax.plot(
+        [r["per_chip_batch"] for r in maxtext],
+        [r["tokens_per_s_per_chip"] for r in maxtext],
+        "--o",
+        label="MaxText's recipe: 'nothing'",
+    )
+    for r in rows:
+        if r["kind"] == "aot-pick":
+            ax.plot(
+                [r["per_chip_batch"]],
+                [r["tokens_per_s_per_chip"]],
+                "k*",
+                markersize=12,
+                label=f"plan: x{r['micro_batches']} chunk {r['loss_chunk_size']}",
+            )
+    ax.set(xscale="log", xlabel="per-chip batch", ylabel="tokens/s per chip")
+    ax.set_title(f"{data['meta'].get('target')}: 16 GiB per chip (roofline)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
