@@ -190,3 +190,23 @@ def test_ahead_of_time_the_fewest_micro_batches_within_one_percent():
     close = [b for b in r.batches if b.time_s <= 1.01 * least]
     assert r.micro_batches == min(b.micro_batches for b in close)
     assert r.entry.time_s <= 1.01 * least
+
+
+def test_the_roofline_counts_a_micro_batch_loop_once_per_trip():
+    """Inside `accumulate`'s scan over 4 micro-batches, what the stacks save
+    is alive one micro-batch at a time (the memory), and written and read
+    once per micro-batch (the bytes the roofline charges): 4 times as much."""
+    from eqx_remat._planning._solve import saved_across, stack_depths
+    from eqx_remat._util import traceable
+
+    step = er.accumulate(GRAD, 4)
+    args = er.set_checkpoint((MODEL, TOKENS), "dots")
+    depths = frozenset(stack_depths(step, args))
+    f, dynamic = traceable(step, args)
+    jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
+    alive = saved_across(jaxpr, depths)[0]
+    written = saved_across(jaxpr, depths, per_trip=True)[0]
+    assert alive > 0 and written == 4 * alive
+    f, dynamic = traceable(GRAD, args)
+    whole = saved_across(jax.make_jaxpr(f)(dynamic).jaxpr, depths)[0]
+    assert written == whole  # the whole batch's, written once

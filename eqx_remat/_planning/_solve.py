@@ -80,11 +80,16 @@ def _is_host(aval) -> bool:
     return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
 
 
-def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
+def saved_across(
+    jaxpr, depths: frozenset[int], *, per_trip: bool = False
+) -> tuple[int, int]:
     """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
     values stacked by one scan over a stack (length in `depths`) and read by
     another (the forward pass saves them, the backward pass reads them), at
-    every level of sub-jaxprs."""
+    every level of sub-jaxprs. What a loop's body keeps is alive one trip at
+    a time (the memory); with `per_trip`, it counts once per trip (what is
+    written and read: a stack inside `accumulate`'s scan over `k`
+    micro-batches saves its residuals `k` times)."""
     device = host = 0
     stacked = {}
     for e in jaxpr.eqns:
@@ -106,9 +111,10 @@ def saved_across(jaxpr, depths: frozenset[int]) -> tuple[int, int]:
                         host += _nbytes(v.aval)
                     else:
                         device += _nbytes(v.aval)
+        trips = e.params["length"] if per_trip and e.primitive.name == "scan" else 1
         for sub in sub_jaxprs(e):
-            d, h = saved_across(open_jaxpr(sub), depths)
-            device, host = device + d, host + h
+            d, h = saved_across(open_jaxpr(sub), depths, per_trip=per_trip)
+            device, host = device + trips * d, host + trips * h
     return device, host
 
 
@@ -158,8 +164,15 @@ def price(
     f, dynamic = traceable(fn, checkpointed)
     jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
     device, host = saved_across(jaxpr, depths)
+    written = saved_across(jaxpr, depths, per_trip=True)[0]
     flops = count_flops(fn, *checkpointed)
-    return device, host, int(flops), bytes_moved(flops, device), checkpoint_names(jaxpr)
+    return (
+        device,
+        host,
+        int(flops),
+        bytes_moved(flops, written),
+        checkpoint_names(jaxpr),
+    )
 
 
 def bytes_moved(flops: FlopCount, saved: int) -> int:
@@ -169,8 +182,9 @@ def bytes_moved(flops: FlopCount, saved: int) -> int:
     it, the backward pass reads it back: seen in the compiled program, issue
     28's profile), and the operands and results of its matrix products
     ([`eqx_remat.FlopCount`][]`.dot_bytes`, loop trip counts and
-    recomputation included). Elementwise work is taken to be fused into its
-    neighbours and to move nothing of its own."""
+    recomputation included). `saved` counts once per trip of a loop around
+    the stacks (`saved_across(..., per_trip=True)`). Elementwise work is
+    taken to be fused into its neighbours and to move nothing of its own."""
     return 3 * saved + flops.dot_bytes
 
 
