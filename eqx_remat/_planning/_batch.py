@@ -40,8 +40,8 @@ from ._plan import (
 
 
 class _Way(NamedTuple):
-    """One combination: `k` micro-batches, loss chunk `c`, and the function and
-    arguments that run it."""
+    """One combination: `k` micro-batches, loss chunk `c`, and the planner of
+    the function and arguments that run it."""
 
     k: int
     c: int | None
