@@ -427,6 +427,22 @@ def test_rounding_to_whole_layers_can_beat_hull_neighbours():
     assert (got.light, got.heavy, got.n, got.cost) == (a, c, 1, 10)
 
 
+def test_an_option_dominated_by_its_bytes_is_chosen_where_only_it_fits():
+    # By its per-layer bytes and time, B is dominated by A; compiled, B needs
+    # less (XLA's memory is not the per-layer model's). At a budget only B's
+    # compiled memory fits, B is the answer, not "nothing fits".
+    a, b = _option("A", 1, 1), _option("B", 2, 2)
+    compiled = {"A": 10.0, "B": 5.0}
+
+    def predict(light, heavy, n):
+        return np.full(np.shape(n), compiled[light.checkpoint] + 10.0 * n)
+
+    got = _solve.best_mix([a, b], predict, 4, 6)
+    assert got is not None and (got.light, got.n) == (b, 0)
+    got = _solve.best_mix([a, b], predict, 4, 10)  # both fit: the cheaper
+    assert got is not None and (got.light, got.n) == (a, 0)
+
+
 def test_a_mix_never_has_one_layer_without_checkpoint():
     # One layer of None would be the cheapest fit (A on 3 layers, None on 1),
     # but a one-layer range of None is no loop, and its memory is not its price.

@@ -333,16 +333,21 @@ def best_mix(
     tried, at every count (`K²·depth` predictions for `K` options, no
     compile): the heavier option is the cheaper, so the most heavy layers that
     fit are the best of a pair. `limit(light, heavy)` bounds `n` (what
-    compiling a mix taught)."""
+    compiling a mix taught).
+
+    Every option is tried on every layer, Pareto or not: `predict` knows the
+    compiled memory of a uniform option, and one that its per-layer bytes
+    say is dominated can need less than every option that dominates it."""
     front = pareto(options)
     counts = np.arange(1, depth)
     best: Mix | None = None
-    for i, light in enumerate(front):
+    for light in options:
         uniform = float(predict(light, light, np.zeros(1))[0])
         if uniform > budget:
             continue
         mixes = [Mix(light, light, 0, uniform, 0.0)]
-        for heavy in front[i + 1 :]:  # heavier and cheaper
+        heavier = front[front.index(light) + 1 :] if light in front else []
+        for heavy in heavier:  # heavier and cheaper
             memory = predict(light, heavy, counts)
             ok = memory <= budget
             if limit is not None:
