@@ -89,3 +89,17 @@ def format_flops(n: int | float) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return str(n)
+
+
+def platform_of(x: Any) -> str:
+    """The platform `x` is computed on: that of the mesh `x` is sharded on,
+    else of the mesh set with `jax.set_mesh` (one device is enough: e.g.
+    `eqx_remat.memory_report(..., target="v5e:1x1")` traces on a one-chip TPU
+    mesh), else the default backend's. For code that differs by platform
+    while it is traced (zoo's flash attention, a list of layers)."""
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    for m in (mesh, jax.sharding.get_abstract_mesh()):
+        platform = getattr(getattr(m, "abstract_device", None), "platform", None)
+        if platform is not None:
+            return platform
+    return jax.default_backend()

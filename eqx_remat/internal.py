@@ -35,6 +35,7 @@ from ._schedules._checkpoint import (
 from ._util import (
     format_flops as format_flops,
     is_array_like as is_array_like,
+    platform_of as platform_of,
     traceable as traceable,
 )
 from ._validate import check_int as check_int
@@ -57,6 +58,7 @@ __all__ = [
     "on_one_clock",
     "pallas_interpreting",
     "paired_ratio",
+    "platform_of",
     "roofline_seconds",
     "time_interleaved",
     "traceable",

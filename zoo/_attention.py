@@ -13,7 +13,7 @@ from jaxtyping import Array
 import eqx_remat.internal
 
 from ._layers import wide
-from ._sharding import _mesh_of, _platform
+from ._sharding import _mesh_of
 
 
 # The attention implementations, by their `Transformer(attention=...)` name.
@@ -81,7 +81,7 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
     fa = _flash_module()
     seq, heads, head_dim = q.shape
     mesh = _mesh_of(q)
-    platform = _platform(q)
+    platform = eqx_remat.internal.platform_of(q)
     if platform != "tpu" and not _interpreting():
         raise ValueError(
             "zoo.Transformer(attention='flash') runs the Pallas TPU flash-attention "

@@ -93,19 +93,6 @@ def _mesh_of(x: Array) -> Mesh | AbstractMesh | None:
     return mesh
 
 
-def _platform(x: Array) -> str:
-    """The platform `x` is computed on: that of the mesh `x` is sharded on, else
-    of the mesh set with `jax.set_mesh` (one device is enough: e.g.
-    `eqx_remat.memory_report(..., target="v5e:1x1")` traces on a one-chip TPU
-    mesh), else the default backend's."""
-    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
-    for m in (mesh, jax.sharding.get_abstract_mesh()):
-        platform = getattr(getattr(m, "abstract_device", None), "platform", None)
-        if platform is not None:
-            return platform
-    return jax.default_backend()
-
-
 def _fsdp_dim(shape: tuple[int, ...], n: int) -> int | None:
     """The largest axis of `shape` divisible by `n` (the first among equals), or
     `None` if there is none."""
