@@ -5,6 +5,7 @@ import importlib.metadata as _metadata
 from . import internal as internal
 from ._accumulate import accumulate as accumulate
 from ._combinators import (
+    StackedListWarning as StackedListWarning,
     chain as chain,
     scan_layers as scan_layers,
     stack as stack,
@@ -71,6 +72,7 @@ __all__ = [
     "Residual",
     "Schedule",
     "Stacked",
+    "StackedListWarning",
     "accumulate",
     "binomial",
     "chain",

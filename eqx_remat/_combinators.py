@@ -1,7 +1,11 @@
 """Combinators: stack layers, scan over them, chain callables."""
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, SupportsIndex, TypeVar
 
 import equinox as eqx
@@ -13,6 +17,8 @@ from jax import lax
 from ._policies._apply import checkpointed
 from ._schedules._checkpoint import Checkpoint, normalise_checkpoint
 from ._schedules._engine import Schedule, remat_scan
+from ._schedules._unrolled import run_unrolled, unrolls
+from ._util import platform_of
 from ._validate import check_int
 
 
@@ -126,11 +132,8 @@ def layer_mismatch(layers: Sequence[Any], what: str) -> str | None:
     return None
 
 
-def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
-    """A list or tuple of `D` layers of one structure as one layer whose arrays
-    have a leading depth axis: each array leaf is `jnp.stack` of the layers'
-    leaves; the rest is `layers[0]`'s. This copies the parameters (inside a
-    `jax.jit`, on every call).
+def check_layers(layers: list, *, fn: str, what: str = "layers") -> None:
+    """Check that `layers` are `D >= 1` `eqx.Module`s of one structure.
 
     **Raises:**
 
@@ -138,7 +141,6 @@ def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
     not an `eqx.Module`, or layers that differ (the first one that does, and
     how).
     """
-    layers = list(layers)
     if not layers:
         raise ValueError(
             f"{fn} expected {what} to be a non-empty list or tuple of layers "
@@ -156,6 +158,15 @@ def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
             f"{fn} expected {what} to be layers of one structure (the same "
             "type, static fields, array shapes and dtypes), to stack them. " + why
         )
+
+
+def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
+    """A list or tuple of `D` layers of one structure (`check_layers`) as one
+    layer whose arrays have a leading depth axis: each array leaf is
+    `jnp.stack` of the layers' leaves; the rest is `layers[0]`'s. This copies
+    the parameters (inside a `jax.jit`, on every call)."""
+    layers = list(layers)
+    check_layers(layers, fn=fn, what=what)
     dynamic = [eqx.filter(layer, eqx.is_array) for layer in layers]
     stacked = jtu.tree_map(lambda *xs: jnp.stack(xs), *dynamic)
     return eqx.combine(stacked, eqx.filter(layers[0], eqx.is_array, inverse=True))
@@ -209,15 +220,21 @@ def scan_layers(
     - `layers`: `D` layers stacked with a leading depth axis, e.g. by
       [`eqx_remat.stack`][] or held by an [`eqx_remat.Stacked`][]; or a list or
       tuple of `D` `eqx.Module`s of one structure (the same type, static fields,
-      array shapes and dtypes: `[Block(k) for k in keys]`), which are stacked
-      here, with `jnp.stack` on each array, and scanned like a stack — one
-      layer is traced, whatever `D`. Stacking copies the parameters; inside a
-      `jax.jit`ted training step it does so on every step, and the gradient is
-      stacked too before it is split per layer: up to twice the layers'
-      parameters in temporary memory, which dominates for wide layers on a
-      small batch. Hold the layers stacked instead
-      (`eqx_remat.Stacked([...])`, built once). Layers that differ are a
-      `ValueError` naming the first that does, and how.
+      array shapes and dtypes: `[Block(k) for k in keys]`; layers that differ
+      are a `ValueError` naming the first that does, and how). A list is
+      checkpointed where its layers are, traced layer by layer as a Python
+      loop over it is (`Schedule.unrolled`: `jax.checkpoint` per layer for a
+      policy, nested over segments for a schedule), so that no layer is
+      copied. Two exceptions stack the list (`jnp.stack` of each array, on
+      every call) and scan it, with an [`eqx_remat.StackedListWarning`][]:
+      a checkpointed list on the CPU, where XLA runs checkpoints in
+      straight-line code as none (in a loop, they act), and a schedule of
+      your own without `unrolled`. Stacking copies the parameters, and the
+      gradient is stacked too before it is split per layer: up to twice the
+      layers' parameters in temporary memory, which dominates for wide
+      layers on a small batch. Holding the layers stacked
+      (`eqx_remat.Stacked([...])`, built once) avoids both, and traces one
+      layer whatever `D`.
       Each layer is called as `layer(carry)` or `layer(carry, x)`.
       A single layer that was never stacked is caught where the shapes show it:
       when a slice of it returns a carry of the wrong shape (`eqx.nn.Linear`),
@@ -238,16 +255,109 @@ def scan_layers(
       an int >= 1 (any integer type), or `True` to unroll the whole stack.
       Larger values trade compile time and program size for step time (fewer
       loop iterations; on TPUs often faster). The gradient does not change.
+      A list run in place is unrolled already.
 
     **Returns:**
 
     The output of the last layer.
     """
     if isinstance(layers, (list, tuple)):
+        _check_unroll(unroll)
+        if _in_place(layers, carry, checkpoint, "scan_layers", "layers"):
+            return _scan_list(layers, carry, xs, checkpoint)
         layers = stack_layers(layers, fn="scan_layers")
         return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
     _check_stacked(layers, carry, _depth(layers, "layers"))
     return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
+
+
+class StackedListWarning(UserWarning):
+    """Warned by [`eqx_remat.scan_layers`][] and [`eqx_remat.chain`][] when a
+    list of layers is stacked (a copy of their parameters, and of their
+    gradient, in every step) because it cannot be checkpointed in place: on
+    the CPU, where XLA runs a checkpoint in straight-line code as none, or
+    for a schedule of your own without `Schedule.unrolled`. The fix is to
+    hold the layers stacked, in an [`eqx_remat.Stacked`][]; to accept the
+    copy, silence it:
+    `warnings.simplefilter("ignore", eqx_remat.StackedListWarning)`."""
+
+
+_STACK_LISTS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "eqx_remat_stack_lists", default=False
+)
+
+
+@contextlib.contextmanager
+def stacking_lists() -> Iterator[None]:
+    """Within: lists of layers are stacked and scanned, as a stack is.
+    [`eqx_remat.plan`][] prices a checkpoint by what a scan over a stack
+    saves, so it traces a list of layers this way (and then compiles the
+    program as it runs: the list in place)."""
+    token = _STACK_LISTS.set(True)
+    try:
+        yield
+    finally:
+        _STACK_LISTS.reset(token)
+
+
+def _in_place(
+    layers: Sequence, carry: Any, checkpoint: Checkpoint, fn: str, what: str
+) -> bool:
+    """Whether a list of layers runs in place (`Schedule.unrolled`), or is
+    stacked and scanned. The layers are checked to be of one structure either
+    way, so that a list runs wherever its stack would.
+
+    In place, unless: `plan` is pricing (`stacking_lists`); or the program is
+    for the CPU and checkpointed, where XLA runs a checkpoint in a list as no
+    checkpoint (its CPU pipeline removes the optimisation barriers that keep a
+    recomputation apart from the forward pass; in a loop, the loop does); or
+    the checkpoint is a schedule of the user's own without `unrolled`. The last
+    two warn, with what stacking costs and the fix."""
+    layers = list(layers)
+    check_layers(layers, fn=fn, what=what)
+    c = normalise_checkpoint(checkpoint)
+    if _STACK_LISTS.get():
+        return False
+    if c is None:
+        return True
+    leaves = jtu.tree_leaves(carry)
+    platform = platform_of(leaves[0]) if leaves else jax.default_backend()
+    if platform != "cpu" and unrolls(c):
+        return True
+    why = (
+        f"on the {platform}, XLA runs a checkpoint on a list of layers as none"
+        if platform == "cpu"
+        else f"{checkpoint!r} has no `unrolled` method"
+    )
+    warnings.warn(
+        f"{fn}: {why}, so the list of {len(layers)} layers is stacked and "
+        "scanned: a copy of their parameters, and of their gradient, in every "
+        f"step. Hold them stacked: eqx_remat.Stacked({what}).",
+        StackedListWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def _scan_list(layers: Sequence, carry: Any, xs: Any, checkpoint: Checkpoint) -> Any:
+    """`scan_layers` of a list of layers, each layer where it is."""
+    carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
+    if xs is not None:
+        xs_depth = _depth(xs, "xs")
+        if xs_depth != len(layers):
+            raise ValueError(
+                f"scan_layers expected xs with leading axis {len(layers)} (the "
+                f"number of layers). Got {xs_depth}."
+            )
+
+    def call(i: int, c: Any) -> Any:
+        x = None if xs is None else jtu.tree_map(lambda a: a[i], xs)
+        out = layers[i](c) if xs is None else layers[i](c, x)
+        _check_carry(c, out)
+        return out
+
+    fns = [functools.partial(call, i) for i in range(len(layers))]
+    return run_unrolled(fns, carry, checkpoint)
 
 
 def scan_stacked(
@@ -332,16 +442,14 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
     with `O(log 16)` stored carries on the backward pass.
 
     `eqx.Module`s of one structure (the same type, static fields, array shapes
-    and dtypes: `[Block(k) for k in keys]`) are stacked, as
-    [`eqx_remat.scan_layers`][] stacks a list, and scanned: one layer is traced,
-    whatever their number. (Stacking copies their parameters on every call,
-    and stacks their gradient: up to twice the parameters in temporary memory.
-    To avoid it, hold the layers stacked, in an [`eqx_remat.Stacked`][].)
-    Other callables may differ (they are selected with `lax.switch` inside one
-    scan, which compiles and keeps every branch; identical callables share one
-    branch). Callables may close over arrays, including ones being
-    differentiated. Each must map its input to a value of the same structure,
-    shapes and dtypes.
+    and dtypes: `[Block(k) for k in keys]`) are a list of layers, run as
+    [`eqx_remat.scan_layers`][] runs one: in place, or stacked with an
+    [`eqx_remat.StackedListWarning`][] where they cannot be. Other callables
+    may differ (they are selected with `lax.switch` inside one scan, which
+    compiles and keeps every branch; identical callables share one branch).
+    Callables may close over arrays, including ones being differentiated.
+    Each must map its input to a value of the same structure, shapes and
+    dtypes.
 
     **Arguments:**
 
@@ -374,7 +482,7 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
         and all(isinstance(f, eqx.Module) for f in unique)
         and layer_mismatch(fns, "fns") is None
     ):
-        return lambda x: _chain_stacked(fns, x, checkpoint)
+        return lambda x: _chain_modules(fns, x, checkpoint)
     return lambda x: _chain_switch(unique, index, x, checkpoint)
 
 
@@ -385,8 +493,16 @@ def _convert(f: Callable[[Any, Any], Any], params: Any, x: Any):
     return jax.closure_convert(f, params, x)
 
 
+def _chain_modules(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
+    """Modules of one structure: each where it is (see `scan_layers`), or one
+    stack, one traced layer, no switch."""
+    if _in_place(fns, x, checkpoint, "chain", "fns"):
+        return _scan_list(fns, x, None, checkpoint)
+    return _chain_stacked(fns, x, checkpoint)
+
+
 def _chain_stacked(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
-    """Modules of one structure: one stack, one traced layer, no switch."""
+    """Modules of one structure as one stack: one traced layer, no switch."""
     stacked = stack_layers(fns, fn="chain", what="fns")
     params, static = eqx.partition(stacked, eqx.is_array)
     first = eqx.filter(fns[0], eqx.is_array)

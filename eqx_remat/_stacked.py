@@ -51,9 +51,10 @@ class Stacked(eqx.Module, Generic[_M]):
     ```
 
     The layers are stacked once, when the `Stacked` is built: a training step
-    that receives the model reads them in place. (Passing a list to
-    `scan_layers` inside a `jax.jit`ted step instead copies the parameters into
-    a stack on every step.)
+    that receives the model reads them in place, and traces one layer whatever
+    their number. (A list passed to `scan_layers` is traced layer by layer,
+    and on the CPU, checkpointed, is copied into a stack on every step: see
+    [`eqx_remat.StackedListWarning`][].)
 
     **Attributes:**
 

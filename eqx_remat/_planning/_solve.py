@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from .._combinators import stacking_lists
 from .._inspect._flops import FlopCount, count_flops
 from .._inspect._jaxpr import (
     checkpoint_names,
@@ -65,7 +66,8 @@ def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
     (`jax.eval_shape`), with every `checkpoint` field set to a probe."""
     seen: list[int] = []
     f, dynamic = traceable(fn, set_checkpoint(args, _Probe(seen)))
-    jax.eval_shape(f, dynamic)
+    with stacking_lists():
+        jax.eval_shape(f, dynamic)
     return seen
 
 
@@ -162,10 +164,11 @@ def price(
     compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
-    jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
+    with stacking_lists():  # a list of layers as a stack: see `stacking_lists`
+        jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
+        flops = count_flops(fn, *checkpointed)
     device, host = saved_across(jaxpr, depths)
     written = saved_across(jaxpr, depths, per_trip=True)[0]
-    flops = count_flops(fn, *checkpointed)
     return (
         device,
         host,

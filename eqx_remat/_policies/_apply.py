@@ -22,9 +22,11 @@ from ._values import (
 _cp = jax.checkpoint_policies
 
 
-def checkpointed(fn: Callable, pol: Policy) -> Callable:
+def checkpointed(fn: Callable, pol: Policy, *, prevent_cse: bool = False) -> Callable:
     """`jax.checkpoint(fn, policy=pol)`, making `save_all_but_names` exact; under
-    JAX's remat3, with `pol` as remat3 takes it (`for_remat3`).
+    JAX's remat3, with `pol` as remat3 takes it (`for_remat3`). `prevent_cse`
+    as `jax.checkpoint` takes it: needless inside a loop (the body of a scan),
+    needed where layers are traced one after another (a list of layers).
 
     The one place a policy is applied to a layer function (the plain scan of
     `scan_layers` and `chain`, and the engine's `Layers`): a name policy whose
@@ -34,8 +36,8 @@ def checkpointed(fn: Callable, pol: Policy) -> Callable:
     if remat3():
         pol = for_remat3(pol)
     elif isinstance(pol, save_all_but_names):
-        return ExcludeProducers(fn, pol)
-    checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=False)
+        return ExcludeProducers(fn, pol, prevent_cse=prevent_cse)
+    checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=prevent_cse)
     if isinstance(checked, NamePolicy):
         return _CheckedNames(fn, checkpointed_fn, checked)
     return checkpointed_fn

@@ -78,9 +78,12 @@ class ExcludeProducers:
     `jax.vmap` still match.
     """
 
-    def __init__(self, fn: Callable, pol: save_all_but_names):
+    def __init__(
+        self, fn: Callable, pol: save_all_but_names, *, prevent_cse: bool = False
+    ):
         self.fn = fn
         self.pol = pol
+        self.prevent_cse = prevent_cse
 
     def __call__(self, *args):
         closed, flat, out_tree = trace(self.fn, *args)
@@ -136,7 +139,7 @@ class ExcludeProducers:
             outs = eval_jaxpr(jaxpr, consts, f, outputs=tag_kept)
             return jax.tree.unflatten(out_tree, outs)
 
-        return jax.checkpoint(run, policy=pol, prevent_cse=False)(*flat)
+        return jax.checkpoint(run, policy=pol, prevent_cse=self.prevent_cse)(*flat)
 
 
 def _region(jaxpr, names, tangent: set) -> set:

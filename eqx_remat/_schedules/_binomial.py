@@ -16,6 +16,7 @@ tables, counts exactly the evaluations the table runs.
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from jax import lax
 from .._policies._named import to_jax_policy
 from .._validate import check_int
 from ._engine import Layers, Schedule
+from ._unrolled import Layer, each, segment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,26 @@ class binomial(Schedule):
         xs = (jnp.asarray(actions[:, :4]), jnp.asarray(flags))
         (_, cts), _ = lax.scan(body, (saved, cts), xs)
         return cts
+
+    def unrolled(self, layers: Sequence[Layer], carry: Any) -> Any:
+        """Revolve's splits as nested segments: `n` layers with `s` slots
+        advance `j` layers (`_best_split`) in a segment that keeps its input,
+        then reverse the other `n - j` in a segment of their own, with one slot
+        fewer; with one slot, all but the last layer are one segment, run
+        again from its input for each layer reversed."""
+        policy = to_jax_policy(self.policy)
+
+        def run(start: int, n: int, s: int, x: Any) -> Any:
+            if n == 1:
+                return each(layers[start : start + 1], x, policy)
+            j = n - 1 if s == 1 else _best_split(n, s)
+            x = segment(functools.partial(run, start, j, s))(x)
+            if s == 1:
+                return each(layers[start + j : start + n], x, policy)
+            return segment(functools.partial(run, start + j, n - j, s - 1))(x)
+
+        depth = len(layers)
+        return run(0, depth, min(self.slots, depth), carry)
 
     def kept(self, depth: int) -> tuple[int, int]:
         """The stored carries and the working one; one layer reversed at a time."""

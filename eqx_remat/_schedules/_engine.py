@@ -41,7 +41,7 @@ import abc
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -565,6 +565,18 @@ class Schedule(abc.ABC):
 
         The backward state after the first layer has been reversed.
         """
+
+    def unrolled(self, layers: Sequence[Callable[[Any], Any]], carry: Any) -> Any:
+        """The same checkpoint for a Python list of layers that are not
+        stacked: `layers` are `carry -> carry` functions that close over their
+        parameters, run in order from `carry`; returns the last one's output.
+
+        Implemented with nested `jax.checkpoint`s over segments of the list,
+        so that no layer is copied into a stack (see
+        [`eqx_remat.scan_layers`][]). The traced program holds every layer.
+        A schedule of your own need not implement it: a list is then stacked
+        and scanned, with a warning that says what that costs."""
+        raise NotImplementedError
 
     def check_depth(self, depth: int) -> None:
         """Raise a `ValueError` when this schedule cannot checkpoint a stack of

@@ -20,7 +20,7 @@ backward pass reverses them last to first.
 """
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -28,6 +28,7 @@ import jax
 from .._validate import check_int
 from ._checkpoint import _SCHEDULES_IN_RANGES, Checkpoint, check_checkpoint
 from ._engine import Layers, Schedule
+from ._unrolled import Layer, run_unrolled
 
 
 @dataclasses.dataclass(frozen=True, init=False, repr=False)
@@ -162,6 +163,13 @@ class ranges(Schedule):
                 f"ranges expected counts that add up to the depth of the stack, "
                 f"{depth} layers. Got {counts} = {self.depth} layers: {self!r}."
             )
+
+    def unrolled(self, layers: Sequence[Layer], carry: Any) -> Any:
+        start = 0
+        for n, c in self.parts:
+            carry = run_unrolled(layers[start : start + n], carry, c)
+            start += n
+        return carry
 
     def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
         self.check_depth(layers.depth)

@@ -3,7 +3,9 @@ the engine's `Schedule`, how a stack of D layers is checkpointed across depth.""
 
 import abc
 import dataclasses
+import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from jax import lax
 from .._policies._named import to_jax_policy
 from .._validate import check_int
 from ._engine import Layers, Schedule
+from ._unrolled import Layer, each, segment
 
 
 def _ceil_root(n: int, k: int) -> int:
@@ -80,6 +83,25 @@ class _UniformSplit(Schedule):
             return state
 
         return level(0, 0, 0, cts, slots)[0]
+
+    def unrolled(self, layers: Sequence[Layer], carry: Any) -> Any:
+        depth = len(layers)
+        splits, leaf = self._split(depth)
+        # The layers a segment holds at each level (the last ones may hold
+        # fewer, or none: the list is not padded).
+        sizes = [math.prod(splits[lvl:]) * leaf for lvl in range(len(splits) + 1)]
+        policy = to_jax_policy(self.policy)
+
+        def run(lvl: int, start: int, x: Any) -> Any:
+            if lvl == len(splits):
+                return each(layers[start : start + leaf], x, policy)
+            for j in range(splits[lvl]):
+                child = start + j * sizes[lvl + 1]
+                if child < depth:
+                    x = segment(functools.partial(run, lvl + 1, child))(x)
+            return x
+
+        return segment(functools.partial(run, 0, 0))(carry)
 
     def kept(self, depth: int) -> tuple[int, int]:
         """The carry buffer's slots, and one leaf segment's layers."""
