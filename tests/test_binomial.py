@@ -138,6 +138,9 @@ _chain_grad = jax.jit(jax.grad(_chain_loss, argnums=(0, 1)), static_argnums=(2, 
     slots=st.integers(1, 8),
     through=st.sampled_from(["scan_layers", "scan_layers with xs", "chain"]),
 )
+# A chain of modules of one structure is a list of layers: on the CPU, stacked
+# and scanned (the path whose evaluations are counted here), and warned about.
+@pytest.mark.filterwarnings("ignore::eqx_remat.StackedListWarning")
 def test_gradients_and_evaluations(depth, slots, through):
     x = jax.random.normal(jax.random.key(1), (2, 3))
     if through == "chain":

@@ -573,7 +573,9 @@ class Schedule(abc.ABC):
 
         Implemented with nested `jax.checkpoint`s over segments of the list,
         so that no layer is copied into a stack (see
-        [`eqx_remat.scan_layers`][]). The traced program holds every layer.
+        [`eqx_remat.scan_layers`][]). The traced program holds every layer,
+        and its layer evaluations are JAX's for nested checkpoints, which
+        may be more than `evaluations(depth)`.
         A schedule of your own need not implement it: a list is then stacked
         and scanned, with a warning that says what that costs."""
         raise NotImplementedError
