@@ -167,6 +167,11 @@ def stack_layers(layers: Sequence[_T], *, fn: str, what: str = "layers") -> _T:
     the parameters (inside a `jax.jit`, on every call)."""
     layers = list(layers)
     check_layers(layers, fn=fn, what=what)
+    return _stack(layers)
+
+
+def _stack(layers: list[_T]) -> _T:
+    """`stack_layers` of layers already checked."""
     dynamic = [eqx.filter(layer, eqx.is_array) for layer in layers]
     stacked = jtu.tree_map(lambda *xs: jnp.stack(xs), *dynamic)
     return eqx.combine(stacked, eqx.filter(layers[0], eqx.is_array, inverse=True))
@@ -263,9 +268,11 @@ def scan_layers(
     """
     if isinstance(layers, (list, tuple)):
         _check_unroll(unroll)
+        layers = list(layers)
+        check_layers(layers, fn="scan_layers")
         if _in_place(layers, carry, checkpoint, "scan_layers", "layers"):
             return _scan_list(layers, carry, xs, checkpoint)
-        layers = stack_layers(layers, fn="scan_layers")
+        layers = _stack(layers)
         return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
     _check_stacked(layers, carry, _depth(layers, "layers"))
     return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
@@ -303,9 +310,9 @@ def stacking_lists() -> Iterator[None]:
 def _in_place(
     layers: Sequence, carry: Any, checkpoint: Checkpoint, fn: str, what: str
 ) -> bool:
-    """Whether a list of layers runs in place (`Schedule.unrolled`), or is
-    stacked and scanned. The layers are checked to be of one structure either
-    way, so that a list runs wherever its stack would.
+    """Whether a list of layers (checked to be of one structure, so that a
+    list runs wherever its stack would) runs in place (`Schedule.unrolled`),
+    or is stacked and scanned.
 
     In place, unless: `plan` is pricing (`stacking_lists`); or the program is
     for the CPU and checkpointed, where XLA runs a checkpoint in a list as no
@@ -313,8 +320,6 @@ def _in_place(
     recomputation apart from the forward pass; in a loop, the loop does); or
     the checkpoint is a schedule of the user's own without `unrolled`. The last
     two warn, with what stacking costs and the fix."""
-    layers = list(layers)
-    check_layers(layers, fn=fn, what=what)
     c = normalise_checkpoint(checkpoint)
     if _STACK_LISTS.get():
         return False
@@ -494,8 +499,8 @@ def _convert(f: Callable[[Any, Any], Any], params: Any, x: Any):
 
 
 def _chain_modules(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
-    """Modules of one structure: each where it is (see `scan_layers`), or one
-    stack, one traced layer, no switch."""
+    """Modules of one structure (`chain` checked them): each where it is (see
+    `scan_layers`), or one stack, one traced layer, no switch."""
     if _in_place(fns, x, checkpoint, "chain", "fns"):
         return _scan_list(fns, x, None, checkpoint)
     return _chain_stacked(fns, x, checkpoint)
@@ -503,7 +508,7 @@ def _chain_modules(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
 
 def _chain_stacked(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
     """Modules of one structure as one stack: one traced layer, no switch."""
-    stacked = stack_layers(fns, fn="chain", what="fns")
+    stacked = _stack(fns)
     params, static = eqx.partition(stacked, eqx.is_array)
     first = eqx.filter(fns[0], eqx.is_array)
     layer, hoisted = _convert(lambda p, c: eqx.combine(p, static)(c), first, x)
