@@ -140,13 +140,15 @@ def _sweep_budgets(args, fn, model, batch, top: er.PlanResult, cap: int) -> list
 def _between(top: er.PlanResult) -> list[int]:
     """Half-way between neighbours among the compiled uniform points of the
     frontier of `top` (by the clock, on the device): where a mix of two
-    options can be faster than any single one that fits."""
+    options can be faster than any single one that fits. Points less than 1%
+    apart are one point here: a mix between them has less room than the
+    planner's memory predictions may miss (they are held to 5%)."""
     memories = sorted(
         p.compiled_bytes
         for p in top.frontier
         if p.compiled_bytes and not isinstance(p.checkpoint, er.ranges)
     )
-    return [(lo + hi) // 2 for lo, hi in zip(memories, memories[1:]) if hi > lo]
+    return [(lo + hi) // 2 for lo, hi in zip(memories, memories[1:]) if hi > 1.01 * lo]
 
 
 def budgets_between(low: int, high: int, n: int) -> list[int]:

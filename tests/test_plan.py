@@ -676,6 +676,30 @@ def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
     assert any("ran 1.250x the step time of" in n for n in result.notes), result.notes
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("warm_s, rounds", [(0.0, 21), (1e6, 2)])
+def test_timing_takes_as_many_rounds_as_this_calls_compiles_allow(
+    fresh, monkeypatch, capsys, warm_s, rounds
+):
+    # The rounds are sized by the warm-up against this call's compile time:
+    # every round that fits (at most 21), and where a warm-up alone takes
+    # longer than the compiles, the fewest whose median means anything (two),
+    # said in the progress lines with the time it took and the compiles'.
+    asked = []
+
+    def clock(programs, *, rounds, warmup=True):
+        asked.append(rounds)
+        return _fake_clock(programs, rounds=rounds)
+
+    monkeypatch.setattr(_plan, "time_interleaved", clock)
+    monkeypatch.setattr(_plan, "warm_up", lambda programs: warm_s * len(programs))
+    er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=True)
+    assert asked[0] == rounds
+    err = capsys.readouterr().err
+    assert f"{rounds} interleaved round(s)" in err, err
+    assert "of this call's compiles" in err, err
+
+
 def test_the_fastest_option_that_fits_needs_no_more_than_the_two_ends(fresh):
     # Without measuring, the planner compiles the two ends of the hull (the
     # fastest and the lightest option: their base memory) and nothing else

@@ -78,9 +78,10 @@ def plan(
       the target is the device at hand and this is the only process (with
       several, each would time on its own clock and could choose
       differently: the roofline gives every process the same answer).
-      Timing runs each program 5 to 21 times after a warm-up, round-robin
-      with the others, within about the time its compiles took; a program
-      whose memory is over what the device has free is never run.
+      Timing runs each program after a warm-up, round-robin with the
+      others, in as many rounds (2 to 21) as fit in the time this call's
+      compiles took; a program whose memory is over what the device has
+      free is never run.
     - `progress`: what it does, on stderr: `True` a few lines (the stages,
       counts and times), `"verbose"` every option priced and every compile,
       `False` nothing.

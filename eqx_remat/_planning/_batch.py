@@ -26,7 +26,7 @@ from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._validate import check_int
-from ._clock import on_one_clock, time_interleaved
+from ._clock import on_one_clock, rounds_within, time_interleaved, warm_up
 from ._plan import (
     CACHE,
     BatchOption,
@@ -36,7 +36,6 @@ from ._plan import (
     _name,
     _Planner,
     _Progress,
-    race_rounds,
 )
 
 
@@ -283,13 +282,14 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
     )
 
     def measure():
-        """As many rounds as what is left of the compiles' time allows."""
-        first = time_interleaved(programs, rounds=1)
-        step = sum(t.seconds for t in first)
-        done = [q for q in {id(b.way.planner): b.way.planner for b in run}.values()]
-        left = sum(q.compile_s - q.timed_s for q in done) - step
-        rounds = race_rounds(left, step)
+        """After a warm-up, 2 to 31 rounds: as many as what is left of these
+        plans' compile time allows (each of them timed on its own clock: the
+        race puts them on one)."""
         start = time.perf_counter()
+        warm = warm_up(programs)
+        done = {id(b.way.planner): b.way.planner for b in run}.values()
+        left = sum(q.left_s() for q in done) - warm
+        rounds = rounds_within(left, warm, least=2, most=31)
         out = time_interleaved(programs, rounds=rounds, warmup=False)
         solved.planner.timed_s += time.perf_counter() - start
         return out

@@ -87,6 +87,21 @@ def _run(program: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
+    """Run each of `programs` once (a program's first run is not timed): how
+    long that took, to size the rounds that follow."""
+    start = time.perf_counter()
+    for p in programs:
+        _run(p)
+    return time.perf_counter() - start
+
+
+def rounds_within(seconds: float, step: float, *, least: int, most: int) -> int:
+    """How many rounds of `step` seconds fit in `seconds`: from `least` (the
+    fewest whose median means anything) to `most`."""
+    return int(max(least, min(most, seconds // max(step, 1e-9))))
+
+
 def time_interleaved(
     programs: Sequence[Callable[[], Any]],
     *,
@@ -97,8 +112,7 @@ def time_interleaved(
     interleaved rounds, after one warm-up run each (`warmup`): their
     [`eqx_remat.internal.Timing`][]s, in order."""
     if warmup:
-        for p in programs:
-            _run(p)
+        warm_up(programs)
     times: list[list[float]] = [[] for _ in programs]
     for _ in range(rounds):
         for ts, p in zip(times, programs):

@@ -65,7 +65,9 @@ from ._clock import (
     concrete,
     device_memory_bytes,
     on_one_clock,
+    rounds_within,
     time_interleaved,
+    warm_up,
 )
 from ._hardware import hardware
 from ._solve import (
@@ -556,12 +558,6 @@ def _compile(
     return report, executable
 
 
-def race_rounds(seconds: float, step: float) -> int:
-    """How many rounds of a race, each `step` seconds, fit in `seconds`: 5 to
-    31."""
-    return int(max(5, min(31, seconds / max(step, 1e-9))))
-
-
 class _Program(NamedTuple):
     """One step of a compiled checkpoint, ready to run on the planner's
     inputs: `program()` runs it."""
@@ -619,8 +615,10 @@ class _Planner:
         self.predicted: dict[Checkpoint, float | None] = {}
         self.timings: dict[Checkpoint, Timing] = {}
         self.compiles = 0
+        # Timing may take as long as this call's own compiles (fresh ones,
+        # not those taken from the cache): `fresh_s`, against `timed_s`.
         self.timed_s = 0.0
-        self.compile_s = 0.0
+        self.fresh_s = 0.0
         # Compiled mixes' memory, `ranges((D - n, light), (n, heavy))`: shared
         # by later calls for the same function (what compiling them taught).
         self.mixes: dict[ranges, int] = CACHE.get(fn, self._k("mixes"), dict)
@@ -677,7 +675,7 @@ class _Planner:
             ),
         )
         self.compiles += fresh
-        self.compile_s += record.compile_s
+        self.fresh_s += record.compile_s if fresh else 0.0
         self.compiled[c] = record
         self.predicted[c] = None if predicted is None else float(predicted)
         self._on_xla_limit(record)
@@ -714,12 +712,17 @@ class _Planner:
         free = device_memory_bytes()
         return free is None or record.report.total_bytes <= free
 
+    def left_s(self) -> float:
+        """What is left of the time timing may take: this call's fresh
+        compiles' time, less what timing took so far."""
+        return self.fresh_s - self.timed_s
+
     def time(self, cs: Sequence[Checkpoint]) -> None:
         """Measure the step time of each of `cs` that can run here and has no
         time yet: round-robin with the fastest program already timed, each
         program's time its median ratio to that one's within a round (one
-        clock for the whole plan), in 5 to 21 rounds, within about the time
-        their compiles took."""
+        clock for the whole plan), after a warm-up run each, in as many
+        rounds (2 to 21) as fit in what is left of this call's compile time."""
         new = []
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
@@ -736,15 +739,11 @@ class _Planner:
         run = new + ([reference] if reference is not None else [])
         programs = [self._program(c) for c in run]
         start = time.perf_counter()
-        warm = []
-        for p in programs:  # the warm-up, timed, to size the rounds
-            t0 = time.perf_counter()
-            jax.block_until_ready(p())
-            warm.append(time.perf_counter() - t0)
-        compile_s = sum(self.compiled[c].compile_s for c in new)
-        rounds = int(min(21, max(5, compile_s / max(sum(warm), 1e-9) - 1)))
+        warm = warm_up(programs)
+        rounds = rounds_within(self.left_s() - warm, warm, least=2, most=21)
         timings = time_interleaved(programs, rounds=rounds, warmup=False)
-        self.timed_s += time.perf_counter() - start
+        took = time.perf_counter() - start
+        self.timed_s += took
         if reference is not None:  # on the clock of the plan's earlier rounds
             timings = on_one_clock(timings, -1, self.timings[reference].seconds)
         else:
@@ -757,9 +756,16 @@ class _Planner:
                 CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
         self.say(
             f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
-            f"warm-up, {time.perf_counter() - start:.1f} s (their compiles took "
-            f"{compile_s:.1f} s)",
+            f"warm-up, {took:.1f} s; {self._spent()}",
             detail=len(new) < 3,
+        )
+
+    def _spent(self) -> str:
+        """How long timing took against this call's compiles: the bound."""
+        over = " (over: the fewest rounds take longer)" if self.left_s() < 0 else ""
+        return (
+            f"timing {self.timed_s:.1f} s in all, for {self.fresh_s:.1f} s of "
+            f"this call's compiles{over}"
         )
 
     def _program(self, c: Checkpoint) -> _Program:
@@ -1282,11 +1288,13 @@ class _Planner:
         )
 
     def _race(self, pick: FrontierPoint) -> FrontierPoint:
-        """Run `pick` round-robin with its rivals, the uniform options that fit
-        and were timed within 3% of the fastest of them (at most three): the
-        fastest in these rounds (say so where it is not the pick). Timings
-        that close are within the noise of the rounds that ranked them; the
-        same rivals are raced once per plan cache."""
+        """`pick` against its rivals, the uniform options that fit and were
+        timed within 3% of the fastest of them: the fastest (say so where it
+        is not the pick). Timings that close are within the noise of the
+        rounds that ranked them, so where what is left of this call's
+        compile time covers a warm-up and two rounds, the pick and as many
+        rivals as it covers (at most three) are run round-robin again (once
+        per plan cache); otherwise the plan's own rounds decide."""
         fitting = [
             c
             for c, r in self.compiled.items()
@@ -1295,7 +1303,7 @@ class _Planner:
             and c in self.timings
             and self.runnable(c)
         ]
-        if not fitting or not self.runnable(pick.checkpoint):
+        if not fitting or pick.checkpoint not in self.timings:
             return pick
         fitting.sort(key=lambda c: self.timings[c].seconds)
         bar = 1.03 * self.timings[fitting[0]].seconds
@@ -1306,14 +1314,25 @@ class _Planner:
         ][:3]
         if not rivals:
             return pick
-        run = [pick.checkpoint, *rivals]
-        timings = CACHE.get(
-            self.fn, self._k("race", tuple(run)), lambda: self._time_race(run)
-        )
+        step = self.timings[pick.checkpoint].seconds
+        n = 0
+        for c in rivals:  # a warm-up and two rounds of each program raced
+            step += self.timings[c].seconds
+            if 3 * step > self.left_s():
+                break
+            n += 1
+        run = [pick.checkpoint, *rivals[: max(n, 1)]]
+        key = self._k("race", tuple(run))
+        if n or CACHE.has(self.fn, key):
+            timings = CACHE.get(self.fn, key, lambda: self._time_race(run))
+            how = "raced the pick"
+        else:
+            timings = [self.timings[c] for c in run]
+            how = "no time left to race the pick (the plan's rounds decide)"
         k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
         best, ratio = run[k], timings[0].seconds / timings[k].seconds
         self.say(
-            f"raced the pick: {ratio:.3f}x the step time of {_name(best)}, the "
+            f"{how}: {ratio:.3f}x the step time of {_name(best)}, the "
             "fastest uniform option that fits"
         )
         if ratio < 1.0:
@@ -1330,18 +1349,17 @@ class _Planner:
         )
 
     def _time_race(self, run: list[Checkpoint]) -> list[Timing]:
-        """`run` timed round-robin, on the clock of `run[1]`'s earlier timing:
-        5 to 31 rounds, as many as fit in what is left of the time the plan's
-        compiles took once its earlier timings are paid for (the closer the
-        race, the more rounds it needs: its rivals are within 3%)."""
+        """`run` timed round-robin after a warm-up, on the clock of `run[1]`'s
+        earlier timing: 2 to 31 rounds, as many as fit in what is left of
+        this call's compile time (the closer the race, the more rounds it
+        needs: its rivals are within 3%)."""
         programs = [self._program(c) for c in run]
         start = time.perf_counter()
-        first = time_interleaved(programs, rounds=1)
-        step = sum(t.seconds for t in first)
-        left = self.compile_s - self.timed_s - step
-        rounds = race_rounds(left, step)
+        warm = warm_up(programs)
+        rounds = rounds_within(self.left_s() - warm, warm, least=2, most=31)
         timings = time_interleaved(programs, rounds=rounds, warmup=False)
         self.timed_s += time.perf_counter() - start
+        self.say(f"raced {len(run)} programs in {rounds} rounds; {self._spent()}")
         return on_one_clock(timings, 1, self.timings[run[1]].seconds)
 
     def _compiled_points(self) -> list[FrontierPoint]:
@@ -1404,7 +1422,7 @@ class _Planner:
 
     def _result(self, chosen: PlanEntry, table, frontier) -> PlanResult:
         seconds = self.say.elapsed()
-        timed = f", {self.timed_s:.1f} s of it timing" if self.timed_s else ""
+        timed = f"; {self._spent()}" if self.timed_s else ""
         self.say(
             f"done: checkpoint={_name(chosen.checkpoint)}, "
             f"{_format_memory(chosen)}, {self.compiles} compiles, "
