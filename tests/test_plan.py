@@ -674,6 +674,11 @@ def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
     # pick ran 1.25x the rival in the race.
     assert result.entry.time_s == pytest.approx(1.01 * fastest.time_s)
     assert any("ran 1.250x the step time of" in n for n in result.notes), result.notes
+    # A later call, which compiles nothing and so has no time to race, decides
+    # as the race did: its rounds timed both programs better than the plan's.
+    later = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="512GiB", progress=False)
+    assert later.compiles == 0
+    assert later.checkpoint == second.checkpoint, str(later)
 
 
 @pytest.mark.heavy
