@@ -237,13 +237,17 @@ def measure_isolated(
     return rows
 
 
-def worker(v: Variant, *, repeats: int, limit: int | None, path: Path) -> None:
-    """`--worker`: measure one variant (peak memory, median step, and on a TPU v5e
-    the AOT estimate for this topology) and write its row to `path`."""
-    (row,) = measure_here([v], repeats=repeats, limit=limit, step=lambda _: None)
+def worker(args: Any, variants: Sequence[Variant]) -> dict:
+    """`--worker I PATH`: measure variant I (peak memory, median step, and on a
+    TPU v5e the AOT estimate for this topology) and write its row to PATH."""
+    v = variants[int(args.worker[0])]
+    (row,) = measure_here(
+        [v], repeats=args.repeats, limit=args.memory_limit, step=lambda _: None
+    )
     if row["fits"]:
         row |= aot_beside(v)
-    path.write_text(json.dumps(row))
+    Path(args.worker[1]).write_text(json.dumps(row))
+    return {}
 
 
 # --------------------------------------------------------------------------------------

@@ -45,8 +45,14 @@ def sweep(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return presets + "\n\n" + _common.markdown_table(cols, rows)
+    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
+
+
+def _presets(data: dict, topology: bool = False) -> str:
+    return "\n".join(
+        f"- `{n}`: {p['describe']}" + (f", {p['topology']}" if topology else "")
+        for n, p in data["presets"].items()
+    )
 
 
 def peers(data: dict) -> str:
@@ -93,10 +99,8 @@ def seed(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    legend = "\n".join(
-        f"- `{n}`: {p['describe']}, {p['topology']}" for n, p in data["presets"].items()
-    )
-    return legend + "\n\n" + _common.markdown_table(cols, rows) + "\n\n" + targets(data)
+    table = _common.markdown_table(cols, rows)
+    return _presets(data, topology=True) + "\n\n" + table + "\n\n" + targets(data)
 
 
 def depth(data: dict) -> str:
@@ -263,8 +267,9 @@ def batch_sweep(data: dict) -> str:
         for r in data["rows"]
         if r["kind"] == "pick"
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return "\n\n".join([presets, _common.markdown_table(cols, rows), targets(data)])
+    return "\n\n".join(
+        [_presets(data), _common.markdown_table(cols, rows), targets(data)]
+    )
 
 
 def batch_aot(data: dict) -> str:
@@ -285,8 +290,7 @@ def batch_aot(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return presets + "\n\n" + _common.markdown_table(cols, rows)
+    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
 
 
 SECTIONS = (

@@ -108,11 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     presets = {n: p.on(devices) for n, p in base.items()}
     variants = all_variants(args, presets)
     if args.worker:
-        i, path = int(args.worker[0]), Path(args.worker[1])
-        _measure.worker(
-            variants[i], repeats=args.repeats, limit=args.memory_limit, path=path
-        )
-        return {}
+        return _measure.worker(args, variants)
     t0 = time.perf_counter()
     console.print(
         f"run.py: {len(variants)} variants of {len(presets)} presets, each "

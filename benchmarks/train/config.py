@@ -275,8 +275,10 @@ def data_problem(path: Path) -> str | None:
     from .data import text_files
 
     if not any(p.stat().st_size for p in text_files(path)):
-        return f"{path} holds no text file with any bytes (hidden and binary files "
-        "are skipped)."
+        return (
+            f"{path} holds no text file with any bytes (hidden and binary files "
+            "are skipped)."
+        )
     return None
 
 
