@@ -1,23 +1,10 @@
-"""Where a benchmark or training script runs, and what that device can tell.
-
-Every script takes `--device auto|tpu|gpu|cpu` (default `auto`) through
-`add_device_args`, and calls `select_device(args)` before JAX touches a backend:
-
-- an explicit `JAX_PLATFORMS` in the environment always wins;
-- `auto` picks the machine's TPU when there is one (a TPU VM exposes its chips
-  as `/dev/accel*` or `/dev/vfio/*`, and libtpu is installed), else its GPU (an
-  NVIDIA driver node and a jax CUDA plugin), else the CPU. On a machine with
-  libtpu installed but no TPU (the `tpu` extra used for ahead-of-time
-  compilation) it settles on the CPU without letting libtpu initialise, so none
-  of libtpu's "could not determine TPU accelerator type" errors are printed;
-- `tpu` / `gpu` / `cpu` insist: with no such device the script stops with an
-  `error:` line (rc 2), it never falls back silently.
-
-Compile-only TPU estimates are a separate thing (`--target v5e[:AxB]`): they
-compile for a TPU that is not there, and run nothing.
-
-Peak FLOP/s per chip come from `PEAK_FLOPS`, keyed by `device_kind`; a device
-that is not in the table gets `None` (MFU is then `null`, never a guess).
+"""Where a benchmark or training script runs (`--device auto|tpu|gpu|cpu`,
+`select_device`), and what that device can tell. An explicit `JAX_PLATFORMS`
+always wins; `auto` takes the machine's TPU, else its GPU, else the CPU, and
+with libtpu installed but no TPU settles on the CPU without letting libtpu
+initialise (so it prints nothing); `tpu`, `gpu`, `cpu` insist: no such device is
+an `error:` line (rc 2), never a silent fallback. A device that is not in
+`PEAK_FLOPS` has no peak FLOP/s, so its MFU is `null`, never a guess.
 """
 
 import argparse

@@ -1,18 +1,9 @@
-"""How the benchmarks measure (benchmarks/README.md, "How we measure").
-
-- Memory: the compiled step's `memory_analysis()` (deterministic); per chip on
-  TPU v5e compiled ahead of time (`--target`); and, on an accelerator, the
-  measured `memory_stats()["peak_bytes_in_use"]`, each variant in its own process
-  so that one variant's peak does not leak into the next.
-- FLOPs: `eqx_remat.count_flops` (loop trip counts and recomputation included).
-- Time: the median of repeated steps after a warm-up, every variant of a run timed
-  round-robin (one step of each, repeated) when they share a process.
-- MFU / HFU: model FLOPs (the `None` step's) or the step's own FLOPs (with
-  recomputation) / (step time x the devices' peak FLOP/s). Causal attention is
-  counted in full (not halved as MaxText does).
-
-A variant that does not fit (XLA refuses to compile it, it runs out of memory,
-or its compiled size is over `--memory-limit`) is a row that says so.
+"""How the benchmarks measure (benchmarks/README.md, "How we measure"): a
+preset's variants (ours under each checkpoint, then its peers), compiled for
+memory and FLOPs, timed round-robin in this process or each in its own (for its
+measured peak), or compiled for TPU v5e ahead of time. A variant that does not
+fit (XLA refuses it, it runs out of memory, or it is over `--memory-limit`) is
+a row that says so.
 """
 
 import dataclasses
