@@ -103,23 +103,27 @@ def seed(data: dict) -> str:
     return _presets(data, topology=True) + "\n\n" + table + "\n\n" + targets(data)
 
 
+def _by_depth(specs, depths, cell, *extra) -> list[list[str]]:
+    """A table of checkpoints (rows) against depths (columns): `cell(s, d)`,
+    then the columns `extra(s)`."""
+    return [
+        [f"`{s}`", *(cell(s, d) for d in depths), *(f(s) for f in extra)] for s in specs
+    ]
+
+
 def depth(data: dict) -> str:
     depths = sorted({r["depth"] for r in data["rows"]})
     by = {(r["spec"], r["depth"]): r for r in data["rows"]}
     specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
     slopes = data["memory_slopes"]["slopes"]
     cols = ["checkpoint", *(f"D={d}" for d in depths)]
-    mem = [
-        [
-            f"`{s}`",
-            *(_common.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
-            _common.fmt_ratio(slopes[s]).rstrip("x"),
-        ]
-        for s in specs
-    ]
-    comp = [
-        [f"`{s}`", *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in specs
-    ]
+    mem = _by_depth(
+        specs,
+        depths,
+        lambda s, d: _common.fmt_bytes(by[(s, d)]["temp_bytes"]),
+        lambda s: _common.fmt_ratio(slopes[s]).rstrip("x"),
+    )
+    comp = _by_depth(specs, depths, lambda s, d: f"{by[(s, d)]['compile_s']:.1f}")
     return (
         f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
         f"from D = {data['memory_slopes']['from_depth']}:\n\n"
@@ -132,27 +136,17 @@ def depth(data: dict) -> str:
 def compile_time(data: dict) -> str:
     layers = sorted({r["layers"] for r in data["rows"]})
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in data["rows"]}
-    specs = list(data["ratio_deepest_to_shallowest"])
-    rows = [
-        [
-            f"`{s}`",
-            *(f"{med[(s, n)]:.2f}" for n in layers),
-            _common.fmt_ratio(data["ratio_deepest_to_shallowest"][s]),
-        ]
-        for s in specs
-    ]
-    cols = [
-        "checkpoint",
-        *(f"{n} layers (s)" for n in layers),
-        f"{layers[-1]} / {layers[0]}",
-    ]
-    return (
-        data["meta"]["describe"]
-        + "\n\n"
-        + _common.markdown_table(cols, rows)
-        + "\n\n"
-        + targets(data)
+    ratios = data["ratio_deepest_to_shallowest"]
+    rows = _by_depth(
+        ratios,
+        layers,
+        lambda s, n: f"{med[(s, n)]:.2f}",
+        lambda s: _common.fmt_ratio(ratios[s]),
     )
+    cols = ["checkpoint", *(f"{n} layers (s)" for n in layers)]
+    cols += [f"{layers[-1]} / {layers[0]}"]
+    table = _common.markdown_table(cols, rows)
+    return f"{data['meta']['describe']}\n\n{table}\n\n{targets(data)}"
 
 
 def plan(data: dict) -> str:
