@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
         ],
         left=1,
     )
-    t = data["targets"][0]
-    console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")
+    _common.show_targets(console, data["targets"])
+    console.print(f"results in {path}")
     return data
 
 

@@ -83,8 +83,10 @@ def _real(args: argparse.Namespace) -> bool:
 def aot(args, grid, console) -> list[dict]:
     """Compile each config for its v5e topology; resume rows already written."""
     path = args.out / "seed_claim.json"
-    old = [] if args.fresh or not path.exists() else json.loads(path.read_text())
-    rows = [r for r in old and old["rows"] if "group" in r]
+    old = (
+        [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
+    )
+    rows = [r for r in old if "group" in r]
     done = {(r["group"], r["checkpoint"]) for r in rows}
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
