@@ -149,20 +149,25 @@ def compile_time(data: dict) -> str:
     return f"{data['meta']['describe']}\n\n{table}\n\n{targets(data)}"
 
 
-def plan(data: dict) -> str:
-    rows = [
+def plan_rows(rows: list[dict], arrow: str, code: str) -> list[list[str]]:
+    """`run.py --budget`'s table, markdown or console: `arrow` marks the pick,
+    `code` formats a checkpoint."""
+    return [
         [
             r["group"],
-            "**→**" if r.get("chosen") else "",
-            f"`{r['checkpoint']}`",
+            arrow if r.get("chosen") else "",
+            code.format(r["checkpoint"]),
             _common.fmt_bytes(r.get("memory_bytes")),
             _common.fmt_flops(r.get("flops")),
             "yes" if r["fits"] else "no",
         ]
-        for r in data["rows"]
+        for r in rows
     ]
+
+
+def plan(data: dict) -> str:
     cols = ["preset", "", "checkpoint", "temp+args+out / chip", "FLOPs", "fits"]
-    return _common.markdown_table(cols, rows)
+    return _common.markdown_table(cols, plan_rows(data["rows"], "**→**", "`{}`"))
 
 
 def plan_sweep(data: dict) -> str:

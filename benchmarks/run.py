@@ -28,7 +28,7 @@ from typing import Any
 import equinox as eqx
 
 import eqx_remat as er
-from benchmarks import _common, _measure, _models, _plots, _targets
+from benchmarks import _common, _measure, _models, _plots, _targets, report
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -401,17 +401,7 @@ def plan_mode(
     console.table(
         f"Plan, budget {_common.fmt_bytes(args.budget)} [{_common.where(args, data)}]",
         ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
-        [
-            (
-                r["group"],
-                "→" if r.get("chosen") else "",
-                r["checkpoint"],
-                _common.fmt_bytes(r.get("memory_bytes")),
-                _common.fmt_flops(r.get("flops")),
-                "yes" if r["fits"] else "no",
-            )
-            for r in rows
-        ],
+        report.plan_rows(rows, "→", "{}"),
     )
     console.print(f"results in {path}")
     return data
