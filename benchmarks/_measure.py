@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 import eqx_remat as er
 import zoo
@@ -301,7 +301,7 @@ def _abstract(v: Variant, target: str) -> Callable:
         mesh = er.v5e_mesh(target)
 
         def spec(x):
-            s = getattr(getattr(x, "sharding", None), "spec", P())
+            s = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
             return jax.ShapeDtypeStruct(
                 x.shape, x.dtype, sharding=NamedSharding(mesh, s)
             )

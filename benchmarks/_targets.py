@@ -417,34 +417,36 @@ PARAMS = (
     "chain-params-tiny",
     "chain-v5e-params",
 )
-T, C, ANY = _models.TransformerPreset, _models.ChainPreset, _models.Preset
 TARGETS = (
-    (T, vs_none, "dots", "temp_bytes", 0.60),
-    (T, vs_none, "nothing", "temp_bytes", 0.30),
-    (T, vs_none, "dots", "flops", 1.10),
-    (T, vs_peer, "hand-written", "temp_bytes", 1.02),
-    (T, vs_peer, "flax", "temp_bytes", 1.00),
-    (T, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
-    (T, vs_peer, "flax", "step_s", 1.05, None, NOISY),
-    (C, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
-    (C, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
-    (C, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
-    (C, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
-    (ANY, every_checkpoint),
+    (_models.TransformerPreset, vs_none, "dots", "temp_bytes", 0.60),
+    (_models.TransformerPreset, vs_none, "nothing", "temp_bytes", 0.30),
+    (_models.TransformerPreset, vs_none, "dots", "flops", 1.10),
+    (_models.TransformerPreset, vs_peer, "hand-written", "temp_bytes", 1.02),
+    (_models.TransformerPreset, vs_peer, "flax", "temp_bytes", 1.00),
+    (_models.TransformerPreset, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
+    (_models.TransformerPreset, vs_peer, "flax", "step_s", 1.05, None, NOISY),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
+    (_models.Preset, every_checkpoint),
     (PARAMS, every_checkpoint, 2),
 )
 PLAN_TARGETS = (
-    (ANY, pick_fits),
-    (ANY, pick_vs_uniform),
-    (ANY, cheaper_between),
-    (ANY, predicted_within),
-    (ANY, planning_cost),
-    (ANY, clock_pick_vs_uniform),
-    (ANY, clock_faster_between),
-    (ANY, rank_correlation),
-    (ANY, rank_correlation, "roofline_s", 0.8),
+    (_models.Preset, pick_fits),
+    (_models.Preset, pick_vs_uniform),
+    (_models.Preset, cheaper_between),
+    (_models.Preset, predicted_within),
+    (_models.Preset, planning_cost),
+    (_models.Preset, clock_pick_vs_uniform),
+    (_models.Preset, clock_faster_between),
+    (_models.Preset, rank_correlation),
+    (_models.Preset, rank_correlation, "roofline_s", 0.8),
 )
-BATCH_TARGETS = ((ANY, batch_pick_vs_combinations), (ANY, batch_planning_cost))
+BATCH_TARGETS = (
+    (_models.Preset, batch_pick_vs_combinations),
+    (_models.Preset, batch_planning_cost),
+)
 
 
 def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
