@@ -1,20 +1,9 @@
-"""What every benchmark script shares: the command line, the checkpoint spec
-syntax, and the output (rich tables, progress, JSON + CSV + PNG).
-
-One convention for every script (`_common.parser`; benchmarks/README.md's
-"One command line" says which script takes which):
-
-    --out DIR            where results go (default: benchmarks/runs/<script>-<date>/)
-    --update-results     write into benchmarks/results/ (the committed results)
-    --preset NAME ...    what to measure
-    --checkpoint SPEC ...  in the syntax of `parse_checkpoint` (every:4:dots, ...)
-    --device auto|tpu|gpu|cpu, --distributed   (benchmarks/_device.py)
-    --target v5e[:AxB]   compile for TPU v5e ahead of time instead of running
-    --repeats N, --quick
-    --memory-limit SIZE, --isolate auto|always|never   (scripts that run steps)
-
-Every value is checked before any work starts (`error: ...`, exit status 2).
-Only process 0 of a multi-host run prints tables and writes files.
+"""What every benchmark script shares: the command line (`parser`, one meaning
+per flag in every script; benchmarks/README.md's "One command line" says which
+script takes which), the checkpoint spec syntax, and the output (rich tables,
+progress, JSON + CSV + PNG). Every value is checked before any work starts
+(`error: ...`, exit status 2); only process 0 of a multi-host run prints and
+writes.
 """
 
 import argparse
@@ -195,8 +184,7 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
-positive_int = _device.positive_int
-"""An argparse `type` for flags that take integers >= 1."""
+positive_int = _device.positive_int  # an argparse `type`: integers >= 1
 
 
 def first_line(e: BaseException, limit: int = 300) -> str:
@@ -226,7 +214,6 @@ def parser(
     p.add_argument(
         "--out",
         type=Path,
-        default=None,
         metavar="DIR",
         help="directory for the results (default: a fresh benchmarks/runs/"
         "<script>-<date>/, so nothing is overwritten)",
@@ -261,7 +248,6 @@ def parser(
             "--target",
             type=_checked(_target_type, "target"),
             metavar="v5e[:AxB]",
-            default=None,
             help="compile for TPU v5e ahead of time (v5e is a 2x2 slice, v5e:AxB any "
             "other) and run nothing: per-chip memory and FLOPs (default: run on "
             "--device)",
@@ -346,8 +332,7 @@ def parse_args(
 
 
 def run_dir(script: str) -> Path:
-    """The default results directory of `script`: `benchmarks/runs/<script>-<date>/`
-    (new for each run, so nothing is overwritten)."""
+    """A fresh `benchmarks/runs/<script>-<date>/`, so nothing is overwritten."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     return RUNS / f"{script}-{stamp}"
 
@@ -437,6 +422,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Written whole or not at all (a temporary file, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")
@@ -489,13 +475,11 @@ def fmt_ms(seconds: float | None) -> str:
 
 TIMED_COLUMNS = ("preset", "checkpoint", "memory", "measured", "spread", "predicted")
 TIMED_COLUMNS += ("roofline", "on the frontier")
-"""The columns of `timed_cells`."""
 
 
 def timed_cells(r: dict[str, Any], checkpoint: str, estimated: str) -> list[str]:
-    """One row of `plan_sweep`'s afresh timing, in the order of its tables:
-    preset, `checkpoint` (as the table writes it), memory, measured, spread,
-    predicted (`estimated` marks an estimate), roofline, on the frontier."""
+    """The `TIMED_COLUMNS` of one row of `plan_sweep`'s afresh timing
+    (`checkpoint` as the table writes it; `estimated` marks an estimate)."""
     return [
         r["group"],
         checkpoint,
@@ -508,8 +492,7 @@ def timed_cells(r: dict[str, Any], checkpoint: str, estimated: str) -> list[str]
     ]
 
 
-WIDTH = 100
-"""The width tables are laid out for when the output is not a terminal."""
+WIDTH = 100  # the width of the tables when the output is not a terminal
 
 
 def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[int]:

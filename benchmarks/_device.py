@@ -1,23 +1,10 @@
-"""Where a benchmark or training script runs, and what that device can tell.
-
-Every script takes `--device auto|tpu|gpu|cpu` (default `auto`) through
-`add_device_args`, and calls `select_device(args)` before JAX touches a backend:
-
-- an explicit `JAX_PLATFORMS` in the environment always wins;
-- `auto` picks the machine's TPU when there is one (a TPU VM exposes its chips
-  as `/dev/accel*` or `/dev/vfio/*`, and libtpu is installed), else its GPU (an
-  NVIDIA driver node and a jax CUDA plugin), else the CPU. On a machine with
-  libtpu installed but no TPU (the `tpu` extra used for ahead-of-time
-  compilation) it settles on the CPU without letting libtpu initialise, so none
-  of libtpu's "could not determine TPU accelerator type" errors are printed;
-- `tpu` / `gpu` / `cpu` insist: with no such device the script stops with an
-  `error:` line (rc 2), it never falls back silently.
-
-Compile-only TPU estimates are a separate thing (`--target v5e[:AxB]`): they
-compile for a TPU that is not there, and run nothing.
-
-Peak FLOP/s per chip come from `PEAK_FLOPS`, keyed by `device_kind`; a device
-that is not in the table gets `None` (MFU is then `null`, never a guess).
+"""Where a benchmark or training script runs (`--device auto|tpu|gpu|cpu`,
+`select_device`), and what that device can tell. An explicit `JAX_PLATFORMS`
+always wins; `auto` takes the machine's TPU, else its GPU, else the CPU, and
+with libtpu installed but no TPU settles on the CPU without letting libtpu
+initialise (so it prints nothing); `tpu`, `gpu`, `cpu` insist: no such device is
+an `error:` line (rc 2), never a silent fallback. A device that is not in
+`PEAK_FLOPS` has no peak FLOP/s, so its MFU is `null`, never a guess.
 """
 
 import argparse
@@ -42,54 +29,54 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
+# The help of the device flags, the same in every script (`train_lm.py`'s tyro
+# flags included); defaults are said by each parser.
+HELP = {
+    "device": "where to run: the machine's TPU, else GPU, else CPU (auto), or one of "
+    "them explicitly; an explicit JAX_PLATFORMS environment variable wins",
+    "distributed": "call jax.distributed.initialize() first (a multi-host slice: run "
+    "the same command on every host; only process 0 prints and writes)",
+    "coordinator_address": "with --distributed: process 0's HOST:PORT, the same on "
+    "every process (unset: $JAX_COORDINATOR_ADDRESS, else auto-detected)",
+    "num_processes": "with --distributed: how many processes (unset: "
+    "$JAX_NUM_PROCESSES, else auto-detected)",
+    "process_id": "with --distributed: this process, 0 to N - 1 (unset: "
+    "$JAX_PROCESS_ID, else auto-detected)",
+    "heartbeat_timeout": "a process silent this many seconds is taken as dead, and "
+    "the run stops on every process (as JAX's)",
+}
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """`--device` and `--distributed`, spelled the same in every script."""
+    """`--device`, `--distributed` and the multi-process flags."""
     parser.add_argument(
         "--device",
         choices=DEVICES,
         default="auto",
-        help="where to run: the machine's TPU, else GPU, else CPU (auto), or one "
-        "of them explicitly; an explicit JAX_PLATFORMS environment variable wins "
-        "(default: %(default)s)",
+        help=HELP["device"] + " (default: %(default)s)",
     )
     parser.add_argument(
         "--distributed",
         action="store_true",
-        help="call jax.distributed.initialize() first (a multi-host TPU slice: "
-        "run the same command on every host; only process 0 prints and writes) "
-        "(default: off)",
+        help=HELP["distributed"] + " (default: off)",
     )
     group = parser.add_argument_group(
         "multi-process (with --distributed; auto-detected on a TPU slice, Slurm, "
         "Open MPI)"
     )
-    group.add_argument(
-        "--coordinator-address",
-        metavar="HOST:PORT",
-        type=_address,
-        help="process 0's address and a free port, the same on every process "
-        f"(default: ${COORDINATOR_ENV}, else auto-detected)",
-    )
-    group.add_argument(
-        "--num-processes",
-        metavar="N",
-        type=positive_int,
-        help=f"how many processes (default: ${NUM_PROCESSES_ENV}, else auto-detected)",
-    )
-    group.add_argument(
-        "--process-id",
-        metavar="I",
-        type=non_negative_int,
-        help=f"this process, 0 to N - 1 (default: ${PROCESS_ID_ENV}, else "
-        "auto-detected)",
-    )
+    for flag, metavar, kind in (
+        ("coordinator_address", "HOST:PORT", _address),
+        ("num_processes", "N", positive_int),
+        ("process_id", "I", non_negative_int),
+    ):
+        name = "--" + flag.replace("_", "-")
+        group.add_argument(name, metavar=metavar, type=kind, help=HELP[flag])
     group.add_argument(
         "--heartbeat-timeout",
         metavar="SECONDS",
         type=positive_int,
         default=100,
-        help="a process silent this long is taken as dead, and the run stops on "
-        "every process (default: %(default)s, as JAX's)",
+        help=HELP["heartbeat_timeout"] + " (default: %(default)s)",
     )
 
 

@@ -1,18 +1,9 @@
-"""How the benchmarks measure (benchmarks/README.md, "How we measure").
-
-- Memory: the compiled step's `memory_analysis()` (deterministic); per chip on
-  TPU v5e compiled ahead of time (`--target`); and, on an accelerator, the
-  measured `memory_stats()["peak_bytes_in_use"]`, each variant in its own process
-  so that one variant's peak does not leak into the next.
-- FLOPs: `eqx_remat.count_flops` (loop trip counts and recomputation included).
-- Time: the median of repeated steps after a warm-up, every variant of a run timed
-  round-robin (one step of each, repeated) when they share a process.
-- MFU / HFU: model FLOPs (the `None` step's) or the step's own FLOPs (with
-  recomputation) / (step time x the devices' peak FLOP/s). Causal attention is
-  counted in full (not halved as MaxText does).
-
-A variant that does not fit (XLA refuses to compile it, it runs out of memory,
-or its compiled size is over `--memory-limit`) is a row that says so.
+"""How the benchmarks measure (benchmarks/README.md, "How we measure"): a
+preset's variants (ours under each checkpoint, then its peers), compiled for
+memory and FLOPs, timed round-robin in this process or each in its own (for its
+measured peak), or compiled for TPU v5e ahead of time. A variant that does not
+fit (XLA refuses it, it runs out of memory, or it is over `--memory-limit`) is
+a row that says so.
 """
 
 import dataclasses
@@ -28,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 import eqx_remat as er
 import zoo
@@ -237,13 +228,17 @@ def measure_isolated(
     return rows
 
 
-def worker(v: Variant, *, repeats: int, limit: int | None, path: Path) -> None:
-    """`--worker`: measure one variant (peak memory, median step, and on a TPU v5e
-    the AOT estimate for this topology) and write its row to `path`."""
-    (row,) = measure_here([v], repeats=repeats, limit=limit, step=lambda _: None)
+def worker(args: Any, variants: Sequence[Variant]) -> dict:
+    """`--worker I PATH`: measure variant I (peak memory, median step, and on a
+    TPU v5e the AOT estimate for this topology) and write its row to PATH."""
+    v = variants[int(args.worker[0])]
+    (row,) = measure_here(
+        [v], repeats=args.repeats, limit=args.memory_limit, step=lambda _: None
+    )
     if row["fits"]:
         row |= aot_beside(v)
-    path.write_text(json.dumps(row))
+    Path(args.worker[1]).write_text(json.dumps(row))
+    return {}
 
 
 # --------------------------------------------------------------------------------------
@@ -306,7 +301,7 @@ def _abstract(v: Variant, target: str) -> Callable:
         mesh = er.v5e_mesh(target)
 
         def spec(x):
-            s = getattr(getattr(x, "sharding", None), "spec", P())
+            s = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
             return jax.ShapeDtypeStruct(
                 x.shape, x.dtype, sharding=NamedSharding(mesh, s)
             )

@@ -118,15 +118,11 @@ class TransformerPreset(Preset):
 
     def describe(self) -> str:
         kind = "zoo.Transformer" + (".llama" if self.block == "llama" else "")
+        attention = self.attention != "dot_product"
         return (
-            f"{kind} vocab {self.vocab}, d_model {self.d_model}, "
-            f"{self.heads} heads, {self.layers} layers, seq {self.seq}, "
-            f"batch {self.batch}, {self.dtype}"
-            + (
-                f", {self.attention} attention"
-                if self.attention != "dot_product"
-                else ""
-            )
+            f"{kind} vocab {self.vocab}, d_model {self.d_model}, {self.heads} heads, "
+            f"{self.layers} layers, seq {self.seq}, batch {self.batch}, {self.dtype}"
+            + (f", {self.attention} attention" if attention else "")
             + (", FSDP" if self.shard_params else "")
         )
 

@@ -1,25 +1,9 @@
-"""Peers: the same models written by others, measured beside ours.
-
-A peer is a value: who wrote it (`impl`), its own label, the checkpoints of ours
-it is compared with, and how to build it (`make(preset, model) -> (fn, params)`).
-`of(preset)` lists a preset's peers.
-
-Each peer computes the same function as the zoo model, on the same weights (taken
-from the zoo model's arrays), so its loss equals ours up to float rounding. The
-transformer peers use the zoo's activation, `zoo.gelu` (whose backward keeps one
-array, where `jax.nn.gelu`'s keeps several), so that the programs differ in how
-the layers are stacked and checkpointed, not in the model:
-
-- `handwritten_transformer`: the transformer written as plain functions, one
-  example at a time (vmapped over the batch, like the zoo), its blocks applied
-  with `lax.scan(jax.checkpoint(block, policy=...))`;
-- `flax_transformer`: the same, as Flax linen modules, batch-major (the way a
-  Flax user writes it), blocks stacked with `nn.scan(nn.remat(Block, policy=...))`;
-- `treeverse_chain`: the ResidualChain with `equinox.internal.scan(...,
-  kind="checkpointed", checkpoints=c)` (online treeverse);
-- `nested_scan_chain`: the ResidualChain as a 2-level nested `lax.scan`, the
-  outer body under `jax.checkpoint` (the √D schedule by hand);
-- `plain_scan_chain`: the ResidualChain as one batch-major `lax.scan`.
+"""Peers: the same models written by others, measured beside ours (`of(preset)`
+lists a preset's). Each computes the same function as the zoo model on the same
+weights (taken from the zoo model's arrays), so its loss equals ours up to float
+rounding; the transformer peers use the zoo's activation, `zoo.gelu`, so that
+the programs differ in how the layers are stacked and checkpointed, not in the
+model.
 """
 
 import dataclasses
@@ -64,49 +48,34 @@ def of(preset: _models.Preset, *, quick: bool) -> tuple[Peer, ...]:
 
 
 def _transformer_peers(quick: bool) -> tuple[Peer, ...]:
-    policies = ("dots",) if quick else TRANSFORMER_POLICIES
+    makers = (("hand-written", handwritten_transformer), ("flax", flax_transformer))
     return tuple(
         Peer(
-            impl=impl,
-            checkpoint=spec,
-            ours=(spec,),
-            make=functools.partial(make, checkpoint=None if spec == "None" else spec),
+            impl,
+            s,
+            (s,),
+            functools.partial(make, checkpoint=None if s == "None" else s),
         )
-        for impl, make in (
-            ("hand-written", handwritten_transformer),
-            ("flax", flax_transformer),
-        )
-        for spec in policies
+        for impl, make in makers
+        for s in (("dots",) if quick else TRANSFORMER_POLICIES)
     )
 
 
 def _chain_peers(preset: _models.ChainPreset) -> tuple[Peer, ...]:
     log2 = max(1, math.ceil(math.log2(max(2, preset.layers))))
-    outer, inner = nested_split(preset.layers)
-    scans = (
+    nested = "nested-scan({}x{})".format(*nested_split(preset.layers))
+    return (
+        Peer("hand-written", "None", ("None",), plain_scan_chain),
+        Peer("hand-written", nested, ("nested(2)",), nested_scan_chain),
+    ) + tuple(
         Peer(
-            impl="hand-written",
-            checkpoint="None",
-            ours=("None",),
-            make=plain_scan_chain,
-        ),
-        Peer(
-            impl="hand-written",
-            checkpoint=f"nested-scan({outer}x{inner})",
-            ours=("nested(2)",),
-            make=nested_scan_chain,
-        ),
-    )
-    treeverse = tuple(
-        Peer(
-            impl="eqxi.scan",
-            checkpoint=f"treeverse({s})",
-            ours=("recursive()", f"binomial({s})"),
-            make=functools.partial(treeverse_chain, checkpoints=s),
+            "eqxi.scan",
+            f"treeverse({s})",
+            ("recursive()", f"binomial({s})"),
+            functools.partial(treeverse_chain, checkpoints=s),
         )
         for s in (preset.treeverse or (log2,))
     )
-    return scans + treeverse
 
 
 # --------------------------------------------------------------------------------------

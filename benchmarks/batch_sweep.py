@@ -26,6 +26,7 @@ largest per-chip batch that fits), in tokens/s per chip by the roofline.
 """
 
 import argparse
+import functools
 import itertools
 import time
 from pathlib import Path
@@ -56,14 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _loss(model, tokens):
-    return jax.vmap(model.loss)(tokens[:, :-1], tokens[:, 1:]).mean()
-
-
-def _flash_loss(model, tokens):
-    # The flash kernel runs per chip under `jax.shard_map`: the batch axis of
-    # the vmap is the mesh's "data" axis.
-    losses = jax.vmap(model.loss, spmd_axis_name="data")
+def _loss(model, tokens, axis=None):
+    """The zoo's (chunked) loss; the flash kernel runs per chip under
+    `jax.shard_map`, so there the batch axis of the vmap is the mesh's "data"."""
+    losses = jax.vmap(model.loss, spmd_axis_name=axis)
     return losses(tokens[:, :-1], tokens[:, 1:]).mean()
 
 
@@ -81,13 +78,11 @@ class _Combo:
 
     def __init__(self, model, tokens, checkpoint, k: int, chunk: int | None):
         self.checkpoint, self.k, self.chunk = checkpoint, k, chunk
-        self.model = zoo.set_loss_chunk_size(
-            er.set_checkpoint(model, checkpoint), chunk
-        )
-        self.tokens = tokens
+        model = er.set_checkpoint(model, checkpoint)
+        self.model, self.tokens = zoo.set_loss_chunk_size(model, chunk), tokens
         # equinox's Compiled: runs with the model's arrays, holds jax's.
-        self.run = eqx.filter_jit(er.accumulate(GRAD, k)).lower(self.model, tokens)
-        self.run = self.run.compile()
+        lowered = eqx.filter_jit(er.accumulate(GRAD, k)).lower(self.model, tokens)
+        self.run = lowered.compile()
         report = er.internal.compiled_report(
             self.run.compiled, flops=0, target=jax.default_backend()
         )
@@ -212,16 +207,13 @@ def _pick(args, name, model, tokens, way, budget, combos, first) -> dict[str, An
 
 
 def _describe(row: dict[str, Any]) -> str:
+    plain = row["plain_plan_s"]
     return (
         f"  {_common.fmt_bytes(row['budget_bytes'])}: {row['checkpoint']} "
         f"x{row['micro_batches']} chunk {row['loss_chunk_size']}, "
         f"{row['ratio']:.3f}x {row['best_combination']} "
         f"(spread {100 * row['spread']:.1f}%), planned in {row['plan_s']:.0f} s"
-        + (
-            f" (a checkpoint-only plan: {row['plain_plan_s']:.0f} s)"
-            if row["plain_plan_s"]
-            else ""
-        )
+        + (f" (a checkpoint-only plan: {plain:.0f} s)" if plain else "")
     )
 
 
@@ -233,8 +225,8 @@ def aot_preset(args, name: str, console) -> list[dict[str, Any]]:
     preset = _preset(name)
     mesh = er.v5e_mesh(args.target)
     model = zoo.shard(preset.build(abstract=True), mesh, fsdp=preset.fsdp)
-    loss = _flash_loss if getattr(preset, "attention", None) == "flash" else _loss
-    grad = eqx.filter_grad(loss)
+    axis = "data" if preset.attention == "flash" else None
+    grad = eqx.filter_grad(functools.partial(_loss, axis=axis))
 
     def fn(model, tokens):  # gradients kept sharded like the parameters
         return zoo.shard(grad(model, tokens), mesh, fsdp=preset.fsdp)
@@ -331,9 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data["targets"] = _targets.evaluate(rows, presets, _targets.BATCH_TARGETS)
     tag = (args.target or args.platform).replace(":", "_")
     path = _common.write(args, f"batch_sweep-{tag}", data, plot)
-    for v in data["targets"]:
-        verdict = "met" if v["met"] else "NOT met"
-        console.print(f"{v['name']}: {v['measured']} ({verdict})")
+    _common.show_targets(console, data["targets"])
     console.print(f"results in {path}")
     return data
 
@@ -341,12 +331,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def plot(data: dict[str, Any], path: Path) -> None:
     """Tokens/s against the budget: the pick, and each uniform checkpoint at
     its best micro-batch count and loss chunking that fits."""
-    import matplotlib.pyplot as plt
-
     groups = [g for g in data["presets"] if any(r["group"] == g for r in data["rows"])]
-    if any(r["kind"] != "combination" and r["kind"] != "pick" for r in data["rows"]):
+    if any(r["kind"] not in ("combination", "pick") for r in data["rows"]):
         return _plot_aot(data, path)
-    fig, axes = plt.subplots(
+    fig, axes = _common.plt().subplots(
         1, len(groups), figsize=(6 * len(groups), 4), squeeze=False
     )
     for ax, group in zip(axes[0], groups, strict=True):
@@ -371,17 +359,13 @@ def plot(data: dict[str, Any], path: Path) -> None:
             ax.plot(budgets, best, "--.", label=f"{c}, best micro-batches")
         ax.set(xscale="log", xlabel="budget (MiB)", ylabel="tokens/s", title=group)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _common.save_figure(fig, path)
 
 
 def _plot_aot(data: dict[str, Any], path: Path) -> None:
     """Tokens/s per chip (roofline): the pick beside MaxText's recipe at each
     per-chip batch that fits."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _common.plt().subplots(figsize=(6, 4))
     rows = data["rows"]
     maxtext = [r for r in rows if r["kind"] == "maxtext"]
     ax.plot(
@@ -402,9 +386,7 @@ def _plot_aot(data: dict[str, Any], path: Path) -> None:
     ax.set(xscale="log", xlabel="per-chip batch", ylabel="tokens/s per chip")
     ax.set_title(f"{data['meta'].get('target')}: 16 GiB per chip (roofline)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ nested loops by design, so theirs may grow up to log₂64 / log₂4 = 3x.
 For each checkpoint, the training step (`jax.value_and_grad` of the loss of
 `zoo.Transformer`, vmapped over the batch) is traced, lowered and compiled from
 scratch (`jax.clear_caches()` first) at each depth, `--repeats` times,
-interleaved; the median is reported, with the ratio of the deepest to the
-shallowest.
+interleaved (the loop of `depth_scaling.py`); the median is reported, with the
+ratio of the deepest to the shallowest.
 
     python benchmarks/compile_time.py
     python benchmarks/compile_time.py --depths 4 16 64 --checkpoint None dots
@@ -21,10 +21,9 @@ import statistics
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from benchmarks import _common, _models, _plots
+from benchmarks import _common, _models, _plots, depth_scaling
 
 
 CHECKPOINTS = ("None", "dots", "nothing", "every(2)", "recursive()", "binomial(3)")
@@ -32,15 +31,7 @@ LIMIT = 1.5  # the target, for None and every policy
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, repeats=3, target=False)
-    p.add_argument(
-        "--depths",
-        type=_common.positive_int,
-        nargs="+",
-        default=[4, 64],
-        metavar="N",
-        help="the depths to measure: transformer layers (default: %(default)s)",
-    )
+    p = depth_scaling.parser(__doc__, [4, 64], "transformer layers")
     p.add_argument(
         "--d-model",
         type=_common.positive_int,
@@ -48,18 +39,6 @@ def _parser() -> argparse.ArgumentParser:
         help="(default: %(default)s)",
     )
     return p
-
-
-def seconds(preset: _models.TransformerPreset, spec: str) -> float:
-    jax.clear_caches()
-    fn, params = _models.ours(
-        preset,
-        preset.build(abstract=True),
-        _common.parse_checkpoint(spec, preset.depth),
-    )
-    t0 = time.perf_counter()
-    jax.jit(fn).lower(params, preset.inputs(abstract=True)).compile()
-    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -70,22 +49,20 @@ def main(argv: list[str] | None = None) -> dict:
     seq, batch = (16, 2) if args.quick else (128, 4)
 
     def preset(n: int) -> _models.TransformerPreset:
+        heads = max(1, args.d_model // 32)
         return _models.TransformerPreset(
-            batch=batch,
-            seq=seq,
-            d_model=args.d_model,
-            heads=max(1, args.d_model // 32),
-            layers=n,
+            batch=batch, seq=seq, d_model=args.d_model, heads=heads, layers=n
         )
 
-    console, times, t0 = _common.Console(), {}, time.perf_counter()
-    with console.progress(args.repeats * len(specs) * len(args.depths)) as step:
-        for r in range(args.repeats):
-            for spec in specs:
-                for n in args.depths:
-                    step(f"round {r + 1}: {spec}, {n} layers")
-                    times.setdefault((spec, n), []).append(seconds(preset(n), spec))
-    lo, hi = min(args.depths), max(args.depths)
+    def measure(point: tuple[str, int], first: bool) -> float:
+        p = preset(point[1])
+        checkpoint = _common.parse_checkpoint(point[0], p.depth)
+        fn, params = _models.ours(p, p.build(abstract=True), checkpoint)
+        return depth_scaling.compile_seconds(fn, params, p.inputs(abstract=True))
+
+    console, t0 = _common.Console(), time.perf_counter()
+    points = {(s, n): f"{s}, {n} layers" for s in specs for n in args.depths}
+    times = depth_scaling.interleaved(console, args.repeats, points, measure)
     rows = [
         {
             "checkpoint": s,
@@ -95,55 +72,47 @@ def main(argv: list[str] | None = None) -> dict:
         }
         for (s, n), ts in times.items()
     ]
+    lo, hi = min(args.depths), max(args.depths)
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in rows}
     ratios = {s: med[(s, hi)] / med[(s, lo)] for s in specs}
+    describe = preset(hi).describe().replace(f"{hi} layers", "N layers")
     data = {
-        "meta": _common.meta(
-            args,
-            seconds=time.perf_counter() - t0,
-            describe=preset(hi).describe().replace(f"{hi} layers", "N layers"),
-        ),
+        "meta": _common.meta(args, seconds=time.perf_counter() - t0, describe=describe),
         "rows": rows,
         "ratio_deepest_to_shallowest": ratios,
         "targets": [target(ratios, lo, hi)],
     }
-    stem = "compile_time" + ("_quick" if args.quick else "")
-    path = _common.write(args, stem, data, plot)
-    console.print(data["meta"]["describe"])
+    path = _common.write(args, "compile_time" + "_quick" * args.quick, data, plot)
+    console.print(describe)
     console.table(
         f"Compile time, s (median) [{_common.where_compiled(data)}]",
         ["checkpoint", *(f"{n} layers" for n in args.depths), f"{hi} / {lo}"],
         [
-            [
-                s,
-                *(f"{med[(s, n)]:.2f}" for n in args.depths),
-                _common.fmt_ratio(ratios[s]),
-            ]
-            for s in specs
+            [s, *(f"{med[(s, n)]:.2f}" for n in args.depths), _common.fmt_ratio(x)]
+            for s, x in ratios.items()
         ],
         left=1,
     )
-    t = data["targets"][0]
-    console.print(f"{t['name']}: {'met' if t['met'] else 'NOT met'}; results in {path}")
+    _common.show_targets(console, data["targets"])
+    console.print(f"results in {path}")
     return data
 
 
 def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
     """The verdict: compile time at `hi` layers over `lo` layers, at most `LIMIT`
     for `None` and every policy (schedules may grow by design)."""
-    policies = {
-        s: x
+    policies = [
+        x
         for s, x in ratios.items()
-        if _common.parse_checkpoint(s, hi) is None
-        or isinstance(_common.parse_checkpoint(s, hi), str)
-    }
+        if isinstance(_common.parse_checkpoint(s, hi), str | None)
+    ]
     return {
         "name": f"compile time at {hi} layers <= {LIMIT}x at {lo} layers "
         "(None and every policy)",
         "metric": "compile_s",
         "threshold": LIMIT,
-        "value": max(policies.values(), default=None),
-        "met": all(x <= LIMIT for x in policies.values()) if policies else None,
+        "value": max(policies, default=None),
+        "met": all(x <= LIMIT for x in policies) if policies else None,
         "measured": ", ".join(f"{s} {x:.2f}x" for s, x in ratios.items()),
         "why": "recursive/binomial trace O(log D) loops by design",
     }

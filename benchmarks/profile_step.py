@@ -28,7 +28,6 @@ import os
 import re
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,9 +37,6 @@ from pathlib import Path
 _FLAG = "--xla_cpu_enable_xprof_traceme=true"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
-
-if __package__ in (None, ""):  # `python benchmarks/profile_step.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402

@@ -45,8 +45,14 @@ def sweep(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return presets + "\n\n" + _common.markdown_table(cols, rows)
+    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
+
+
+def _presets(data: dict, topology: bool = False) -> str:
+    return "\n".join(
+        f"- `{n}`: {p['describe']}" + (f", {p['topology']}" if topology else "")
+        for n, p in data["presets"].items()
+    )
 
 
 def peers(data: dict) -> str:
@@ -93,10 +99,16 @@ def seed(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    legend = "\n".join(
-        f"- `{n}`: {p['describe']}, {p['topology']}" for n, p in data["presets"].items()
-    )
-    return legend + "\n\n" + _common.markdown_table(cols, rows) + "\n\n" + targets(data)
+    table = _common.markdown_table(cols, rows)
+    return _presets(data, topology=True) + "\n\n" + table + "\n\n" + targets(data)
+
+
+def _by_depth(specs, depths, cell, *extra) -> list[list[str]]:
+    """A table of checkpoints (rows) against depths (columns): `cell(s, d)`,
+    then the columns `extra(s)`."""
+    return [
+        [f"`{s}`", *(cell(s, d) for d in depths), *(f(s) for f in extra)] for s in specs
+    ]
 
 
 def depth(data: dict) -> str:
@@ -105,17 +117,13 @@ def depth(data: dict) -> str:
     specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
     slopes = data["memory_slopes"]["slopes"]
     cols = ["checkpoint", *(f"D={d}" for d in depths)]
-    mem = [
-        [
-            f"`{s}`",
-            *(_common.fmt_bytes(by[(s, d)]["temp_bytes"]) for d in depths),
-            _common.fmt_ratio(slopes[s]).rstrip("x"),
-        ]
-        for s in specs
-    ]
-    comp = [
-        [f"`{s}`", *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in specs
-    ]
+    mem = _by_depth(
+        specs,
+        depths,
+        lambda s, d: _common.fmt_bytes(by[(s, d)]["temp_bytes"]),
+        lambda s: _common.fmt_ratio(slopes[s]).rstrip("x"),
+    )
+    comp = _by_depth(specs, depths, lambda s, d: f"{by[(s, d)]['compile_s']:.1f}")
     return (
         f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
         f"from D = {data['memory_slopes']['from_depth']}:\n\n"
@@ -128,43 +136,38 @@ def depth(data: dict) -> str:
 def compile_time(data: dict) -> str:
     layers = sorted({r["layers"] for r in data["rows"]})
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in data["rows"]}
-    specs = list(data["ratio_deepest_to_shallowest"])
-    rows = [
-        [
-            f"`{s}`",
-            *(f"{med[(s, n)]:.2f}" for n in layers),
-            _common.fmt_ratio(data["ratio_deepest_to_shallowest"][s]),
-        ]
-        for s in specs
-    ]
-    cols = [
-        "checkpoint",
-        *(f"{n} layers (s)" for n in layers),
-        f"{layers[-1]} / {layers[0]}",
-    ]
-    return (
-        data["meta"]["describe"]
-        + "\n\n"
-        + _common.markdown_table(cols, rows)
-        + "\n\n"
-        + targets(data)
+    ratios = data["ratio_deepest_to_shallowest"]
+    rows = _by_depth(
+        ratios,
+        layers,
+        lambda s, n: f"{med[(s, n)]:.2f}",
+        lambda s: _common.fmt_ratio(ratios[s]),
     )
+    cols = ["checkpoint", *(f"{n} layers (s)" for n in layers)]
+    cols += [f"{layers[-1]} / {layers[0]}"]
+    table = _common.markdown_table(cols, rows)
+    return f"{data['meta']['describe']}\n\n{table}\n\n{targets(data)}"
 
 
-def plan(data: dict) -> str:
-    rows = [
+def plan_rows(rows: list[dict], arrow: str, code: str) -> list[list[str]]:
+    """`run.py --budget`'s table, markdown or console: `arrow` marks the pick,
+    `code` formats a checkpoint."""
+    return [
         [
             r["group"],
-            "**→**" if r.get("chosen") else "",
-            f"`{r['checkpoint']}`",
+            arrow if r.get("chosen") else "",
+            code.format(r["checkpoint"]),
             _common.fmt_bytes(r.get("memory_bytes")),
             _common.fmt_flops(r.get("flops")),
             "yes" if r["fits"] else "no",
         ]
-        for r in data["rows"]
+        for r in rows
     ]
+
+
+def plan(data: dict) -> str:
     cols = ["preset", "", "checkpoint", "temp+args+out / chip", "FLOPs", "fits"]
-    return _common.markdown_table(cols, rows)
+    return _common.markdown_table(cols, plan_rows(data["rows"], "**→**", "`{}`"))
 
 
 def plan_sweep(data: dict) -> str:
@@ -263,8 +266,9 @@ def batch_sweep(data: dict) -> str:
         for r in data["rows"]
         if r["kind"] == "pick"
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return "\n\n".join([presets, _common.markdown_table(cols, rows), targets(data)])
+    return "\n\n".join(
+        [_presets(data), _common.markdown_table(cols, rows), targets(data)]
+    )
 
 
 def batch_aot(data: dict) -> str:
@@ -285,8 +289,7 @@ def batch_aot(data: dict) -> str:
         ]
         for r in data["rows"]
     ]
-    presets = "\n".join(f"- `{n}`: {p['describe']}" for n, p in data["presets"].items())
-    return presets + "\n\n" + _common.markdown_table(cols, rows)
+    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
 
 
 SECTIONS = (

@@ -28,7 +28,7 @@ from typing import Any
 import equinox as eqx
 
 import eqx_remat as er
-from benchmarks import _common, _measure, _models, _plots, _targets
+from benchmarks import _common, _measure, _models, _plots, _targets, report
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,11 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     presets = {n: p.on(devices) for n, p in base.items()}
     variants = all_variants(args, presets)
     if args.worker:
-        i, path = int(args.worker[0]), Path(args.worker[1])
-        _measure.worker(
-            variants[i], repeats=args.repeats, limit=args.memory_limit, path=path
-        )
-        return {}
+        return _measure.worker(args, variants)
     t0 = time.perf_counter()
     console.print(
         f"run.py: {len(variants)} variants of {len(presets)} presets, each "
@@ -138,10 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peers": _targets.peer_pairs(rows),
         "targets": _targets.evaluate(rows, presets),
     }
-    tag = args.target or args.platform
-    stem = args.name or f"sweep-{tag.replace(':', '_')}" + (
-        "-quick" if args.quick else ""
-    )
+    tag = (args.target or args.platform).replace(":", "_")
+    stem = args.name or f"sweep-{tag}" + "-quick" * args.quick
     path = _common.write(args, stem, data, plot)
     show(console, data, _common.where(args, data))
     console.print(LEGEND)
@@ -347,16 +341,14 @@ def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> lis
     batch = preset.inputs(abstract=True)
     if mesh is not None:
         batch = _measure.place_batch(batch, mesh)
-    cands = None
-    if args.checkpoint:
-        cands = [_common.parse_checkpoint(s, preset.depth) for s in args.checkpoint]
+    cands = [_common.parse_checkpoint(s, preset.depth) for s in args.checkpoint or ()]
     res = er.plan(
         eqx.filter_grad(preset.loss),
         model,
         batch,
         budget_bytes=args.budget,
         target=args.target,
-        candidates=cands,
+        candidates=cands or None,
     )
     chosen = _common.checkpoint_label(res.checkpoint)
     # With --checkpoint, the candidates' table; else the planner's frontier
@@ -409,39 +401,24 @@ def plan_mode(
     console.table(
         f"Plan, budget {_common.fmt_bytes(args.budget)} [{_common.where(args, data)}]",
         ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
-        [
-            (
-                r["group"],
-                "→" if r.get("chosen") else "",
-                r["checkpoint"],
-                _common.fmt_bytes(r.get("memory_bytes")),
-                _common.fmt_flops(r.get("flops")),
-                "yes" if r["fits"] else "no",
-            )
-            for r in rows
-        ],
+        report.plan_rows(rows, "→", "{}"),
     )
     console.print(f"results in {path}")
     return data
 
 
 def plot_plan(data: dict, path: Path) -> None:
-    pyplot = _common.plt()
-    fig, ax = pyplot.subplots(figsize=(7, 4.5))
+    fig, ax = _common.plt().subplots(figsize=(7, 4.5))
     rows = [r for r in data["rows"] if r.get("memory_bytes")]
     for g in dict.fromkeys(r["group"] for r in rows):
-        pts = [r for r in rows if r["group"] == g]
-        ax.scatter(
-            [r["flops"] for r in pts],
-            [r["memory_bytes"] / _common.MiB for r in pts],
-            label=g,
-        )
-        for r in pts:
-            ax.annotate(
-                r["checkpoint"],
-                (r["flops"], r["memory_bytes"] / _common.MiB),
-                fontsize=7,
-            )
+        pts = [
+            (r["flops"], r["memory_bytes"] / _common.MiB, r)
+            for r in rows
+            if r["group"] == g
+        ]
+        ax.scatter([x for x, _, _ in pts], [y for _, y, _ in pts], label=g)
+        for x, y, r in pts:
+            ax.annotate(r["checkpoint"], (x, y), fontsize=7)
     ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
     ax.legend(fontsize=7)
     _common.save_figure(fig, path)

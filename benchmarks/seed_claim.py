@@ -86,18 +86,15 @@ def aot(args, grid, console) -> list[dict]:
     old = (
         [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
     )
-    done = {(r["group"], r["checkpoint"]) for r in old if "group" in r}
     rows = [r for r in old if "group" in r]
+    done = {(r["group"], r["checkpoint"]) for r in rows}
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
-        for v in _measure.variants(
-            name,
-            preset,
-            [s for s in specs if (name, s) not in done],
-            target=topology,
-            peers=False,
-            quick=False,
-        ):
+        specs = [s for s in specs if (name, s) not in done]
+        vs = _measure.variants(
+            name, preset, specs, target=topology, peers=False, quick=False
+        )
+        for v in vs:
             console.print(
                 f"[bold]{name}[/] ({preset.describe()}, {topology}): {v.checkpoint} ..."
             )
@@ -126,14 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             name, preset, args.checkpoint or REAL, target=None, peers=False, quick=False
         )
         if args.worker:
-            i, path = int(args.worker[0]), Path(args.worker[1])
-            _measure.worker(
-                variants[int(i)],
-                repeats=args.repeats,
-                limit=args.memory_limit,
-                path=path,
-            )
-            return {}
+            return _measure.worker(args, variants)
         rows, presets = run.measure(args, variants, console), {name: preset}
     else:
         rows, presets = aot(args, grid, console), {n: p for n, (p, _) in grid.items()}
@@ -159,11 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "targets": _targets.evaluate(rows, presets),
     }
-    stem = (
-        "seed_claim"
-        + ("_quick" if args.quick else "")
-        + ("_run" if _real(args) else "")
-    )
+    stem = "seed_claim" + "_quick" * args.quick + "_run" * _real(args)
     path = _common.write(args, stem, data, plot)
     show(console, data, _real(args))
     console.print(f"results in {path}")

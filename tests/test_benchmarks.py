@@ -215,13 +215,9 @@ def test_sweep_explains_its_columns_and_its_strict_targets():
         def layer_param_bytes(self):
             return 0
 
-    (strict,) = _targets.EveryCheckpoint(_targets.PARAMS).evaluate(
-        rows, "chain-params", Preset()
-    )
+    (strict,) = _targets.every_checkpoint(rows, "chain-params", Preset())
     assert "relaxed one below" in strict["why"], strict
-    (other,) = _targets.EveryCheckpoint(_targets.PARAMS).evaluate(
-        rows, "chain-s", Preset()
-    )
+    (other,) = _targets.every_checkpoint(rows, "chain-s", Preset())
     assert other["why"] == ""
 
 

@@ -76,6 +76,15 @@ class RunConfig:
     """held-out tail of the corpus"""
 
 
+class _Help:
+    """`_Help[type, flag]`: a field with the help of `_device`'s flag of that name,
+    so that every script describes the device flags alike."""
+
+    def __class_getitem__(cls, item: tuple[Any, str]) -> Any:
+        kind, flag = item
+        return Annotated[kind, tyro.conf.arg(help=_device.HELP[flag])]
+
+
 @dataclasses.dataclass(frozen=True)
 class Flags:
     """The command line: the run's `RunConfig`, then how this invocation runs it."""
@@ -106,24 +115,12 @@ class Flags:
     """batches of the held-out loss (0: none)"""
     no_progress: bool = False
     """no progress bar"""
-    device: Literal["auto", "tpu", "gpu", "cpu"] = "auto"
-    """where to run: the machine's TPU, else GPU, else CPU (auto), or one of them;
-    an explicit JAX_PLATFORMS environment variable wins"""
-    distributed: bool = False
-    """call jax.distributed.initialize() first (a multi-host slice: run the same
-    command on every host; only process 0 logs and writes)"""
-    coordinator_address: str | None = None
-    """with --distributed: process 0's HOST:PORT, the same on every process
-    (None: $JAX_COORDINATOR_ADDRESS, else auto-detected)"""
-    num_processes: int | None = None
-    """with --distributed: how many processes (None: $JAX_NUM_PROCESSES, else
-    auto-detected)"""
-    process_id: int | None = None
-    """with --distributed: this process, 0 to N - 1 (None: $JAX_PROCESS_ID, else
-    auto-detected)"""
-    heartbeat_timeout: int = 100
-    """a process silent this many seconds is taken as dead, and the run stops on
-    every process (as JAX's)"""
+    device: _Help[Literal["auto", "tpu", "gpu", "cpu"], "device"] = "auto"
+    distributed: _Help[bool, "distributed"] = False
+    coordinator_address: _Help[str | None, "coordinator_address"] = None
+    num_processes: _Help[int | None, "num_processes"] = None
+    process_id: _Help[int | None, "process_id"] = None
+    heartbeat_timeout: _Help[int, "heartbeat_timeout"] = 100
     run_dir: tyro.conf.Suppress[Path | None] = None  # --save-dir, or a fresh one
     given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
 
@@ -275,8 +272,10 @@ def data_problem(path: Path) -> str | None:
     from .data import text_files
 
     if not any(p.stat().st_size for p in text_files(path)):
-        return f"{path} holds no text file with any bytes (hidden and binary files "
-        "are skipped)."
+        return (
+            f"{path} holds no text file with any bytes (hidden and binary files "
+            "are skipped)."
+        )
     return None
 
 

@@ -30,7 +30,7 @@ from rich.progress import (
 import eqx_remat
 from benchmarks import _common, _device
 
-from . import checkpointing as ckpt
+from . import checkpointing
 from .config import (
     FORMAT,
     Flags,
@@ -99,13 +99,13 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
     # (`prepare`): a run refused for its flags leaves nothing behind.
     made_later = args.save_dir is not None and not args.save_dir.exists()
     opened = args.save_dir is not None and not made_later
-    mgr = ckpt.open_manager(args.save_dir, args.keep) if opened else None
+    mgr = checkpointing.open_manager(args.save_dir, args.keep) if opened else None
     stop = StopRequest()
     stop.install()  # a signal before the first step stops the run after it
     try:
         run, state = prepare(args, platform, mgr)
         if made_later:
-            mgr = ckpt.open_manager(args.save_dir, args.keep)
+            mgr = checkpointing.open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
     except Exception as e:
         if jax.process_count() > 1 and not isinstance(e, UsageError):
@@ -168,7 +168,7 @@ def prepare(
             f"{', '.join(map(str, mgr.all_steps()))}): add --resume to continue "
             "that run, or pick another directory."
         )
-    saved = ckpt.newest_meta(mgr) if args.resume else None
+    saved = checkpointing.newest_meta(mgr) if args.resume else None
     c = run_config(args, saved and saved["config"], platform)
     check_config(c)
     checkpoint = _common.parse_checkpoint(args.remat, depth=c.layers)
@@ -208,7 +208,7 @@ def resume(
     """The newest intact checkpoint's state, and the run's `RunConfig` checked
     against it."""
     like_for = lambda meta: abstract_state(RunConfig(**meta["config"]), placement)
-    step, meta, state = ckpt.find_resume_point(mgr, args.save_dir, like_for)
+    step, meta, state = checkpointing.find_resume_point(mgr, args.save_dir, like_for)
     c = run_config(args, meta["config"], platform)
     check_config(c)
     check_extension(RunConfig(**meta["config"]), c, step)
@@ -402,7 +402,7 @@ def _loop(run, state, mgr, stop, writer):
                 progress.update(task, loss=f"{row['loss']:.4f}")
                 clock.restart(done)
             if save_due:
-                ckpt.save_checkpoint(mgr, done, state, run.meta)
+                checkpointing.save_checkpoint(mgr, done, state, run.meta)
             if logging_due or save_due:
                 clock.go()
             progress.update(task, completed=done)
