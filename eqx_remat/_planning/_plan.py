@@ -1272,7 +1272,8 @@ class _Planner:
                 and predicted <= 1.05 * self.budget
             ):
                 self.compile(o.checkpoint, predicted)
-        self.time(list(self.compiled))
+        # The uniform options and schedules: a mix is timed by the race.
+        self.time([c for c in self.compiled if not isinstance(c, ranges)])
         fitting = []
         for i, (c, r) in enumerate(self.compiled.items()):
             if not self._fits(r) or isinstance(c, ranges):
@@ -1302,7 +1303,12 @@ class _Planner:
         rounds that ranked them, so where what is left of this call's
         compile time covers a warm-up and two rounds, the pick and as many
         rivals as it covers (at most three) are run round-robin again (once
-        per plan cache); otherwise the plan's own rounds decide."""
+        per plan cache); otherwise the plan's own rounds decide. A pick not
+        timed yet (a mix) is always run, with one rival at least: it is
+        measured before it is returned."""
+        if not self.runnable(pick.checkpoint):
+            return pick
+        measured = pick.checkpoint in self.timings
         fitting = [
             c
             for c, r in self.compiled.items()
@@ -1311,24 +1317,26 @@ class _Planner:
             and c in self.timings
             and self.runnable(c)
         ]
-        if not fitting or pick.checkpoint not in self.timings:
-            return pick
         fitting.sort(key=lambda c: self.timings[c].seconds)
-        bar = 1.03 * self.timings[fitting[0]].seconds
+        bar = 1.03 * self.timings[fitting[0]].seconds if fitting else 0.0
         rivals = [
             c
             for c in fitting
             if self.timings[c].seconds <= bar and c != pick.checkpoint
         ][:3]
         if not rivals:
-            return pick
-        step = self.timings[pick.checkpoint].seconds
+            if not measured:  # nothing to race: timed beside the plan's clock
+                self.time([pick.checkpoint])
+            seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
+            return pick._replace(time_s=seconds, measured=measured)
+        step = self.timings[pick.checkpoint].seconds if measured else pick.time_s
         n = 0
         for c in rivals:  # a warm-up and two rounds of each program raced
             step += self.timings[c].seconds
             if 3 * step > self.left_s():
                 break
             n += 1
+        n = max(n, 0 if measured else 1)
         run = [pick.checkpoint, *rivals[: max(n, 1)]]
         key = self._k("race", tuple(run))
         if n or CACHE.has(self.fn, key):
