@@ -282,16 +282,21 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
     )
 
     def measure():
-        """After a warm-up, 2 to 31 rounds: as many as what is left of these
-        plans' compile time allows (each of them timed on its own clock: the
-        race puts them on one)."""
+        """After a warm-up, 2 to 31 rounds: as many as what is left of the
+        compile time of every combination planned allows (each was timed on
+        its own clock: the race puts the bests on one)."""
         start = time.perf_counter()
         warm = warm_up(programs)
-        done = {id(b.way.planner): b.way.planner for b in run}.values()
+        done = {id(b.way.planner): b.way.planner for b in bests}.values()
         left = sum(q.left_s() for q in done) - warm
         rounds = rounds_within(left, warm, least=2, most=31)
         out = time_interleaved(programs, rounds=rounds, warmup=False)
-        solved.planner.timed_s += time.perf_counter() - start
+        took = time.perf_counter() - start
+        solved.planner.timed_s += took
+        solved.planner.say(
+            f"raced {len(run)} combinations in {rounds} rounds, {took:.1f} s "
+            f"({left + warm:.1f} s left of the compiles' time)"
+        )
         return out
 
     timings = CACHE.get(solved.planner.fn, key, measure)
