@@ -480,9 +480,7 @@ class PlanCache:
             self._entries.move_to_end(key)
             return hit[1]
         value = compute()
-        self._entries[key] = fn, value
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self.put(fn, key, value)
         return value
 
     def put(self, fn: Callable, key: Any, value: Any) -> None:
@@ -1336,7 +1334,8 @@ class _Planner:
             if 3 * step > self.left_s():
                 break
             n += 1
-        n = max(n, 0 if measured else 1)
+        if not measured:  # it is measured before it is returned
+            n = max(n, 1)
         run = [pick.checkpoint, *rivals[: max(n, 1)]]
         key = self._k("race", tuple(run))
         if n or CACHE.has(self.fn, key):
