@@ -107,11 +107,12 @@ TINY = [
     "--data-bytes", "200000", "--log-every", "4", "--save-every", "4",
     "--eval-batches", "0", "--no-progress", "--remat", "dots",
 ]  # fmt: skip
-DISTRIBUTED = ["--distributed", "--mesh", "fsdp", "--heartbeat-timeout", "60"]
+DISTRIBUTED = ["--distributed", "--mesh", "fsdp"]
 
 
-def _train(*args: str, timeout: float = 300) -> mh.Group:
-    return mh.Group(lambda i: [*TRAIN, *args, *DISTRIBUTED], timeout=timeout)
+def _train(*args: str, timeout: float = 300, heartbeat: int = 60) -> mh.Group:
+    flags = [*DISTRIBUTED, "--heartbeat-timeout", str(heartbeat)]
+    return mh.Group(lambda i: [*TRAIN, *args, *flags], timeout=timeout)
 
 
 def _metrics(save_dir: Path) -> list[dict]:
@@ -201,31 +202,35 @@ def test_sigterm_to_one_process_then_resume_is_bit_identical(two_process_run, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_dying_process_ends_the_run(victim, tmp_path):
-    """SIGKILL to one process mid-run: the other ends within seconds, rc 1, with
-    a line that says another process stopped. Process 0 killed takes JAX's
-    coordination service with it: which comes first in the survivor is a race,
-    our line (rc 1) or JAX's own abort (SIGABRT) with its line that another task
-    died; either is an end with a reason, never a hang."""
+    """SIGKILL to one process mid-run: the other ends with a reason, never a
+    hang. Either its next collective fails and it says so (rc 1, our line that
+    another process stopped), or JAX's coordination service takes the dead
+    process as gone within `--heartbeat-timeout` and aborts it (SIGABRT, JAX's
+    line that another task died). Which one is a race: a gloo all-reduce
+    already waiting for the dead process's data is not told that it died (seen
+    on both victims), and the coordination service dies with process 0."""
+    heartbeat = 15
     long = [*TINY, "--steps", "100000", "--log-every", "1", "--save-every", "1000"]
-    run = _train(*long, "--save-dir", str(tmp_path), timeout=300)
+    run = _train(*long, "--save-dir", str(tmp_path), timeout=300, heartbeat=heartbeat)
     run.wait_for(0, "step      3")
     run.signal(victim, signal.SIGKILL)
     killed = time.monotonic() - run.start
     done = run.finish()
     survivor = done[1 - victim]
     assert done[victim].returncode == -signal.SIGKILL
-    ends = (1,) if victim == 1 else (1, -signal.SIGABRT)
-    assert survivor.returncode in ends, survivor.tail()
-    # Well within the 60 s heartbeat timeout: the next collective fails at once.
-    assert survivor.seconds - killed < 15, (survivor.seconds, killed)
-    mine = f"train_lm.py: error: process {1 - victim} of 2: "
-    jax_says = "This most likely indicates that another task died"
-    assert mine in survivor.stderr or jax_says in survivor.stderr, survivor.tail()
-    if victim == 1:
-        assert f"{mine}a computation shared with the other processes failed" in (
-            survivor.stderr
-        )
-        assert "another process of the run has stopped or died" in survivor.stderr
+    assert survivor.returncode in (1, -signal.SIGABRT), survivor.tail()
+    assert survivor.seconds - killed < heartbeat + 10, (survivor.seconds, killed)
+    if survivor.returncode == 1:
+        mine = f"train_lm.py: error: process {1 - victim} of 2: "
+        assert mine in survivor.stderr, survivor.tail()
+        if victim == 1:  # the coordination service lives on: a collective failed
+            assert f"{mine}a computation shared with the other processes failed" in (
+                survivor.stderr
+            )
+            assert "another process of the run has stopped or died" in survivor.stderr
+    else:
+        jax_says = "This most likely indicates that another task died"
+        assert jax_says in survivor.stderr, survivor.tail()
 
 
 @pytest.mark.slow

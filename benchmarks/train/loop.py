@@ -133,8 +133,9 @@ def abandon(e: Exception, args: Flags) -> NoReturn:
     says why, then exit 1 at once. A failed collective means another process has
     stopped or died; any other error is this process's own (its traceback comes
     first), and exiting at once ends the run on the other processes too (their
-    next collective fails), where waiting for JAX's orderly shutdown would wait
-    for processes that are gone (until `--heartbeat-timeout`, then abort)."""
+    next collective fails, or at the latest JAX's coordination service takes
+    this one as gone after `--heartbeat-timeout` and aborts them), where
+    waiting for JAX's orderly shutdown would wait for processes that are gone."""
     me = f"process {jax.process_index()} of {jax.process_count()}"
     first = _common.first_line(e)
     resume = (
