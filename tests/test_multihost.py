@@ -208,7 +208,8 @@ def test_a_dying_process_ends_the_run(victim, tmp_path):
     process as gone within `--heartbeat-timeout` and aborts it (SIGABRT, JAX's
     line that another task died). Which one is a race: a gloo all-reduce
     already waiting for the dead process's data is not told that it died (seen
-    on both victims), and the coordination service dies with process 0."""
+    with process 1 killed: process 0 waits in gloo's `UnboundBuffer::waitRecv`),
+    and the coordination service dies with process 0."""
     heartbeat = 15
     long = [*TINY, "--steps", "100000", "--log-every", "1", "--save-every", "1000"]
     run = _train(*long, "--save-dir", str(tmp_path), timeout=300, heartbeat=heartbeat)
