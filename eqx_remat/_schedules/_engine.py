@@ -164,7 +164,8 @@ class _Saved:
 
     @classmethod
     def tree_unflatten(cls, layout, children):
-        return cls(*children, layout)
+        arrays, fixed = children
+        return cls(arrays, fixed, layout)
 
 
 def _varying(jaxpr: Any, inputs: list[bool]) -> list[bool]:
