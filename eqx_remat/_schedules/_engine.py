@@ -18,7 +18,9 @@ operations on the stack that this module implements once, for every schedule:
 - `Layers.reverse_segment`: one forward pass over a segment that saves each
   layer's residuals (what the inner policy keeps), then the backward steps of
   the segment, last to first. A layer's parameters are never among the saved
-  residuals: they are read from the stack again.
+  residuals: they are read from the stack again. Residuals that depend on
+  neither the layer nor its input (an attention mask) are kept once for the
+  segment, not per layer, as JAX's scan hoists them out of its loop.
 - `Layers.save_segment` / `Layers.apply_segment`: the two halves of
   `reverse_segment` on their own, for a schedule that saves a segment's
   residuals on the forward pass (`eqx_remat.ranges`'s per-layer ranges).
@@ -377,12 +379,14 @@ class Layers:
         """The forward half of `reverse_segment`: run layers `start, ...,
         start + length - 1` from `carry` with one `lax.scan`, saving each
         layer's residuals under the inner policy (not its parameters, which
-        are read from the stack again). `pad`: as in `run`.
+        are read from the stack again; and once, outside the loop, those that
+        depend on neither the layer nor its input). `pad`: as in `run`.
 
         **Returns:**
 
         `(output, saved)`: the output of the last layer, and the residuals for
-        `apply_segment` (a pytree of arrays stacked over the `length` layers).
+        `apply_segment` (a pytree of arrays, stacked over the `length` layers
+        but for those kept once).
         """
         pad = pad and not _is_arange(start, length, self.depth)
         layout = _Layout()
