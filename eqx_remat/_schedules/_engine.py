@@ -18,7 +18,9 @@ operations on the stack that this module implements once, for every schedule:
 - `Layers.reverse_segment`: one forward pass over a segment that saves each
   layer's residuals (what the inner policy keeps), then the backward steps of
   the segment, last to first. A layer's parameters are never among the saved
-  residuals: they are read from the stack again.
+  residuals: they are read from the stack again. Residuals that depend on
+  neither the layer nor its input (an attention mask) are kept once for the
+  segment, not per layer, as JAX's scan hoists them out of its loop.
 - `Layers.save_segment` / `Layers.apply_segment`: the two halves of
   `reverse_segment` on their own, for a schedule that saves a segment's
   residuals on the forward pass (`eqx_remat.ranges`'s per-layer ranges).
@@ -52,7 +54,13 @@ import jax.tree_util as jtu
 from jax import lax
 
 from .. import _jax_private
-from .._inspect._jaxpr import checkpoint_names
+from .._inspect._jaxpr import (
+    called_jaxpr,
+    checkpoint_names,
+    eval_jaxpr,
+    is_literal,
+    open_jaxpr,
+)
 from .._policies._apply import checkpointed
 from .._policies._named import to_jax_policy
 from .._policies._values import NamePolicy, check_tags
@@ -132,29 +140,52 @@ def _is_arange(start: Any, length: int, depth: int) -> bool:
 
 class _Layout:
     """How to rebuild each layer's pullback from the residuals that
-    `Layers.save_segment` stacks: the pullback's tree structure, and where each
-    of its leaves comes from. Filled in while the segment is traced; compared by
-    identity."""
+    `Layers.save_segment` keeps: the pullback's tree structure, where each of
+    its leaves comes from, and which kept residuals depend on no input of the
+    layer (`fixed`: computed once for the segment, not stacked). Filled in while
+    the segment is traced; compared by identity."""
 
     tree: Any
     kinds: list
+    fixed: list[bool]
 
 
 @jtu.register_pytree_node_class
 class _Saved:
-    """What `Layers.save_segment` returns: the stacked residuals (the pytree's
-    children) and their `_Layout` (static)."""
+    """What `Layers.save_segment` returns: the stacked residuals and those
+    computed once for the segment (the pytree's children), and their `_Layout`
+    (static)."""
 
-    def __init__(self, arrays: list, layout: _Layout):
+    def __init__(self, arrays: list, fixed: list, layout: _Layout):
         self.arrays = arrays
+        self.fixed = fixed
         self.layout = layout
 
     def tree_flatten(self):
-        return (self.arrays,), self.layout
+        return (self.arrays, self.fixed), self.layout
 
     @classmethod
     def tree_unflatten(cls, layout, children):
-        return cls(children[0], layout)
+        arrays, fixed = children
+        return cls(arrays, fixed, layout)
+
+
+def _varying(jaxpr: Any, inputs: list[bool]) -> list[bool]:
+    """For each output of `jaxpr`, whether it depends on one of the inputs
+    marked in `inputs`, looking into the calls it makes (`jnp.where` is one);
+    any other equation with such an input is taken to vary in every output."""
+    varying = {v for v, f in zip(jaxpr.invars, inputs) if f}
+    for eqn in jaxpr.eqns:
+        ins = [not is_literal(v) and v in varying for v in eqn.invars]
+        if not any(ins):
+            continue
+        sub = called_jaxpr(eqn)
+        if sub is not None and len(open_jaxpr(sub).invars) == len(ins):
+            outs = _varying(open_jaxpr(sub), ins)
+        else:
+            outs = [True] * len(eqn.outvars)
+        varying.update(v for v, f in zip(eqn.outvars, outs) if f)
+    return [not is_literal(v) and v in varying for v in jaxpr.outvars]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -348,23 +379,25 @@ class Layers:
         """The forward half of `reverse_segment`: run layers `start, ...,
         start + length - 1` from `carry` with one `lax.scan`, saving each
         layer's residuals under the inner policy (not its parameters, which
-        are read from the stack again). `pad`: as in `run`.
+        are read from the stack again; and once, outside the loop, those that
+        depend on neither the layer nor its input). `pad`: as in `run`.
 
         **Returns:**
 
         `(output, saved)`: the output of the last layer, and the residuals for
-        `apply_segment` (a pytree of arrays stacked over the `length` layers).
+        `apply_segment` (a pytree of arrays, stacked over the `length` layers
+        but for those kept once).
         """
         pad = pad and not _is_arange(start, length, self.depth)
         layout = _Layout()
 
-        def forward(i, x):
+        def kept(i, x):
             out, vjp, invariant = self._vjp(i, x)
             leaves, layout.tree = jtu.tree_flatten(vjp)
             # Residuals that are parameters or constants are loop-invariant
-            # (or a slice of the stack): leave them out of the stacked
-            # residuals and read them again on the way back.
-            kinds, saved = [], []
+            # (or a slice of the stack): leave them out of the kept residuals
+            # and read them again on the way back.
+            kinds, residuals = [], []
             for leaf in leaves:
                 k = next((k for k, v in enumerate(invariant) if v is leaf), None)
                 if k is not None:
@@ -372,10 +405,28 @@ class Layers:
                 elif not isinstance(leaf, jax.core.Tracer):
                     kinds.append(("constant", leaf))
                 else:
-                    kinds.append(("saved", len(saved)))
-                    saved.append(leaf)
+                    kinds.append(("kept", len(residuals)))
+                    residuals.append(leaf)
             layout.kinds = kinds
-            return out, saved
+            return out, residuals
+
+        # Kept residuals that depend on neither the layer's index nor its input
+        # (an attention mask made from the sequence length, say) are the same
+        # for every layer: computed once, outside the loop, as JAX's scan
+        # hoists them, not stacked.
+        i0 = jnp.asarray(start, dtype=jnp.int32)
+        one = jax.make_jaxpr(lambda i, x: kept(i, x)[1])(i0, carry)
+        inputs = [True] * len(one.jaxpr.invars)
+        layout.fixed = [not v for v in _varying(one.jaxpr, inputs)]
+        fixed = []
+        if any(layout.fixed):
+            only, used = _jax_private.dce_jaxpr(one.jaxpr, layout.fixed, True)
+            args = [a for a, u in zip(jtu.tree_leaves((i0, carry)), used) if u]
+            fixed = eval_jaxpr(only, one.consts, args)
+
+        def forward(i, x):
+            out, residuals = kept(i, x)
+            return out, [r for r, f in zip(residuals, layout.fixed) if not f]
 
         def fwd_body(x, t):
             i = start + t
@@ -390,7 +441,7 @@ class Layers:
 
         ts = jnp.arange(length, dtype=jnp.int32)
         out, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
-        return out, _Saved(saved, layout)
+        return out, _Saved(saved, fixed, layout)
 
     def apply_segment(
         self, start: Any, length: int, saved: Any, cts: Any, *, pad: bool = False
@@ -400,10 +451,12 @@ class Layers:
         `saved` for the same layers. Returns the new `cts`. `pad`: as in
         `run`."""
         pad = pad and not _is_arange(start, length, self.depth)
-        layout, saved = saved.layout, saved.arrays
+        layout, fixed, saved = saved.layout, saved.fixed, saved.arrays
 
         def backward(i, saved, cts):
             invariant = jtu.tree_leaves((self._consts, *self._params(i)))
+            stacked, once = iter(saved), iter(fixed)
+            kept = [next(once) if f else next(stacked) for f in layout.fixed]
             leaves = []
             for kind, k in layout.kinds:
                 if kind == "invariant":
@@ -411,7 +464,7 @@ class Layers:
                 elif kind == "constant":
                     leaves.append(k)
                 else:
-                    leaves.append(saved[k])
+                    leaves.append(kept[k])
             vjp = jtu.tree_unflatten(layout.tree, leaves)
             return self._apply(i, vjp, cts)
 
