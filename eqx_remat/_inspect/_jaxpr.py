@@ -106,6 +106,24 @@ def users(jaxpr: Jaxpr) -> dict[Var, list[JaxprEqn]]:
     return out
 
 
+def varying(jaxpr: Jaxpr, inputs: Sequence[bool]) -> list[bool]:
+    """For each output of `jaxpr`, whether it depends on one of the inputs
+    marked in `inputs`, looking into the calls it makes (`jnp.where` is one);
+    any other equation with such an input is taken to vary in every output."""
+    out = {v for v, f in zip(jaxpr.invars, inputs) if f}
+    for eqn in jaxpr.eqns:
+        ins = [not is_literal(v) and v in out for v in eqn.invars]
+        if not any(ins):
+            continue
+        sub = called_jaxpr(eqn)
+        if sub is not None and len(open_jaxpr(sub).invars) == len(ins):
+            outs = varying(open_jaxpr(sub), ins)
+        else:
+            outs = [True] * len(eqn.outvars)
+        out.update(v for v, f in zip(eqn.outvars, outs) if f)
+    return [not is_literal(v) and v in out for v in jaxpr.outvars]
+
+
 def map_eqns(jaxpr: Jaxpr, fn: Callable[[JaxprEqn], JaxprEqn]) -> Jaxpr:
     """`jaxpr` with `fn` applied to each equation, in the jaxprs it holds too
     (inner equations first: `fn` sees an equation whose sub-jaxprs are already

@@ -54,13 +54,7 @@ import jax.tree_util as jtu
 from jax import lax
 
 from .. import _jax_private
-from .._inspect._jaxpr import (
-    called_jaxpr,
-    checkpoint_names,
-    eval_jaxpr,
-    is_literal,
-    open_jaxpr,
-)
+from .._inspect._jaxpr import checkpoint_names, eval_jaxpr, trace, varying
 from .._policies._apply import checkpointed
 from .._policies._named import to_jax_policy
 from .._policies._values import NamePolicy, check_tags
@@ -110,8 +104,6 @@ def stays_a_loop(length: int, unroll: int | bool) -> bool:
 # Layer indices are never negative: without the wrap-around of negative
 # indices, XLA sees the index as it is computed and fuses each read and write
 # of a layer's slice with it, as in JAX's own scan.
-
-
 def _index(tree: Any, i: Any) -> Any:
     return jtu.tree_map(
         lambda x: lax.dynamic_index_in_dim(
@@ -182,24 +174,6 @@ class _Saved:
     def tree_unflatten(cls, layout, children):
         arrays, fixed = children
         return cls(arrays, fixed, layout)
-
-
-def _varying(jaxpr: Any, inputs: list[bool]) -> list[bool]:
-    """For each output of `jaxpr`, whether it depends on one of the inputs
-    marked in `inputs`, looking into the calls it makes (`jnp.where` is one);
-    any other equation with such an input is taken to vary in every output."""
-    varying = {v for v, f in zip(jaxpr.invars, inputs) if f}
-    for eqn in jaxpr.eqns:
-        ins = [not is_literal(v) and v in varying for v in eqn.invars]
-        if not any(ins):
-            continue
-        sub = called_jaxpr(eqn)
-        if sub is not None and len(open_jaxpr(sub).invars) == len(ins):
-            outs = _varying(open_jaxpr(sub), ins)
-        else:
-            outs = [True] * len(eqn.outvars)
-        varying.update(v for v, f in zip(eqn.outvars, outs) if f)
-    return [not is_literal(v) and v in varying for v in jaxpr.outvars]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -429,13 +403,13 @@ class Layers:
         # for every layer: computed once, outside the loop, as JAX's scan
         # hoists them, not stacked.
         i0 = jnp.asarray(start, dtype=jnp.int32)
-        one = jax.make_jaxpr(lambda i, x: kept(i, x)[1])(i0, carry)
-        inputs = [True] * len(one.jaxpr.invars)
-        layout.fixed = [not v for v in _varying(one.jaxpr, inputs)]
+        one, flat, _ = trace(lambda i, x: kept(i, x)[1], i0, carry)
+        inputs = [True] * len(flat)
+        layout.fixed = [not v for v in varying(one.jaxpr, inputs)]
         fixed = []
         if any(layout.fixed):
             only, used = _jax_private.dce_jaxpr(one.jaxpr, layout.fixed, True)
-            args = [a for a, u in zip(jtu.tree_leaves((i0, carry)), used) if u]
+            args = [a for a, u in zip(flat, used) if u]
             fixed = eval_jaxpr(only, one.consts, args)
 
         def forward(i, x):
