@@ -235,6 +235,7 @@ def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]
         for r in timed:
             r["on_frontier"] = r["checkpoint"] in on
         rows += timed
+        rows.append(few_rounds(name, timed))
         by = {r["checkpoint"]: r for r in timed}
         for r in rows:
             if r["kind"] == "pick" and r.get("checkpoint") in by:
@@ -297,6 +298,39 @@ def clock_rows(args, name, fn, model, batch, calls, uniform, console) -> list[di
             }
         )
     return rows
+
+
+def few_rounds(name: str, timed: list[dict], ks=(2, 3, 5)) -> dict[str, Any]:
+    """How well `k` rounds rank the timed checkpoints, as the planner has few:
+    over every `k` consecutive rounds of the clock's, the rank correlation
+    with the other rounds' medians of each checkpoint's time by two
+    statistics of those `k` rounds: the mean of its faster half of rounds
+    (the planner's), and its median ratio, round by round, to the fastest
+    checkpoint's (the planner's before it); the mean over the windows."""
+    times = np.array([r["times_s"] for r in timed])
+    rounds = times.shape[1]
+
+    def paired(t: np.ndarray) -> np.ndarray:
+        pivot = np.argmin(np.median(t, axis=1))
+        return np.median(t / t[pivot], axis=1)
+
+    def faster_half(t: np.ndarray) -> np.ndarray:
+        return np.sort(t, axis=1)[:, : (t.shape[1] + 1) // 2].mean(axis=1)
+
+    row: dict[str, Any] = {"group": name, "kind": "rounds", "rounds": rounds}
+    row["checkpoints"] = len(timed)
+    row["k"], row["faster_half"], row["paired"] = [], [], []
+    for k in (k for k in ks if k < rounds):
+        ours, before = [], []
+        for start in range(rounds - k + 1):
+            window = times[:, start : start + k]
+            truth = np.median(np.delete(times, np.s_[start : start + k], axis=1), 1)
+            ours.append(_targets.spearman(faster_half(window), truth))
+            before.append(_targets.spearman(paired(window), truth))
+        row["k"].append(k)
+        row["faster_half"].append(float(np.mean([x for x in ours if x is not None])))
+        row["paired"].append(float(np.mean([x for x in before if x is not None])))
+    return row
 
 
 def _timing(row: dict) -> er.internal.Timing:
@@ -511,6 +545,16 @@ def _show_timed(console: _common.Console, rows: list[dict], where: str) -> None:
         "measured times per layer); roofline: FLOPs at peak + bytes moved at "
         "bandwidth, this CPU's figures; spread: interquartile range / median"
     )
+    for r in rows:
+        if r["kind"] == "rounds":
+            console.print(
+                f"{r['group']}: rank correlation of k of {r['rounds']} rounds with "
+                "the other rounds' medians: "
+                + ", ".join(
+                    f"k={k}: faster half {f:.2f}, paired ratio {m:.2f}"
+                    for k, f, m in zip(r["k"], r["faster_half"], r["paired"])
+                )
+            )
 
 
 def plot(data: dict, path: Path) -> None:

@@ -236,6 +236,27 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
         + _common.markdown_table(cols, picks)
         + "\n\n"
         + _common.markdown_table(_common.TIMED_COLUMNS, points)
+        + few_rounds(rows)
+    )
+
+
+def few_rounds(rows: list[dict]) -> str:
+    """How well a few of those rounds rank the checkpoints: the planner's
+    statistic (the faster half of rounds) beside the paired ratio."""
+    found = [r for r in rows if r["kind"] == "rounds"]
+    if not found:
+        return ""
+    table = [
+        [r["group"], str(k), f"{ours:.2f}", f"{before:.2f}"]
+        for r in found
+        for k, ours, before in zip(r["k"], r["faster_half"], r["paired"])
+    ]
+    cols = ["preset", "k rounds", "faster half (the planner's)", "paired ratio"]
+    return (
+        f"\n\nFew rounds: every window of k consecutive rounds of the "
+        f"{found[0]['rounds']} above ranks the timed checkpoints by each "
+        "statistic; the mean rank correlation with the other rounds' "
+        "medians:\n\n" + _common.markdown_table(cols, table)
     )
 
 

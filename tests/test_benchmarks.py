@@ -651,7 +651,7 @@ def test_plan_sweep_quick(tmp_path):
         "--budgets",
         "3",
         "--repeats",
-        "2",
+        "3",
         "--out",
         str(tmp_path),
     )
@@ -687,6 +687,12 @@ def test_plan_sweep_quick(tmp_path):
     for r in picks:
         assert r["measured_s"] == timed[r["checkpoint"]]["measured_s"]
         assert r["best_uniform_measured_s"] > 0
+    # How well two of the three rounds rank them, by the planner's statistic
+    # and by the paired ratio (rank correlations with the third).
+    (few,) = [r for r in rows if r["kind"] == "rounds"]
+    assert few["rounds"] == 3 and few["k"] == [2]
+    assert -1 <= few["faster_half"][0] <= 1 and -1 <= few["paired"][0] <= 1
+    assert "rank correlation of k of 3 rounds" in proc.stdout
     # Every planner target has a verdict (or says it could not measure it),
     # stored with its threshold.
     names = [t["target"] for t in data["targets"]]

@@ -1081,6 +1081,39 @@ def test_timings_on_one_clock_keep_each_rounds_ratios():
     assert tc.seconds == pytest.approx(2.0)
 
 
+def test_timings_on_one_clock_by_their_faster_halves():
+    from eqx_remat.internal import on_one_clock
+
+    # A burst slows a in round 1 and b in round 3: the means of their faster
+    # halves (two rounds of three) say b takes twice a's time (the rounds'
+    # ratios say 0.4x to 10x).
+    a = Timing(1.2, 0.0, 3, (5.0, 1.0, 1.2))
+    b = Timing(2.4, 0.0, 3, (2.0, 2.4, 12.0))
+    assert a.faster_half == pytest.approx(1.1) and b.faster_half == pytest.approx(2.2)
+    assert Timing(3.0, 0.0, 2, (3.0, 4.0)).faster_half == 3.0
+    assert Timing(3.0, 0.0, 1).faster_half == 3.0  # rounds not recorded
+    ta, tb = on_one_clock([a, b], 0, by="faster_half")
+    assert ta.seconds == pytest.approx(1.1) and tb.seconds == pytest.approx(2.2)
+    # On an earlier clock: the pivot's time was 0.55 s before.
+    ta, tb = on_one_clock([a, b], 0, seconds=0.55, by="faster_half")
+    assert ta.seconds == pytest.approx(0.55) and tb.seconds == pytest.approx(1.1)
+    assert ta.faster_half == pytest.approx(0.55)
+    assert tb.times == pytest.approx((1.0, 1.2, 6.0))
+
+
+def test_each_round_runs_every_program_once_in_its_own_order():
+    from eqx_remat.internal import time_interleaved
+
+    ran: list[int] = []
+    programs = [lambda i=i: ran.append(i) for i in range(4)]
+    timings = time_interleaved(programs, rounds=6, warmup=False)
+    assert [t.rounds for t in timings] == [6] * 4
+    rounds = [tuple(ran[i : i + 4]) for i in range(0, 24, 4)]
+    assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)
+    # Shuffled, so that no program always follows the same one.
+    assert len(set(rounds)) > 1
+
+
 def test_concrete_inputs_keep_shapes_dtypes_and_arrays():
     from eqx_remat.internal import concrete
 

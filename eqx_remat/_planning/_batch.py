@@ -300,7 +300,7 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
         return out
 
     timings = CACHE.get(solved.planner.fn, key, measure)
-    timings = on_one_clock(timings, 0, run[0].time_s)
+    timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     solved.planner.say(
         "raced the bests of "

@@ -1,17 +1,22 @@
 """Timing compiled programs on the device at hand: the clock behind
 [`eqx_remat.plan`][]'s measured step times (and the benchmarks').
 
-Times are medians of interleaved rounds after a warm-up: each round runs every
-program once, in turn, so that drift (another process, a clock that changes)
-hits every program alike; the ratio of two medians is what means something.
+Times come from interleaved rounds after a warm-up: each round runs every
+program once, in an order shuffled round by round, so that drift (another
+process, a clock that changes) hits every program alike and no program always
+follows the same one; what means something is a ratio of two programs' times
+from the same rounds: their medians (the benchmarks'), or the means of their
+faster halves of rounds (the planner's, which has few rounds: see
+`on_one_clock`).
 """
 
 import math
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +40,14 @@ class Timing(NamedTuple):
     spread: float
     rounds: int
     times: tuple[float, ...] = ()
+
+    @property
+    def faster_half(self) -> float:
+        """The mean of the faster half of the rounds (of one round in two, two
+        in three or four), `seconds` where the rounds were not recorded."""
+        if not self.times:
+            return self.seconds
+        return statistics.fmean(sorted(self.times)[: (len(self.times) + 1) // 2])
 
 
 def concrete(dynamic: Any, seed: int = 0) -> Any:
@@ -110,13 +123,17 @@ def time_interleaved(
 ) -> list[Timing]:
     """Time each of `programs` (callables that run one step) over `rounds`
     interleaved rounds, after one warm-up run each (`warmup`): their
-    [`eqx_remat.internal.Timing`][]s, in order."""
+    [`eqx_remat.internal.Timing`][]s, in order. Each round runs the programs
+    in an order of its own (shuffled, the same on every call)."""
     if warmup:
         warm_up(programs)
     times: list[list[float]] = [[] for _ in programs]
+    order = list(range(len(programs)))
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for ts, p in zip(times, programs):
-            ts.append(_run(p))
+        shuffle(order)
+        for i in order:
+            times[i].append(_run(programs[i]))
     return [timing(ts) for ts in times]
 
 
@@ -144,15 +161,39 @@ def paired_ratio(a: Timing, b: Timing) -> float:
 
 
 def on_one_clock(
-    timings: Sequence[Timing], pivot: int, seconds: float | None = None
+    timings: Sequence[Timing],
+    pivot: int,
+    seconds: float | None = None,
+    *,
+    by: Literal["rounds", "faster_half"] = "rounds",
 ) -> list[Timing]:
     """`timings`, taken in the same interleaved rounds, each put on the clock of
     `timings[pivot]`: its time is the pivot's (or `seconds`, the pivot's time
-    measured earlier) times its [`eqx_remat.internal.paired_ratio`][] to the
-    pivot. A round that is slow for every program (another process, a clock
-    that changes) then moves no program's time: the ratios within each round
-    are what is kept."""
+    measured earlier) times its ratio to the pivot, by one statistic:
+
+    - `by="rounds"`: the [`eqx_remat.internal.paired_ratio`][]. A round that
+      is slow for every program (another process, a clock that changes)
+      then moves no program's time: the ratios within each round are what
+      is kept.
+    - `by="faster_half"`: the ratio of the means of their faster halves of
+      rounds. The noise of a busy machine only ever adds time, and comes in
+      bursts that slow a few programs of a round, not all of it: with the
+      few rounds the planner can afford, the faster half ranks programs as
+      many rounds' medians do better than the paired ratio does (measured
+      by `benchmarks/plan_sweep.py`: "Few rounds" in `benchmarks/README.md`).
+
+    Each program's `times` are scaled as the pivot's are."""
     ref = timings[pivot]
+    if by == "faster_half":
+        base = ref.faster_half if seconds is None else seconds
+        scale = base / ref.faster_half
+        return [
+            t._replace(
+                seconds=t.faster_half * scale,
+                times=tuple(x * scale for x in t.times),
+            )
+            for t in timings
+        ]
     base = ref.seconds if seconds is None else seconds
     scale = base / ref.seconds
     return [

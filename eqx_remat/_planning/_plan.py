@@ -726,9 +726,10 @@ class _Planner:
     def time(self, cs: Sequence[Checkpoint]) -> None:
         """Measure the step time of each of `cs` that can run here and has no
         time yet: round-robin with the fastest program already timed, each
-        program's time its median ratio to that one's within a round (one
-        clock for the whole plan), after a warm-up run each, in as many
-        rounds (2 to 21) as fit in what is left of this call's compile time."""
+        program's time the ratio of the mean of its faster half of rounds
+        to that one's (one clock for the whole plan), after a warm-up run
+        each, in as many rounds (2 to 21) as fit in what is left of this
+        call's compile time."""
         new = []
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
@@ -751,10 +752,14 @@ class _Planner:
         took = time.perf_counter() - start
         self.timed_s += took
         if reference is not None:  # on the clock of the plan's earlier rounds
-            timings = on_one_clock(timings, -1, self.timings[reference].seconds)
+            timings = on_one_clock(
+                timings, -1, self.timings[reference].seconds, by="faster_half"
+            )
         else:
             timings = on_one_clock(
-                timings, min(range(len(run)), key=lambda i: timings[i].seconds)
+                timings,
+                min(range(len(run)), key=lambda i: timings[i].faster_half),
+                by="faster_half",
             )
         for c, t in zip(new, timings):
             self.timings[c] = t
@@ -1381,7 +1386,7 @@ class _Planner:
         timings = time_interleaved(programs, rounds=rounds, warmup=False)
         self.timed_s += time.perf_counter() - start
         self.say(f"raced {len(run)} programs in {rounds} rounds; {self._spent()}")
-        return on_one_clock(timings, 1, self.timings[run[1]].seconds)
+        return on_one_clock(timings, 1, self.timings[run[1]].seconds, by="faster_half")
 
     def _compiled_points(self) -> list[FrontierPoint]:
         """Compiled schedules and mixes (the uniform options are priced)."""
