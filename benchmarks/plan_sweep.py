@@ -56,7 +56,7 @@ from benchmarks import _common, _measure, _models, _targets
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
+    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=25)
     p.add_argument(
         "--no-clock",
         dest="clock",
