@@ -123,6 +123,40 @@ def test_with_room_the_fastest_combination_is_the_pick():
 
 
 @pytest.mark.heavy
+def test_a_combination_timed_slow_on_its_own_clock_still_races(monkeypatch):
+    """Each combination is timed on a clock of its own: the fastest one, whose
+    own rounds made it look 20% slower (a busy moment), still races, and the
+    race's one clock makes it the pick."""
+    kwargs = dict(micro_batches=(1, 2), loss_chunks=(4, None), measure=True)
+    budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
+    plain = er.plan(GRAD, MODEL, TOKENS, budget_bytes=budget, progress=False, **kwargs)
+    times = sorted(b.time_s for b in plain.batches)
+    assert times[1] < 1.2 * times[0]  # else slowing it moves nothing
+    way = (plain.micro_batches, plain.loss_chunk_size)
+
+    def busy(planner) -> bool:  # the fastest combination's planner
+        k = 1 if planner.fn is GRAD else 2
+        return (k, _batch.map_loss_chunk_sizes(planner.args, lambda c: c)[1][0]) == way
+
+    time, slowed = _plan._Planner.time, set()
+
+    def slow_time(self, cs):
+        time(self, cs)
+        for c, t in list(self.timings.items()):
+            if busy(self) and id(t) not in slowed:
+                self.timings[c] = t._replace(seconds=1.2 * t.seconds)
+                slowed.add(id(self.timings[c]))
+
+    monkeypatch.setattr(_plan._Planner, "time", slow_time)
+    monkeypatch.setattr(_plan, "CACHE", _plan.PlanCache())
+    monkeypatch.setattr(_batch, "CACHE", _plan.CACHE)
+    r = er.plan(GRAD, MODEL, TOKENS, budget_bytes=budget, progress=False, **kwargs)
+    assert slowed
+    assert (r.micro_batches, r.loss_chunk_size) == way
+    assert r.checkpoint == plain.checkpoint
+
+
+@pytest.mark.heavy
 def test_nothing_fits_with_any_combination():
     """A budget under every combination's lightest: the error says so, with
     the table of the last combination and the counts tried."""

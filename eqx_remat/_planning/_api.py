@@ -101,8 +101,8 @@ def plan(
     micro-batches, then the loss chunks in the order given) for which
     something fits is solved in full; each later one compiles that pick and
     up to two options that ran faster than it, where they are predicted to
-    fit; the best of each combination within 3% of the fastest run
-    round-robin, and the fastest is the pick (ahead of time, where the
+    fit; the four fastest of the combinations' bests run round-robin, and
+    the fastest is the pick (ahead of time, where the
     roofline cannot see what a smaller micro-batch costs a chip: the fewest
     micro-batches within 1% of its least estimate). `PlanResult.batches` lists
     them; `result.apply(model)` sets the checkpoint and the loss chunking,

@@ -9,9 +9,10 @@ loss_chunks=...)`).
    first, up to two of the options the full solve found faster than its pick
    that are predicted to fit (their memory there, scaled as the pick's
    scaled); the fastest of what fits is that combination's best;
-3. race: on the device at hand, the bests within 3% of the fastest run
-   round-robin, and the fastest in those rounds is the pick (ahead of time,
-   the fewest micro-batches within 1% of the roofline's least time).
+3. race: on the device at hand, the four fastest bests run round-robin (each
+   combination was timed on a clock of its own: only the race puts them on
+   one), and the fastest in those rounds is the pick (ahead of time, the
+   fewest micro-batches within 1% of the roofline's least time).
 
 Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 """
@@ -269,11 +270,12 @@ def _times(p: _Planner) -> dict[Checkpoint, float]:
 
 
 def _race(bests: list[_Best], solved: _Way) -> _Best:
-    """The bests within 3% of the fastest (at most four), run round-robin on
-    one clock (the solved combination's): the fastest in those rounds."""
-    bar = 1.03 * bests[0].time_s
-    run = [b for b in bests if b.time_s <= bar and b.way.planner.runnable(b.checkpoint)]
-    run = run[:4]
+    """The four fastest bests, run round-robin on one clock (the solved
+    combination's): the fastest in those rounds. Each combination timed its
+    programs on a clock of its own, at another moment and beside other
+    programs, so how far apart two bests were timed says little: every one
+    of the four races, not only those close to the fastest."""
+    run = [b for b in bests if b.way.planner.runnable(b.checkpoint)][:4]
     if len(run) < 2:
         return bests[0]
     programs = [b.way.planner._program(b.checkpoint) for b in run]
