@@ -305,17 +305,19 @@ def few_rounds(name: str, timed: list[dict], ks=(2, 3, 5)) -> dict[str, Any]:
     over every `k` consecutive rounds of the clock's, the rank correlation
     with the other rounds' medians of each checkpoint's time by two
     statistics of those `k` rounds: the mean of its faster half of rounds
-    (the planner's), and its median ratio, round by round, to the fastest
-    checkpoint's (the planner's before it); the mean over the windows."""
+    (the planner's, `Timing.faster_half`), and its median ratio, round by
+    round, to the fastest checkpoint's (the planner's before it,
+    `on_one_clock`); the mean over the windows."""
     times = np.array([r["times_s"] for r in timed])
     rounds = times.shape[1]
 
-    def paired(t: np.ndarray) -> np.ndarray:
-        pivot = np.argmin(np.median(t, axis=1))
-        return np.median(t / t[pivot], axis=1)
+    def paired(t: np.ndarray) -> list[float]:
+        ts = [er.internal.Timing(float(np.median(x)), 0.0, len(x), tuple(x)) for x in t]
+        pivot = min(range(len(ts)), key=lambda i: ts[i].seconds)
+        return [x.seconds for x in er.internal.on_one_clock(ts, pivot)]
 
-    def faster_half(t: np.ndarray) -> np.ndarray:
-        return np.sort(t, axis=1)[:, : (t.shape[1] + 1) // 2].mean(axis=1)
+    def faster_half(t: np.ndarray) -> list[float]:
+        return [er.internal.Timing(0.0, 0.0, len(x), tuple(x)).faster_half for x in t]
 
     row: dict[str, Any] = {"group": name, "kind": "rounds", "rounds": rounds}
     row["checkpoints"] = len(timed)
