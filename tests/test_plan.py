@@ -22,7 +22,7 @@ def _fake_seconds(record) -> float:
     return record.flops * 1e-10 + record.report.temp_bytes * 1e-13
 
 
-def _fake_clock(programs, *, rounds, warmup=True):
+def _fake_clock(programs, *, rounds, warmup=True, **race):
     return [Timing(_fake_seconds(p.record), 0.0, rounds) for p in programs]
 
 
@@ -628,7 +628,7 @@ def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     # A clock under which every mix runs slower than either of its options: the
     # planner times its pick beside the fastest uniform option that fits, and
     # returns that option, with a note.
-    def slow_mixes(programs, *, rounds, warmup=True):
+    def slow_mixes(programs, *, rounds, warmup=True, **race):
         out = _fake_clock(programs, rounds=rounds)
         return [
             t._replace(seconds=t.seconds * 10)
@@ -658,7 +658,7 @@ def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
     # it, and returns the other where those rounds find it faster.
     fastest, second = sorted(tiny_table, key=lambda e: e.time_s)[:2]
 
-    def clock(programs, *, rounds, warmup=True):
+    def clock(programs, *, rounds, warmup=True, **race):
         race = len(programs) <= 4
         return [
             t._replace(seconds=fastest.time_s * (0.8 if race else 1.01))
@@ -682,26 +682,29 @@ def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("warm_s, rounds", [(0.0, 21), (1e6, 2)])
-def test_timing_takes_as_many_rounds_as_this_calls_compiles_allow(
-    fresh, monkeypatch, capsys, warm_s, rounds
+@pytest.mark.parametrize("warm_s", [0.0, 1e6])
+def test_timing_takes_as_long_as_this_calls_compiles_allow(
+    fresh, monkeypatch, capsys, warm_s
 ):
-    # The rounds are sized by the warm-up against this call's compile time:
-    # every round that fits (at most 21), and where a warm-up alone takes
-    # longer than the compiles, the fewest whose median means anything (two),
-    # said in the progress lines with the time it took and the compiles'.
+    # The rounds are bounded by this call's compile time less the warm-up (a
+    # warm-up longer than the compiles leaves the two rounds every program
+    # runs), at most 21, said in the progress lines with the time it took and
+    # the compiles'.
     asked = []
 
-    def clock(programs, *, rounds, warmup=True):
-        asked.append(rounds)
+    def clock(programs, *, rounds, warmup=True, **race):
+        asked.append((rounds, race["seconds"]))
         return _fake_clock(programs, rounds=rounds)
 
     monkeypatch.setattr(_plan, "time_interleaved", clock)
     monkeypatch.setattr(_plan, "warm_up", lambda programs: warm_s * len(programs))
     er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=True)
-    assert asked[0] == rounds
+    rounds, seconds = asked[0]
+    assert rounds == 21
+    # What the compiles took (a few seconds), less the warm-up.
+    assert (0 < seconds < 600) if warm_s == 0 else (seconds < 600 - warm_s)
     err = capsys.readouterr().err
-    assert f"{rounds} interleaved round(s)" in err, err
+    assert "21 interleaved round(s)" in err, err
     assert "of this call's compiles" in err, err
 
 
@@ -1112,6 +1115,74 @@ def test_each_round_runs_every_program_once_in_its_own_order():
     assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)
     # Shuffled, so that no program always follows the same one.
     assert len(set(rounds)) > 1
+
+
+def _fake_durations(monkeypatch, durations):
+    # A clock that only the programs move: program i takes durations[i].
+    from eqx_remat._planning import _clock
+
+    now = [0.0]
+
+    def run(program):
+        now[0] += durations[program()]
+        return durations[program()]
+
+    monkeypatch.setattr(_clock, "_run", run)
+    monkeypatch.setattr(_clock.time, "perf_counter", lambda: now[0])
+    return [lambda i=i: i for i in range(len(durations))]
+
+
+def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit(monkeypatch):
+    from eqx_remat._planning._clock import contenders
+    from eqx_remat.internal import time_interleaved
+
+    # Light to heavy: 1 and 2 are slower than 0, which needs less memory.
+    programs = _fake_durations(monkeypatch, [1.0, 1.1, 1.5, 0.9])
+    memory = [10, 20, 30, 40]
+    keep = lambda ts: contenders(ts, memory)  # noqa: E731
+    # Two rounds of all (9 s), then rounds of 0 and 3 (1.9 s each).
+    timings = time_interleaved(
+        programs, rounds=21, warmup=False, seconds=9 + 3 * 1.9 + 0.1, keep=keep
+    )
+    assert [t.rounds for t in timings] == [5, 2, 2, 5]
+    assert timings[1].times == (1.1, 1.1)
+    capped = time_interleaved(programs, rounds=4, seconds=100.0, keep=keep)
+    assert [t.rounds for t in capped] == [4, 2, 2, 4]
+    # Without a race, whole rounds while they fit; at least two.
+    plain = time_interleaved(programs, rounds=21, warmup=False, seconds=14.0)
+    assert [t.rounds for t in plain] == [3] * 4
+    short = time_interleaved(programs, rounds=21, warmup=False, seconds=-1.0)
+    assert [t.rounds for t in short] == [2] * 4
+    # A race ends where one program is left: it has nothing to be compared to.
+    alone = time_interleaved(
+        programs[:3], rounds=21, warmup=False, seconds=100.0, keep=keep
+    )
+    assert [t.rounds for t in alone] == [2, 2, 2]
+
+
+def test_contenders_are_those_no_lighter_program_beats_by_the_margin():
+    from eqx_remat._planning._clock import RULED_OUT, contenders
+
+    def t(s):
+        return Timing(s, 0.0, 2, (s, s))
+
+    edge = 1 + RULED_OUT
+    timings = [t(1.0), t(edge * 0.999), t(edge * 1.001), t(0.5), t(2.0)]
+    memory = [10, 20, 20, 40, 10]
+    # 2 is beaten by 0 beyond the margin, 1 within it; 4 by 0 at the same memory.
+    assert contenders(timings, memory) == [0, 1, 3]
+    assert contenders(timings, memory, always=4) == [0, 1, 3, 4]
+
+
+def test_a_program_left_out_of_a_race_is_held_against_the_same_rounds():
+    from eqx_remat.internal import on_one_clock
+
+    # The pivot ran 4 rounds, the first two slow; b only the first two.
+    pivot = Timing(1.5, 0.0, 4, (2.0, 2.0, 1.0, 1.0))
+    b = Timing(2.2, 0.0, 2, (2.2, 2.2))
+    tp, tb = on_one_clock([pivot, b], 0, by="faster_half")
+    assert tp.seconds == pytest.approx(1.0)
+    assert tb.seconds == pytest.approx(1.1)  # 1.1x the pivot in rounds 1-2
 
 
 def test_concrete_inputs_keep_shapes_dtypes_and_arrays():

@@ -14,7 +14,7 @@ from eqx_remat._planning import _batch, _hardware, _plan
 from eqx_remat.internal import Hardware, Timing
 
 
-def _fake_clock(programs, *, rounds, warmup=True):
+def _fake_clock(programs, *, rounds, warmup=True, **race):
     # Step time from FLOPs and temporaries, as test_plan.py's fake clock.
     return [
         Timing(p.record.flops * 1e-10 + p.record.report.temp_bytes * 1e-13, 0.0, rounds)

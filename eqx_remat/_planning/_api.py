@@ -79,10 +79,11 @@ def plan(
       several, each would time on its own clock and could choose
       differently: the roofline gives every process the same answer).
       Timing runs each program after a warm-up, round-robin with the
-      others, in as many rounds (2 to 21) as fit in the time this call's
-      compiles took; a program's time is the mean of its faster half of
-      rounds. A program whose memory is over what the device has free is
-      never run.
+      others: two rounds, then more (at most 21) of those not ruled out
+      (over 3% slower than one needing no more memory), as many as fit in
+      the time this call's compiles took; a program's time is the mean of
+      its faster half of rounds. A program whose memory is over what the
+      device has free is never run.
     - `progress`: what it does, on stderr: `True` a few lines (the stages,
       counts and times), `"verbose"` every option priced and every compile,
       `False` nothing.

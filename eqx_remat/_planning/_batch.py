@@ -27,7 +27,7 @@ from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._validate import check_int
-from ._clock import on_one_clock, rounds_within, time_interleaved, warm_up
+from ._clock import on_one_clock, time_interleaved, warm_up
 from ._plan import (
     CACHE,
     BatchOption,
@@ -284,19 +284,18 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
     )
 
     def measure():
-        """After a warm-up, 2 to 31 rounds: as many as what is left of the
-        compile time of every combination planned allows (each was timed on
-        its own clock: the race puts the bests on one)."""
+        """After a warm-up, 2 to 31 rounds: as many as fit in what is left of
+        the compile time of every combination planned (each was timed on its
+        own clock: the race puts the bests on one)."""
         start = time.perf_counter()
         warm = warm_up(programs)
         done = {id(b.way.planner): b.way.planner for b in bests}.values()
         left = sum(q.left_s() for q in done) - warm
-        rounds = rounds_within(left, warm, least=2, most=31)
-        out = time_interleaved(programs, rounds=rounds, warmup=False)
+        out = time_interleaved(programs, rounds=31, warmup=False, seconds=left)
         took = time.perf_counter() - start
         solved.planner.timed_s += took
         solved.planner.say(
-            f"raced {len(run)} combinations in {rounds} rounds, {took:.1f} s "
+            f"raced {len(run)} combinations in {out[0].rounds} rounds, {took:.1f} s "
             f"({left + warm:.1f} s left of the compiles' time)"
         )
         return out

@@ -109,10 +109,30 @@ def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
     return time.perf_counter() - start
 
 
-def rounds_within(seconds: float, step: float, *, least: int, most: int) -> int:
-    """How many rounds of `step` seconds fit in `seconds`: from `least` (the
-    fewest whose median means anything) to `most`."""
-    return int(max(least, min(most, seconds // max(step, 1e-9))))
+# A race's margin: a program whose step time is this much more than that of
+# one needing no more memory has no place on the time-memory frontier that the
+# noise of a few rounds could give it.
+RULED_OUT = 0.03
+
+
+def contenders(
+    timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
+) -> list[int]:
+    """The indices of the programs that no other program beats by more than
+    `RULED_OUT` in step time (the means of their faster halves of rounds)
+    while needing no more `memory`: those whose place on the time-memory
+    frontier is still open. `timings[always]` stays whatever its time."""
+    fast = [t.faster_half for t in timings]
+    return [
+        i
+        for i in range(len(timings))
+        if i == always
+        or not any(
+            memory[j] <= memory[i] and fast[j] * (1 + RULED_OUT) < fast[i]
+            for j in range(len(timings))
+            if j != i
+        )
+    ]
 
 
 def time_interleaved(
@@ -120,17 +140,38 @@ def time_interleaved(
     *,
     rounds: int,
     warmup: bool = True,
+    seconds: float = math.inf,
+    keep: Callable[[list[Timing]], Sequence[int]] | None = None,
 ) -> list[Timing]:
-    """Time each of `programs` (callables that run one step) over `rounds`
+    """Time each of `programs` (callables that run one step) in up to `rounds`
     interleaved rounds, after one warm-up run each (`warmup`): their
     [`eqx_remat.internal.Timing`][]s, in order. Each round runs the programs
-    in an order of its own (shuffled, the same on every call)."""
+    in an order of its own (shuffled, the same on every call).
+
+    The first two rounds (the fewest whose times mean anything) run every
+    program; a later round runs only where it fits in what is left of
+    `seconds` (at its programs' last times), and only the programs that
+    `keep`, given their timings so far, returns the indices of (a race: a
+    program it leaves out keeps the times of the rounds it ran, the first
+    ones; the race ends with one program left). With neither, `rounds`
+    rounds of every program."""
     if warmup:
         warm_up(programs)
     times: list[list[float]] = [[] for _ in programs]
-    order = list(range(len(programs)))
+    running = list(range(len(programs)))
     shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
+    start = time.perf_counter()
+    for r in range(rounds):
+        if r >= 2:
+            if keep is not None:
+                kept = set(keep([timing(ts) for ts in times]))
+                running = [i for i in running if i in kept]
+                if len(running) < 2:  # nothing left to compare
+                    break
+            next_round = sum(times[i][-1] for i in running)
+            if time.perf_counter() - start + next_round > seconds:
+                break
+        order = running.copy()
         shuffle(order)
         for i in order:
             times[i].append(_run(programs[i]))
@@ -182,18 +223,23 @@ def on_one_clock(
       many rounds' medians do better than the paired ratio does (measured
       by `benchmarks/plan_sweep.py`: "Few rounds" in `benchmarks/README.md`).
 
-    Each program's `times` are scaled as the pivot's are."""
+    Each program's `times` are scaled as the pivot's are. A program that ran
+    fewer rounds than the pivot (left out of a race) is held against the
+    pivot's same, first, rounds."""
     ref = timings[pivot]
     if by == "faster_half":
         base = ref.faster_half if seconds is None else seconds
         scale = base / ref.faster_half
-        return [
-            t._replace(
-                seconds=t.faster_half * scale,
+
+        def on_clock(t: Timing) -> Timing:
+            n = len(t.times)
+            same = timing(ref.times[:n]) if 0 < n < len(ref.times) else ref
+            return t._replace(
+                seconds=base * t.faster_half / same.faster_half,
                 times=tuple(x * scale for x in t.times),
             )
-            for t in timings
-        ]
+
+        return [on_clock(t) for t in timings]
     base = ref.seconds if seconds is None else seconds
     scale = base / ref.seconds
     return [

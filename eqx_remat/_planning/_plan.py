@@ -63,9 +63,9 @@ from .._validate import check_int
 from ._clock import (
     Timing,
     concrete,
+    contenders,
     device_memory_bytes,
     on_one_clock,
-    rounds_within,
     time_interleaved,
     warm_up,
 )
@@ -728,8 +728,10 @@ class _Planner:
         time yet: round-robin with the fastest program already timed, each
         program's time the ratio of the mean of its faster half of rounds
         to that one's (one clock for the whole plan), after a warm-up run
-        each, in as many rounds (2 to 21) as fit in what is left of this
-        call's compile time."""
+        each. Two rounds of every program, then, as a race, more rounds
+        (at most 21) of those no other program beats by `RULED_OUT` in
+        both time and memory, while they fit in what is left of this call's
+        compile time."""
         new = []
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
@@ -745,29 +747,38 @@ class _Planner:
         reference = min(timed, key=lambda c: self.timings[c].seconds) if timed else None
         run = new + ([reference] if reference is not None else [])
         programs = [self._program(c) for c in run]
+        memory = [self.compiled[c].memory_bytes or 0 for c in run]
+        pivot = len(run) - 1 if reference is not None else None
         start = time.perf_counter()
         warm = warm_up(programs)
-        rounds = rounds_within(self.left_s() - warm, warm, least=2, most=21)
-        timings = time_interleaved(programs, rounds=rounds, warmup=False)
+        timings = time_interleaved(
+            programs,
+            rounds=21,
+            warmup=False,
+            seconds=self.left_s() - warm,
+            keep=lambda ts: contenders(ts, memory, always=pivot),
+        )
         took = time.perf_counter() - start
         self.timed_s += took
+        most = max(t.rounds for t in timings)
         if reference is not None:  # on the clock of the plan's earlier rounds
             timings = on_one_clock(
                 timings, -1, self.timings[reference].seconds, by="faster_half"
             )
-        else:
-            timings = on_one_clock(
-                timings,
-                min(range(len(run)), key=lambda i: timings[i].faster_half),
-                by="faster_half",
-            )
+        else:  # on the clock of the fastest program that ran every round
+            raced = [i for i, t in enumerate(timings) if t.rounds == most]
+            fastest = min(raced, key=lambda i: timings[i].faster_half)
+            timings = on_one_clock(timings, fastest, by="faster_half")
         for c, t in zip(new, timings):
             self.timings[c] = t
             if self.key is not None:
                 CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
+        raced = sum(t.rounds == most for t in timings[: len(new)])
+        rounds = f"{most}" if raced == len(new) else f"2 to {most}"
         self.say(
             f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
-            f"warm-up, {took:.1f} s; {self._spent()}",
+            f"warm-up ({most} for {raced} not ruled out), {took:.1f} s; "
+            f"{self._spent()}",
             detail=len(new) < 3,
         )
 
@@ -1382,10 +1393,13 @@ class _Planner:
         programs = [self._program(c) for c in run]
         start = time.perf_counter()
         warm = warm_up(programs)
-        rounds = rounds_within(self.left_s() - warm, warm, least=2, most=31)
-        timings = time_interleaved(programs, rounds=rounds, warmup=False)
+        timings = time_interleaved(
+            programs, rounds=31, warmup=False, seconds=self.left_s() - warm
+        )
         self.timed_s += time.perf_counter() - start
-        self.say(f"raced {len(run)} programs in {rounds} rounds; {self._spent()}")
+        self.say(
+            f"raced {len(run)} programs in {timings[0].rounds} rounds; {self._spent()}"
+        )
         return on_one_clock(timings, 1, self.timings[run[1]].seconds, by="faster_half")
 
     def _compiled_points(self) -> list[FrontierPoint]:
