@@ -157,6 +157,11 @@ def checkpoint_label(c: er.Checkpoint) -> str:
     return repr(c)
 
 
+def point_memory(p: er.FrontierPoint) -> int:
+    """A frontier point's memory: compiled where it was compiled, else predicted."""
+    return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+
+
 def _spec_type(spec: str) -> str:
     parse_checkpoint(spec, depth=16)  # syntax only: sqrt/log2 resolve per preset
     return spec
@@ -185,6 +190,22 @@ def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
 
 
 positive_int = _device.positive_int  # an argparse `type`: integers >= 1
+
+
+def int_flag(
+    p: argparse.ArgumentParser,
+    flag: str,
+    default: Any,
+    what: str = "",
+    metavar: str | None = "N",
+    **kw: Any,
+) -> None:
+    """A flag that takes integers >= 1, its help `what` and then its default
+    (`kw`: more of `add_argument`'s, e.g. `nargs`)."""
+    text = f"{what} (default: %(default)s)".lstrip()
+    p.add_argument(
+        flag, type=positive_int, default=default, metavar=metavar, help=text, **kw
+    )
 
 
 def first_line(e: BaseException, limit: int = 300) -> str:
@@ -253,13 +274,7 @@ def parser(
             "--device)",
         )
     if repeats is not None:
-        p.add_argument(
-            "--repeats",
-            type=positive_int,
-            metavar="N",
-            default=repeats,
-            help="timed steps per variant, after one warm-up (default: %(default)s)",
-        )
+        int_flag(p, "--repeats", repeats, "timed steps per variant, after one warm-up")
     p.add_argument(
         "--quick", action="store_true", help="tiny presets, end to end (default: off)"
     )
@@ -473,19 +488,38 @@ def fmt_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
 
 
+# The cells of `plan_sweep`'s rows, in its console tables and in report.py's
+# markdown: `code` formats a checkpoint, "{}" on the console, "`{}`" in markdown.
+
+
+def pick_cells(r: dict[str, Any], code: str) -> list[str]:
+    """One pick: the preset, the budget, the pick (its compiled and predicted
+    memory, estimated time), the best uniform candidate that fits, its time."""
+    return [
+        r["group"],
+        fmt_bytes(r["budget_bytes"]),
+        code.format(r["checkpoint"]) if r["checkpoint"] else "nothing fits",
+        fmt_bytes(r.get("compiled_bytes")),
+        fmt_bytes(r.get("predicted_bytes")),
+        fmt_ms(r.get("time_s")),
+        code.format(r["best_uniform"]) if r["best_uniform"] else "-",
+        fmt_ms(r["best_uniform_time_s"]),
+    ]
+
+
 TIMED_COLUMNS = ("preset", "checkpoint", "memory", "measured", "spread", "predicted")
 TIMED_COLUMNS += ("roofline", "on the frontier")
 
 
-def timed_cells(r: dict[str, Any], checkpoint: str, estimated: str) -> list[str]:
+def timed_cells(r: dict[str, Any], code: str, estimated: str) -> list[str]:
     """The `TIMED_COLUMNS` of one row of `plan_sweep`'s afresh timing
-    (`checkpoint` as the table writes it; `estimated` marks an estimate)."""
+    (`estimated` marks an estimated prediction)."""
     return [
         r["group"],
-        checkpoint,
+        code.format(r["checkpoint"]),
         fmt_bytes(r["memory_bytes"]),
         fmt_ms(r["measured_s"]),
-        f"{100 * r['spread']:.1f}%",
+        fmt_pct(r["spread"]),
         fmt_ms(r["predicted_s"]) + ("" if r["predicted_measured"] else estimated),
         fmt_ms(r["roofline_s"]),
         "yes" if r["on_frontier"] else "",

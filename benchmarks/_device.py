@@ -64,11 +64,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         "multi-process (with --distributed; auto-detected on a TPU slice, Slurm, "
         "Open MPI)"
     )
-    for flag, metavar, kind in (
-        ("coordinator_address", "HOST:PORT", _address),
-        ("num_processes", "N", positive_int),
-        ("process_id", "I", non_negative_int),
-    ):
+    for flag, (metavar, _, kind) in _DISTRIBUTED.items():
         name = "--" + flag.replace("_", "-")
         group.add_argument(name, metavar=metavar, type=kind, help=HELP[flag])
     group.add_argument(
@@ -132,7 +128,7 @@ def select_device(
     if getattr(args, "distributed", False):
         initialize_distributed(args, parser, platform)
     else:
-        for flag in _DISTRIBUTED_FLAGS:
+        for flag in _DISTRIBUTED:
             if getattr(args, flag, None) is not None:
                 name = "--" + flag.replace("_", "-")
                 parser.error(f"argument {name}: needs --distributed.")
@@ -153,7 +149,6 @@ def select_device(
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAX_PROCESS_ID"
-_DISTRIBUTED_FLAGS = ("coordinator_address", "num_processes", "process_id")
 
 
 def address_problem(text: str) -> str | None:
@@ -186,6 +181,14 @@ def _int_at_least(least: int, what: str):
 positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 
+# The multi-process flags: their metavar, the environment variable read where
+# one is not given, and their argparse `type`.
+_DISTRIBUTED = {
+    "coordinator_address": ("HOST:PORT", COORDINATOR_ENV, _address),
+    "num_processes": ("N", NUM_PROCESSES_ENV, positive_int),
+    "process_id": ("I", PROCESS_ID_ENV, non_negative_int),
+}
+
 
 def distributed_settings(
     args: argparse.Namespace, parser: argparse.ArgumentParser
@@ -198,11 +201,7 @@ def distributed_settings(
     env = os.environ
     values: dict[str, Any] = {}
     named: dict[str, str] = {}  # where each value came from, for messages
-    for flag, var, parse in (
-        ("coordinator_address", COORDINATOR_ENV, _address),
-        ("num_processes", NUM_PROCESSES_ENV, positive_int),
-        ("process_id", PROCESS_ID_ENV, non_negative_int),
-    ):
+    for flag, (_, var, parse) in _DISTRIBUTED.items():
         value = getattr(args, flag, None)
         named[flag] = "argument --" + flag.replace("_", "-")
         if value is None and env.get(var):
@@ -244,7 +243,7 @@ def initialize_distributed(
         jax.distributed.initialize(**settings)
     except (ValueError, TypeError) as e:
         missing = [
-            f"--{f.replace('_', '-')}" for f in _DISTRIBUTED_FLAGS if f not in settings
+            f"--{f.replace('_', '-')}" for f in _DISTRIBUTED if f not in settings
         ]
         parser.error(
             f"--distributed: {e} This is not a machine where JAX detects its "

@@ -137,8 +137,9 @@ NOTHING_BETWEEN = (
 )
 
 
-def _front(rows: Rows, time: str) -> list[dict[str, Any]]:
-    """The rows no other beats in both memory and `time`, least memory first."""
+def pareto(rows: Rows, time: str) -> list[dict[str, Any]]:
+    """The rows no other beats in both memory (`memory_bytes`) and `time`, least
+    memory first (of equals, the first)."""
     out: list[dict[str, Any]] = []
     for r in sorted(rows, key=lambda r: (r["memory_bytes"], r[time])):
         if not out or r[time] < out[-1][time]:
@@ -159,7 +160,7 @@ def uniform_frontier(rows: Rows, group: str) -> list[dict[str, Any]]:
         for r in rows
         if r["group"] == group and r.get("kind") == "uniform" and r["compiled"]
     ]
-    return _front(uniform, "time_s")
+    return pareto(uniform, "time_s")
 
 
 def between_uniform(rows: Rows, group: str, budget: int) -> bool:
@@ -171,7 +172,7 @@ def between_uniform(rows: Rows, group: str, budget: int) -> bool:
 def between_measured(timed: Rows, budget: int) -> bool:
     """Whether `budget` lies strictly between the memories of two neighbours on
     the frontier of the uniform checkpoints as measured (timed rows)."""
-    return _between(_front([r for r in timed if r["uniform"]], "measured_s"), budget)
+    return _between(pareto([r for r in timed if r["uniform"]], "measured_s"), budget)
 
 
 def clock_ratio(pick: dict[str, Any]) -> float:
@@ -286,6 +287,18 @@ def planning_cost(rows, group, preset, compiles=30, seconds=600.0):
     return _verdict(name, group, "compiles", 1.0, worst, measured)
 
 
+def _raced(group, picks, ratios, at_most, value, rivals):
+    """The pick against the fastest of `rivals` that fits, at every budget:
+    `ratios`, its time over that one's in the same interleaved rounds."""
+    spread = max(r["spread"] for r in picks)
+    name = f"measured: pick <= {at_most:.2f}x the fastest fitting {rivals}"
+    measured = (
+        f"{max(ratios):.3f}x at worst, {min(ratios):.3f}x at best "
+        f"({len(picks)} budgets; spread up to {100 * spread:.1f}%)"
+    )
+    return _verdict(name, group, "step_s", at_most, value, measured)
+
+
 def _clock_picks(rows: Rows, group: str) -> list[dict[str, Any]]:
     return [r for r in _picks(rows, group) if r.get("best_uniform_measured_s")]
 
@@ -298,16 +311,8 @@ def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
     if not picks:
         return []
     ratios = [clock_ratio(r) for r in picks]
-    spread = max(r["spread"] for r in picks)
-    name = (
-        f"measured: pick <= {at_most:.2f}x the fastest fitting uniform "
-        "checkpoint (every budget)"
-    )
-    measured = (
-        f"{max(ratios):.3f}x at worst, {min(ratios):.3f}x at best ({len(picks)} "
-        f"budgets; spread up to {100 * spread:.1f}%)"
-    )
-    return _verdict(name, group, "step_s", at_most, max(ratios), measured)
+    rivals = "uniform checkpoint (every budget)"
+    return _raced(group, picks, ratios, at_most, max(ratios), rivals)
 
 
 def clock_faster_between(rows, group, preset, at_least=0.5):
@@ -381,16 +386,8 @@ def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
         return []
     ratios = [r["ratio"] for r in picks]
     value = max(ratios) if all(r["fits"] for r in picks) else math.inf
-    name = (
-        f"measured: pick <= {at_most:.2f}x the fastest fitting (uniform "
-        "checkpoint x micro-batches x loss chunking), every budget"
-    )
-    spread = max(r["spread"] for r in picks)
-    measured = (
-        f"{max(ratios):.3f}x at worst, {min(ratios):.3f}x at best "
-        f"({len(picks)} budgets; spread up to {100 * spread:.1f}%)"
-    )
-    return _verdict(name, group, "step_s", at_most, value, measured)
+    rivals = "(uniform checkpoint x micro-batches x loss chunking), every budget"
+    return _raced(group, picks, ratios, at_most, value, rivals)
 
 
 def batch_planning_cost(rows, group, preset, at_most=3.0):

@@ -47,13 +47,7 @@ MICRO_BATCHES = (1, 2, 4)
 
 def _parser() -> argparse.ArgumentParser:
     p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
-    p.add_argument(
-        "--budgets",
-        type=_common.positive_int,
-        metavar="N",
-        default=4,
-        help="how many budgets (default: %(default)s)",
-    )
+    _common.int_flag(p, "--budgets", 4, "how many budgets")
     return p
 
 
@@ -65,12 +59,6 @@ def _loss(model, tokens, axis=None):
 
 
 GRAD = eqx.filter_grad(_loss)
-
-
-def _tokens(preset: _models.TransformerPreset, batch: int | None = None) -> Any:
-    """`seq + 1` tokens per example: the loss predicts `seq` of them."""
-    shape = (batch or preset.batch, preset.seq + 1)
-    return jax.random.randint(jax.random.key(1), shape, 0, preset.vocab)
 
 
 class _Combo:
@@ -113,8 +101,11 @@ def _preset(name: str) -> _models.TransformerPreset:
 
 def sweep_preset(args, name: str, console) -> list[dict[str, Any]]:
     preset = _preset(name)
-    model, tokens = preset.build(), _tokens(preset)
-    seq = preset.seq
+    model, seq = preset.build(), preset.seq
+    # `seq + 1` tokens per example: the loss predicts `seq` of them.
+    tokens = jax.random.randint(
+        jax.random.key(1), (preset.batch, seq + 1), 0, preset.vocab
+    )
     chunks = (None, max(seq // 4, 1))
     counts = tuple(k for k in MICRO_BATCHES if tokens.shape[0] % k == 0)
     uniform = UNIFORM

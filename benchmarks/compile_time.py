@@ -32,12 +32,7 @@ LIMIT = 1.5  # the target, for None and every policy
 
 def _parser() -> argparse.ArgumentParser:
     p = depth_scaling.parser(__doc__, [4, 64], "transformer layers")
-    p.add_argument(
-        "--d-model",
-        type=_common.positive_int,
-        default=128,
-        help="(default: %(default)s)",
-    )
+    _common.int_flag(p, "--d-model", 128, metavar=None)
     return p
 
 

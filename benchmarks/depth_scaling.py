@@ -36,26 +36,14 @@ DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 def parser(doc: str, depths: list[int], what: str) -> argparse.ArgumentParser:
     """The flags of both compile-time scripts: `--depths` (of `what`)."""
     p = _common.parser(doc, repeats=3, target=False)
-    p.add_argument(
-        "--depths",
-        type=_common.positive_int,
-        nargs="+",
-        default=depths,
-        metavar="N",
-        help=f"the depths to measure: {what} (default: %(default)s)",
-    )
+    _common.int_flag(p, "--depths", depths, f"the depths to measure: {what}", nargs="+")
     return p
 
 
 def _parser() -> argparse.ArgumentParser:
     p = parser(__doc__, list(DEPTHS), "chain layers D")
-    for flag, default in (("--width", 32), ("--batch", 256)):
-        p.add_argument(
-            flag,
-            type=_common.positive_int,
-            default=default,
-            help="(default: %(default)s)",
-        )
+    _common.int_flag(p, "--width", 32, metavar=None)
+    _common.int_flag(p, "--batch", 256, metavar=None)
     p.add_argument(
         "--no-peers", action="store_true", help="no treeverse (default: off)"
     )

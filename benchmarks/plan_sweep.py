@@ -64,13 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         help="on the device: do not time the frontier, picks and uniform "
         "checkpoints afresh (default: time them)",
     )
-    p.add_argument(
-        "--budgets",
-        type=_common.positive_int,
-        metavar="N",
-        default=10,
-        help="how many budgets, evenly spaced (default: %(default)s)",
-    )
+    _common.int_flag(p, "--budgets", 10, "how many budgets, evenly spaced")
     return p
 
 
@@ -87,43 +81,25 @@ def _step(preset: _models.Preset, mesh: Any):
     return fsdp_grad
 
 
-def _mesh_context(preset: _models.Preset, mesh: Any):
-    # The flash kernel finds the mesh to shard_map over in the context.
-    if mesh is not None and getattr(preset, "attention", None) == "flash":
-        return jax.set_mesh(mesh)
-    return contextlib.nullcontext()
-
-
 def _point(p: er.FrontierPoint) -> dict[str, Any]:
     return {
         "checkpoint": _common.checkpoint_label(p.checkpoint),
         "predicted_bytes": p.predicted_bytes,
         "compiled_bytes": p.compiled_bytes,
-        "memory_bytes": p.predicted_bytes
-        if p.compiled_bytes is None
-        else p.compiled_bytes,
+        "memory_bytes": _common.point_memory(p),
         "flops": p.flops,
         "host_bytes": p.host_bytes,
         "time_s": p.time_s,
     }
 
 
-def _budgets(
-    top: er.PlanResult, none: int | None, cap: int, n: int, above: float
-) -> list[int]:
-    """`n` budgets from the smallest compiled memory on the frontier of `top`
-    (the plan at `cap`: it compiles the lightest option) to `None`'s memory
-    `none` times `above` (on the device: above `None`'s memory, where it fits
-    too), or `cap` where `None` needs more (or XLA refuses it)."""
-    compiled = [p.compiled_bytes for p in top.frontier if p.compiled_bytes]
-    high = min(cap, int(none * above)) if none else cap
-    return budgets_between(min(compiled), high, n)
-
-
 def _sweep_budgets(args, fn, model, batch, top: er.PlanResult, cap: int) -> list[int]:
-    """The budgets to plan: evenly spaced from the lightest option's memory to
-    `None`'s (1.1x on the device), and on the device half-way between the
-    first plan's uniform points too."""
+    """The budgets to plan: `--budgets` evenly spaced (both ends included) from
+    the smallest compiled memory on the frontier of `top` (the plan at `cap`:
+    it compiles the lightest option) to `None`'s memory (on the device 1.1x
+    that, where it fits too), or `cap` where `None` needs more (or XLA refuses
+    it); and on the device half-way between the first plan's uniform points
+    too."""
     try:
         none = er.plan(
             fn, model, batch, budget_bytes=cap, target=args.target, candidates=[None]
@@ -131,7 +107,12 @@ def _sweep_budgets(args, fn, model, batch, top: er.PlanResult, cap: int) -> list
     except ValueError:  # None does not fit one device (XLA refuses it)
         none = None
     above = 1.0 if args.target else 1.1
-    budgets = _budgets(top, none, cap, args.budgets, above)
+    low = min(p.compiled_bytes for p in top.frontier if p.compiled_bytes)
+    high = min(cap, int(none * above)) if none else cap
+    if args.budgets == 1 or high <= low:
+        budgets = [high]
+    else:
+        budgets = [int(round(b)) for b in np.linspace(low, high, args.budgets)]
     if not args.target:
         budgets = sorted(set(budgets) | set(_between(top)))
     return budgets
@@ -149,13 +130,6 @@ def _between(top: er.PlanResult) -> list[int]:
         if p.compiled_bytes and not isinstance(p.checkpoint, er.ranges)
     )
     return [(lo + hi) // 2 for lo, hi in zip(memories, memories[1:]) if hi > 1.01 * lo]
-
-
-def budgets_between(low: int, high: int, n: int) -> list[int]:
-    """`n` budgets evenly spaced from `low` to `high`, both included."""
-    if n == 1 or high <= low:
-        return [high]
-    return [int(round(b)) for b in np.linspace(low, high, n)]
 
 
 def _plan(fn, model, batch, budget, target) -> er.PlanResult | None:
@@ -179,8 +153,9 @@ def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]
         batch = _measure.place_batch(batch, mesh)
     fn = _step(preset, mesh)
     cap = _measure.V5E_HBM if args.target else 2**50
-    rows: list[dict] = []
-    with _mesh_context(preset, mesh):
+    # The flash kernel finds the mesh to shard_map over in the context.
+    flash = mesh is not None and getattr(preset, "attention", None) == "flash"
+    with jax.set_mesh(mesh) if flash else contextlib.nullcontext():
         load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
         console.print(f"[bold]{name}[/]: planning at {_common.fmt_bytes(cap)} first")
         top = _plan(fn, model, batch, cap, args.target)
@@ -198,40 +173,38 @@ def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]
                 continue
             console.print(f"[bold]{name}[/]: budget {_common.fmt_bytes(b)}")
             results.append(_plan(fn, model, batch, b, args.target))
-        seconds = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0  # every thread's: the compiler's too
-        load = (load0 + os.getloadavg()[0]) / 2
         # In the order planned: later calls predict with more compiles behind them.
         calls = ([] if cap in budgets else [top]) + results
+        plans = [r for r in calls if r is not None]  # None: nothing fits
+        planning = {
+            "group": name,
+            "kind": "planning",
+            "budgets": len(budgets),
+            "calls": len(calls),
+            "compiles": sum(r.compiles for r in plans),
+            "seconds": time.perf_counter() - t0,
+            # Every thread's: the compiler's too.
+            "cpu_seconds": time.process_time() - cpu0,
+            "load_average": (load0 + os.getloadavg()[0]) / 2,
+        }
         console.print(
-            f"[bold]{name}[/]: planned {len(budgets)} budgets in {seconds:.0f} s "
-            f"({cpu:.0f} s of CPU, load average {load:.1f}), "
-            f"{sum(r.compiles for r in calls if r is not None)} compiles; "
-            "uniform candidates next"
+            f"[bold]{name}[/]: planned {len(budgets)} budgets in "
+            f"{planning['seconds']:.0f} s ({planning['cpu_seconds']:.0f} s of CPU, "
+            f"load average {planning['load_average']:.1f}), "
+            f"{planning['compiles']} compiles; uniform candidates next"
         )
         uniform = er.plan(
             fn, model, batch, budget_bytes=cap, target=args.target, candidates=cands
         ).table
         timed = []
         if args.clock and not args.target:
-            timed = clock_rows(args, name, fn, model, batch, calls, uniform, console)
-    planning = {
-        "group": name,
-        "kind": "planning",
-        "budgets": len(budgets),
-        "calls": len(calls),
-        "compiles": sum(r.compiles for r in calls if r is not None),
-        "seconds": seconds,
-        "cpu_seconds": cpu,
-        "load_average": load,
-    }
-    rows.append(planning)
-    rows += [_uniform_row(name, e, cap) for e in uniform]
+            timed = clock_rows(args, name, fn, model, batch, plans, uniform, console)
+    rows = [planning, *(_uniform_row(name, e, cap) for e in uniform)]
     rows += [_pick_row(name, b, r, uniform) for b, r in zip(budgets, results)]
-    frontier = _pareto(calls)
-    rows += [{"group": name, "kind": "frontier", **_point(p)} for p in frontier]
+    frontier = _frontier(plans)
+    rows += [{"group": name, "kind": "frontier", **p} for p in frontier]
     if timed:
-        on = {_common.checkpoint_label(p.checkpoint) for p in frontier}
+        on = {p["checkpoint"] for p in frontier}
         for r in timed:
             r["on_frontier"] = r["checkpoint"] in on
         rows += timed
@@ -243,17 +216,15 @@ def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]
     return rows
 
 
-def clock_rows(args, name, fn, model, batch, calls, uniform, console) -> list[dict]:
+def clock_rows(args, name, fn, model, batch, plans, uniform, console) -> list[dict]:
     """Every frontier point, pick and uniform checkpoint of the plans (and the
     preset's uniform candidates), compiled and timed afresh in this process,
     round-robin: a row each, with the planner's predicted time beside the
     measured one and the roofline's."""
     predicted: dict[Any, er.FrontierPoint | er.PlanEntry] = {}
-    for r in calls:
-        for p in r.frontier if r is not None else ():
-            predicted[p.checkpoint] = p
-        if r is not None:
-            predicted.setdefault(r.checkpoint, r.entry)
+    for r in plans:
+        predicted.update((p.checkpoint, p) for p in r.frontier)
+        predicted.setdefault(r.checkpoint, r.entry)
     for e in uniform:
         predicted.setdefault(e.checkpoint, e)
     checkpoints = list(predicted)
@@ -358,13 +329,13 @@ def _clock_pick(pick: dict, by: dict, timed: list[dict]) -> None:
         pick["clock_between"] = _targets.between_measured(timed, pick["budget_bytes"])
 
 
-def _pareto(results) -> list[er.FrontierPoint]:
-    """The points of every call's frontier (compiled where one call compiled
-    it, else the latest call's prediction) that no other beats in both memory
-    and time, least memory first."""
+def _frontier(plans: list[er.PlanResult]) -> list[dict[str, Any]]:
+    """The points of every plan's frontier (compiled where one plan compiled
+    it, else the latest plan's prediction) that no other beats in both memory
+    and time, least memory first, as rows (`_point`)."""
     points = {}
-    for r in results:
-        for p in r.frontier if r is not None else ():
+    for r in plans:
+        for p in r.frontier:
             old = points.get(p.checkpoint)
             if (
                 old is None
@@ -372,29 +343,28 @@ def _pareto(results) -> list[er.FrontierPoint]:
                 or old.compiled_bytes is None
             ):
                 points[p.checkpoint] = p
+    return _targets.pareto([_point(p) for p in points.values()], "time_s")
 
-    def memory(p):
-        return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
 
-    out: list[er.FrontierPoint] = []
-    for p in sorted(points.values(), key=lambda p: (memory(p), p.time_s)):
-        if not out or p.time_s < out[-1].time_s:
-            out.append(p)
-    return out
+def _entry(e: er.PlanEntry, budget: int) -> dict[str, Any]:
+    """A plan's entry: whether it fits `budget` when compiled, its cost."""
+    compiled = e.report is not None
+    return {
+        "fits": compiled and e.memory_bytes <= budget,
+        "flops": e.flops,
+        "host_bytes": e.report.host_temp_bytes if compiled else 0,
+        "time_s": e.time_s,
+    }
 
 
 def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
-    host = e.report.host_temp_bytes if e.report is not None else 0
     return {
         "group": name,
         "kind": "uniform",
         "checkpoint": _common.checkpoint_label(e.checkpoint),
         "memory_bytes": e.memory_bytes,
         "compiled": e.report is not None,
-        "fits": e.report is not None and e.memory_bytes <= cap,
-        "flops": e.flops,
-        "host_bytes": host,
-        "time_s": e.time_s,
+        **_entry(e, cap),
     }
 
 
@@ -420,10 +390,7 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
         "checkpoint": _common.checkpoint_label(result.checkpoint),
         "compiled_bytes": e.memory_bytes,
         "predicted_bytes": None if point is None else point.predicted_bytes,
-        "fits": e.report is not None and e.memory_bytes <= budget,
-        "flops": e.flops,
-        "host_bytes": e.report.host_temp_bytes if e.report is not None else 0,
-        "time_s": e.time_s,
+        **_entry(e, budget),
         "compiles": result.compiles,
         "seconds": result.seconds,
         "notes": list(result.notes),
@@ -489,35 +456,11 @@ def show(console: _common.Console, data: dict, where: str) -> None:
             if r["kind"] == "uniform"
         ],
     )
-    console.table(
-        f"Picks [{where}]",
-        (
-            "preset",
-            "budget",
-            "pick",
-            "compiled",
-            "predicted",
-            "est. time",
-            "best uniform",
-            "its time",
-            "compiles",
-        ),
-        [
-            (
-                r["group"],
-                _common.fmt_bytes(r["budget_bytes"]),
-                r["checkpoint"] or "nothing fits",
-                _common.fmt_bytes(r.get("compiled_bytes")),
-                _common.fmt_bytes(r.get("predicted_bytes")),
-                _common.fmt_ms(r.get("time_s")),
-                r["best_uniform"] or "-",
-                _common.fmt_ms(r["best_uniform_time_s"]),
-                r.get("compiles", "-"),
-            )
-            for r in rows
-            if r["kind"] == "pick"
-        ],
-    )
+    cols = ("preset", "budget", "pick", "compiled", "predicted", "est. time")
+    cols += ("best uniform", "its time", "compiles")
+    picks = [r for r in rows if r["kind"] == "pick"]
+    cells = [[*_common.pick_cells(r, "{}"), r.get("compiles", "-")] for r in picks]
+    console.table(f"Picks [{where}]", cols, cells)
     _show_timed(console, rows, where)
     for r in rows:
         if r["kind"] == "planning":
@@ -538,7 +481,7 @@ def _show_timed(console: _common.Console, rows: list[dict], where: str) -> None:
         f"Timed afresh [{where}]: predicted against measured",
         _common.TIMED_COLUMNS,
         [
-            _common.timed_cells(r, r["checkpoint"], "*")
+            _common.timed_cells(r, "{}", "*")
             for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
         ],
     )
@@ -624,17 +567,10 @@ def _plot_preset(ax, rows: list[dict], data: dict, group: str) -> None:
     unit, size = ("GiB", _common.GiB) if top >= _common.GiB else ("MiB", _common.MiB)
     for b in budgets:
         ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
-    ax.scatter(
-        [r["memory_bytes"] / size for r in uniform],
-        [1e3 * r["time_s"] for r in uniform],
-        color="0.55",
-        s=28,
-        label="uniform candidates",
-        zorder=2,
-    )
-    # Points closer than 2% of the axes share one label ("None = everything").
     xs = [r["memory_bytes"] / size for r in uniform]
     ys = [1e3 * r["time_s"] for r in uniform]
+    ax.scatter(xs, ys, color="0.55", s=28, label="uniform candidates", zorder=2)
+    # Points closer than 2% of the axes share one label ("None = everything").
     dx, dy = 0.02 * (max(xs) - min(xs) or 1), 0.02 * (max(ys) - min(ys) or 1)
     labels: dict[tuple, list[str]] = {}
     for x, y, r in zip(xs, ys, uniform):

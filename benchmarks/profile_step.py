@@ -52,16 +52,11 @@ CHECKPOINTS = ("None", "dots", "nothing")
 
 def _parser() -> argparse.ArgumentParser:
     p = _common.parser(__doc__ or "", repeats=7, target=False)
-    p.add_argument("--d-model", type=_common.positive_int, default=128, metavar="N",
-                   help="model width (default: %(default)s)")  # fmt: skip
-    p.add_argument("--seq", type=_common.positive_int, default=128, metavar="N",
-                   help="tokens per example (default: %(default)s)")  # fmt: skip
-    p.add_argument("--batch", type=_common.positive_int, default=4, metavar="N",
-                   help="examples per step (default: %(default)s)")  # fmt: skip
-    p.add_argument("--layers", type=_common.positive_int, default=8, metavar="N",
-                   help="decoder blocks (default: %(default)s)")  # fmt: skip
-    p.add_argument("--steps", type=_common.positive_int, default=3, metavar="N",
-                   help="steps per timed round (default: %(default)s)")  # fmt: skip
+    _common.int_flag(p, "--d-model", 128, "model width")
+    _common.int_flag(p, "--seq", 128, "tokens per example")
+    _common.int_flag(p, "--batch", 4, "examples per step")
+    _common.int_flag(p, "--layers", 8, "decoder blocks")
+    _common.int_flag(p, "--steps", 3, "steps per timed round")
     p.add_argument("--trace", action="store_true",
                    help="profile each checkpoint's ops (default: off)")  # fmt: skip
     return p

@@ -187,20 +187,7 @@ def plan_sweep(data: dict) -> str:
             )
     cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
     cols += ["best uniform that fits", "its est. time"]
-    table = [
-        [
-            r["group"],
-            _common.fmt_bytes(r["budget_bytes"]),
-            f"`{r['checkpoint']}`" if r["checkpoint"] else "nothing fits",
-            _common.fmt_bytes(r.get("compiled_bytes")),
-            _common.fmt_bytes(r.get("predicted_bytes")),
-            _common.fmt_ms(r.get("time_s")),
-            f"`{r['best_uniform']}`" if r["best_uniform"] else "-",
-            _common.fmt_ms(r["best_uniform_time_s"]),
-        ]
-        for r in rows
-        if r["kind"] == "pick"
-    ]
+    table = [_common.pick_cells(r, "`{}`") for r in rows if r["kind"] == "pick"]
     parts = ["\n".join(out), _common.markdown_table(cols, table)]
     timed = [r for r in rows if r["kind"] == "timed"]
     if timed:
@@ -225,7 +212,7 @@ def _clock(rows: list[dict], timed: list[dict]) -> str:
         if r["kind"] == "pick" and r.get("best_uniform_measured_s")
     ]
     points = [
-        _common.timed_cells(r, f"`{r['checkpoint']}`", " (est.)")
+        _common.timed_cells(r, "`{}`", " (est.)")
         for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
     ]
     cols = ["preset", "budget", "pick", "measured", "fastest fitting uniform"]

@@ -45,10 +45,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _isolate(args: argparse.Namespace) -> bool:
-    return not args.budget and _common.isolate(args)
-
-
 def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
     names = args.preset or (
         _models.QUICK
@@ -99,7 +95,9 @@ def measure(args: argparse.Namespace, variants: list, console: _common.Console) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(_parser(), argv, "run", defer=_isolate)
+    args = _common.parse_args(
+        _parser(), argv, "run", defer=lambda a: not a.budget and _common.isolate(a)
+    )
     console = _common.Console()
     base = presets_of(args)
     if args.budget:
@@ -358,9 +356,7 @@ def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> lis
     ] or [
         (p.checkpoint, memory, p.flops, memory <= res.budget_bytes, p.time_s)
         for p in res.frontier
-        for memory in [
-            p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
-        ]
+        for memory in [_common.point_memory(p)]
     ]
     return [
         {
