@@ -773,11 +773,11 @@ class _Planner:
             self.timings[c] = t
             if self.key is not None:
                 CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
-        raced = sum(t.rounds == most for t in timings[: len(new)])
-        rounds = f"{most}" if raced == len(new) else f"2 to {most}"
+        ran_all = sum(t.rounds == most for t in timings[: len(new)])
+        rounds = f"{most}" if ran_all == len(new) else f"2 to {most}"
         self.say(
             f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
-            f"warm-up ({most} for {raced} not ruled out), {took:.1f} s; "
+            f"warm-up ({most} for {ran_all} not ruled out), {took:.1f} s; "
             f"{self._spent()}",
             detail=len(new) < 3,
         )
