@@ -1146,16 +1146,23 @@ def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit(monkeypatch)
     )
     assert [t.rounds for t in timings] == [5, 2, 2, 5]
     assert timings[1].times == (1.1, 1.1)
+    # Rounds of all while they fit in half of `seconds` (3 rounds: 13.5 s
+    # of 15), then the race: 8 more rounds of 0 and 3 in the other half.
+    longer = time_interleaved(
+        programs, rounds=21, warmup=False, seconds=30.0, keep=keep
+    )
+    assert [t.rounds for t in longer] == [11, 3, 3, 11]
     capped = time_interleaved(programs, rounds=4, seconds=100.0, keep=keep)
-    assert [t.rounds for t in capped] == [4, 2, 2, 4]
+    assert [t.rounds for t in capped] == [4] * 4
     # Without a race, whole rounds while they fit; at least two.
     plain = time_interleaved(programs, rounds=21, warmup=False, seconds=14.0)
     assert [t.rounds for t in plain] == [3] * 4
     short = time_interleaved(programs, rounds=21, warmup=False, seconds=-1.0)
     assert [t.rounds for t in short] == [2] * 4
-    # A race ends where one program is left: it has nothing to be compared to.
+    # A race ends where one program is left: it has nothing to be compared to
+    # (0 alone would fit 4 more rounds).
     alone = time_interleaved(
-        programs[:3], rounds=21, warmup=False, seconds=100.0, keep=keep
+        programs[:3], rounds=21, warmup=False, seconds=12.0, keep=keep
     )
     assert [t.rounds for t in alone] == [2, 2, 2]
 

@@ -79,9 +79,10 @@ def plan(
       several, each would time on its own clock and could choose
       differently: the roofline gives every process the same answer).
       Timing runs each program after a warm-up, round-robin with the
-      others: two rounds, then more (at most 21) of those not ruled out
-      (over 3% slower than one needing no more memory), as many as fit in
-      the time this call's compiles took; a program's time is the mean of
+      others: rounds of every program (at least two) in half the time this
+      call's compiles took, then, in the other half, more (at most 21 in
+      all) of those not ruled out (over 3% slower than one needing no more
+      memory); a program's time is the mean of
       its faster half of rounds. A program whose memory is over what the
       device has free is never run.
     - `progress`: what it does, on stderr: `True` a few lines (the stages,

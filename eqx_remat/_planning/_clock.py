@@ -148,28 +148,35 @@ def time_interleaved(
     [`eqx_remat.internal.Timing`][]s, in order. Each round runs the programs
     in an order of its own (shuffled, the same on every call).
 
-    The first two rounds (the fewest whose times mean anything) run every
-    program; a later round runs only where it fits in what is left of
-    `seconds` (at its programs' last times), and only the programs that
-    `keep`, given their timings so far, returns the indices of (a race: a
-    program it leaves out keeps the times of the rounds it ran, the first
-    ones; the race ends with one program left). With neither, `rounds`
-    rounds of every program."""
+    Every program runs at least two rounds (the fewest whose times mean
+    anything), and as many more as fit in half of `seconds`; a later round
+    runs only where it fits in what is left of `seconds` (at its programs'
+    last times), and only the programs that `keep`, given their timings so
+    far, returns the indices of (a race: a program it leaves out keeps the
+    times of the rounds it ran, the first ones; the race ends with one
+    program left). A program is ruled out only on as many rounds as half of
+    `seconds` affords every program: on two, the ones whose two rounds were
+    slow by chance would be ruled out and keep their slow times. With
+    neither, `rounds` rounds of every program."""
     if warmup:
         warm_up(programs)
     times: list[list[float]] = [[] for _ in programs]
     running = list(range(len(programs)))
     shuffle = random.Random(0).shuffle
     start = time.perf_counter()
+    racing = False
     for r in range(rounds):
         if r >= 2:
-            if keep is not None:
+            elapsed = time.perf_counter() - start
+            next_round = sum(times[i][-1] for i in running)
+            racing = racing or elapsed + next_round > seconds / 2
+            if keep is not None and racing:
                 kept = set(keep([timing(ts) for ts in times]))
                 running = [i for i in running if i in kept]
                 if len(running) < 2:  # nothing left to compare
                     break
-            next_round = sum(times[i][-1] for i in running)
-            if time.perf_counter() - start + next_round > seconds:
+                next_round = sum(times[i][-1] for i in running)
+            if elapsed + next_round > seconds:
                 break
         order = running.copy()
         shuffle(order)

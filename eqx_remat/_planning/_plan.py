@@ -728,10 +728,10 @@ class _Planner:
         time yet: round-robin with the fastest program already timed, each
         program's time the ratio of the mean of its faster half of rounds
         to that one's (one clock for the whole plan), after a warm-up run
-        each. Two rounds of every program, then, as a race, more rounds
-        (at most 21) of those no other program beats by `RULED_OUT` in
-        both time and memory, while they fit in what is left of this call's
-        compile time."""
+        each. Rounds of every program (at least two) while they fit in half
+        of what is left of this call's compile time, then, as a race, more
+        rounds (at most 21 in all) of those no other program beats by
+        `RULED_OUT` in both time and memory, while they fit in the rest."""
         new = []
         for c in dict.fromkeys(cs):
             if c in self.timings or not self.runnable(c):
