@@ -488,7 +488,8 @@ def _show_timed(console: _common.Console, rows: list[dict], where: str) -> None:
     console.print(
         "predicted: the planner's time (* estimated: a mix from its options' "
         "measured times per layer); roofline: FLOPs at peak + bytes moved at "
-        "bandwidth, this CPU's figures; spread: interquartile range / median"
+        "bandwidth, the device's figures (a CPU's by calibration); spread: "
+        "interquartile range / median"
     )
     for r in rows:
         if r["kind"] == "rounds":

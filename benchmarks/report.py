@@ -311,7 +311,7 @@ SECTIONS = (
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
     ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
     ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),
-    ("Planner sweep, NVIDIA H200", "plan_sweep-cuda", plan_sweep),
+    ("Planner sweep, NVIDIA H100", "plan_sweep-cuda", plan_sweep),
     ("Batch planner sweep, CPU", "batch_sweep-cpu", batch_sweep),
     ("Batch planner, v5e: the seed setting", "batch_sweep-v5e_2x4", batch_aot),
 )
