@@ -14,6 +14,7 @@ from jax.sharding import AxisType
 
 import eqx_remat
 import zoo
+from eqx_remat._inspect._jaxpr import scan_sizes
 
 
 # f32: k micro-batches sum the batch in another order (k partial means). Seen:
@@ -140,8 +141,8 @@ def test_bf16_outputs_accumulate_in_f32():
     np.testing.assert_allclose(np.float32(g), ref_g, rtol=0, atol=2e-3)
     jaxpr = jax.make_jaxpr(eqx_remat.accumulate(grad, 8))(w, x).jaxpr
     (scan,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
-    first = scan.params["num_consts"]
-    carry = scan.params["jaxpr"].in_avals[first : first + scan.params["num_carry"]]
+    first, n_carry = scan_sizes(scan)  # jax 0.11 has no `num_consts` parameter
+    carry = scan.params["jaxpr"].in_avals[first : first + n_carry]
     assert [a.dtype for a in carry] == [jnp.float32, jnp.float32]
 
 
