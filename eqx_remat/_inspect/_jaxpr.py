@@ -23,6 +23,8 @@ CALLS: Mapping[str, str] = {
     "jit": "jaxpr",
     "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
+    # jax 0.11's `closed_call` (jax/_src/core.py: `closed_call_p = eval_jaxpr_p`).
+    "eval_jaxpr": "call_jaxpr",
     "core_call": "call_jaxpr",
     "remat2": "jaxpr",
     "checkpoint": "jaxpr",
@@ -35,7 +37,7 @@ CALLS: Mapping[str, str] = {
 
 # The calls that only call: evaluating the jaxpr they hold is the same as binding
 # them (no checkpointing, custom derivative or batching rule is lost).
-PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
+PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call"})
 
 
 def is_literal(v: Any) -> TypeIs[Literal]:

@@ -774,7 +774,8 @@ class _Planner:
             if self.key is not None:
                 CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
         ran_all = sum(t.rounds == most for t in timings[: len(new)])
-        rounds = f"{most}" if ran_all == len(new) else f"2 to {most}"
+        least = min(t.rounds for t in timings[: len(new)])
+        rounds = f"{most}" if least == most else f"{least} to {most}"
         self.say(
             f"timed {len(new)} program(s): {rounds} interleaved round(s) after a "
             f"warm-up ({most} for {ran_all} not ruled out), {took:.1f} s; "
