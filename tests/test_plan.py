@@ -650,6 +650,37 @@ def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
 
 
 @pytest.mark.heavy
+def test_a_mix_timed_by_an_earlier_call_is_returned_where_it_fits_and_is_faster(
+    tiny_table, fresh, monkeypatch
+):
+    # A clock under which every mix runs faster than either of its options: a
+    # plan between uniform points returns a mix, timed by its race; a plan at
+    # a budget above every option, which compiles no mix of its own, returns
+    # that mix too (it fits, and was measured faster), with a note.
+    def fast_mixes(programs, *, rounds, warmup=True, **race):
+        out = _fake_clock(programs, rounds=rounds)
+        return [
+            t._replace(seconds=t.seconds / 10)
+            if isinstance(p.record.checkpoint, er.ranges)
+            else t
+            for t, p in zip(out, programs)
+        ]
+
+    monkeypatch.setattr(_plan, "time_interleaved", fast_mixes)
+    mixes = []
+    for budget in _tiny_budgets(tiny_table)[1:-1]:
+        result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
+        if isinstance(result.checkpoint, er.ranges):
+            mixes.append(result)
+    assert mixes
+    top = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
+    fastest = min(mixes, key=lambda r: r.entry.time_s)
+    assert top.checkpoint == fastest.checkpoint, str(top)
+    assert top.entry.measured and top.entry.time_s < min(e.time_s for e in tiny_table)
+    assert any("is faster" in n for n in top.notes), top.notes
+
+
+@pytest.mark.heavy
 def test_the_pick_is_raced_with_uniform_options_timed_within_the_noise(
     tiny_table, fresh, monkeypatch
 ):

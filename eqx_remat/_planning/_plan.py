@@ -1270,7 +1270,8 @@ class _Planner:
 
     def _cheapest_compiled(self, pick: FrontierPoint) -> FrontierPoint:
         """`pick` timed from its compiled record; or, if a compiled uniform
-        option or schedule that fits is faster, that one (say so). Options
+        option or schedule that fits is faster, or a mix that fits and was
+        timed (by an earlier call's race), that one (say so). Options
         estimated faster than the pick and predicted to fit, or just over
         the budget, are compiled (and timed) first: a prediction within a few
         percent of the budget can be wrong either way."""
@@ -1287,11 +1288,20 @@ class _Planner:
                 and predicted <= 1.05 * self.budget
             ):
                 self.compile(o.checkpoint, predicted)
-        # The uniform options and schedules: a mix is timed by the race.
-        self.time([c for c in self.compiled if not isinstance(c, ranges)])
+        # The mixes earlier calls raced: their records and times are cached.
+        raced = [
+            c
+            for c in self.mixes
+            if CACHE.has(self.fn, self._k("time", c))
+            and CACHE.has(self.fn, self._k("compiled", c))
+        ]
+        for c in raced:
+            self.compile(c)
+        # The uniform options and schedules; a mix is timed by the race.
+        self.time([c for c in self.compiled if not isinstance(c, ranges) or c in raced])
         fitting = []
         for i, (c, r) in enumerate(self.compiled.items()):
-            if not self._fits(r) or isinstance(c, ranges):
+            if not self._fits(r) or (isinstance(c, ranges) and c not in self.timings):
                 continue
             o = self.prices.option(c)
             estimate = (
