@@ -621,6 +621,21 @@ def test_measuring_compiles_every_option_and_runs_only_what_fits(fresh, monkeypa
     assert result.timed_seconds > 0
 
 
+def _mixes_times(factor: float):
+    """The tests' clock, with every mix's time `factor` times its own."""
+
+    def clock(programs, *, rounds, warmup=True, **race):
+        out = _fake_clock(programs, rounds=rounds)
+        return [
+            t._replace(seconds=t.seconds * factor)
+            if isinstance(p.record.checkpoint, er.ranges)
+            else t
+            for t, p in zip(out, programs)
+        ]
+
+    return clock
+
+
 @pytest.mark.heavy
 def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     tiny_table, fresh, monkeypatch
@@ -628,16 +643,7 @@ def test_a_mix_slower_than_a_uniform_option_by_the_clock_is_not_returned(
     # A clock under which every mix runs slower than either of its options: the
     # planner times its pick beside the fastest uniform option that fits, and
     # returns that option, with a note.
-    def slow_mixes(programs, *, rounds, warmup=True, **race):
-        out = _fake_clock(programs, rounds=rounds)
-        return [
-            t._replace(seconds=t.seconds * 10)
-            if isinstance(p.record.checkpoint, er.ranges)
-            else t
-            for t, p in zip(out, programs)
-        ]
-
-    monkeypatch.setattr(_plan, "time_interleaved", slow_mixes)
+    monkeypatch.setattr(_plan, "time_interleaved", _mixes_times(10.0))
     budgets = _tiny_budgets(tiny_table)[1:-1]
     notes = []
     for budget in budgets:
@@ -657,16 +663,7 @@ def test_a_mix_timed_by_an_earlier_call_is_returned_where_it_fits_and_is_faster(
     # plan between uniform points returns a mix, timed by its race; a plan at
     # a budget above every option, which compiles no mix of its own, returns
     # that mix too (it fits, and was measured faster), with a note.
-    def fast_mixes(programs, *, rounds, warmup=True, **race):
-        out = _fake_clock(programs, rounds=rounds)
-        return [
-            t._replace(seconds=t.seconds / 10)
-            if isinstance(p.record.checkpoint, er.ranges)
-            else t
-            for t, p in zip(out, programs)
-        ]
-
-    monkeypatch.setattr(_plan, "time_interleaved", fast_mixes)
+    monkeypatch.setattr(_plan, "time_interleaved", _mixes_times(0.1))
     mixes = []
     for budget in _tiny_budgets(tiny_table)[1:-1]:
         result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
