@@ -535,6 +535,14 @@ def test_the_roofline_charges_flops_and_bytes_moved(tiny_options):
     )
     assert none[0] > nothing[0] and none[2] < nothing[2]
     assert by[None].bytes > by["nothing"].bytes
+    # every(2) keeps only segment inputs across the stack, but its segments
+    # save their two layers' residuals (policy None) in loops of two, once
+    # per segment: it moves None's residual bytes, besides its products'.
+    device, _, _, moved, _ = _solve.price(
+        TINY_GRAD, (TINY, TOKENS), er.every(2), depths
+    )
+    count = er.count_flops(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), er.every(2)))
+    assert device == 0 and moved == 3 * none[0] + count.dot_bytes
 
 
 @pytest.fixture(scope="module")

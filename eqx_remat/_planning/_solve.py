@@ -83,24 +83,30 @@ def _is_host(aval) -> bool:
 
 
 def saved_across(
-    jaxpr, depths: frozenset[int], *, per_trip: bool = False
+    jaxpr, depths: frozenset[int] | None, *, per_trip: bool = False
 ) -> tuple[int, int]:
     """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
-    values stacked by one scan over a stack (length in `depths`) and read by
-    another (the forward pass saves them, the backward pass reads them), at
-    every level of sub-jaxprs. What a loop's body keeps is alive one trip at
-    a time (the memory); with `per_trip`, it counts once per trip (what is
-    written and read: a stack inside `accumulate`'s scan over `k`
-    micro-batches saves its residuals `k` times)."""
+    values stacked by one scan over a stack (length in `depths`; `None`: any
+    scan) and read by another (the forward pass saves them, the backward pass
+    reads them), at every level of sub-jaxprs. What a loop's body keeps is
+    alive one trip at a time (the memory); with `per_trip`, it counts once per
+    trip (what is written and read: a stack inside `accumulate`'s scan over
+    `k` micro-batches saves its residuals `k` times)."""
+
+    def over_a_stack(e) -> bool:
+        return e.primitive.name == "scan" and (
+            depths is None or e.params["length"] in depths
+        )
+
     device = host = 0
     stacked = {}
     for e in jaxpr.eqns:
-        if e.primitive.name == "scan" and e.params["length"] in depths:
+        if over_a_stack(e):
             for v in e.outvars[scan_sizes(e)[1] :]:
                 stacked[v] = e
     seen = set()
     for e in jaxpr.eqns:
-        if e.primitive.name == "scan" and e.params["length"] in depths:
+        if over_a_stack(e):
             for v in e.invars:
                 if (
                     not is_literal(v)
@@ -160,15 +166,18 @@ def price(
     """`(bytes, host_bytes, flops, moved, tags)`: what `checkpoint` keeps across
     the stacks of `fn` (whole program, on the device and on the host), the
     whole function's FLOPs, the bytes it moves through device memory (see
-    `bytes_moved`), and the `checkpoint_name` tags in its program. Traced, not
-    compiled."""
+    `bytes_moved`: what it saves across any of its loops, a schedule's
+    segments included), and the `checkpoint_name` tags in its program.
+    Traced, not compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
     with stacking_lists():  # a list of layers as a stack: see `stacking_lists`
         jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
         flops = count_flops(fn, *checkpointed)
     device, host = saved_across(jaxpr, depths)
-    written = saved_across(jaxpr, depths, per_trip=True)[0]
+    # A schedule's segments save their layers' residuals (as its inner policy
+    # says) in loops shorter than the stack: counted too, once per trip.
+    written = saved_across(jaxpr, None, per_trip=True)[0]
     return (
         device,
         host,
