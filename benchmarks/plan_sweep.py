@@ -416,8 +416,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         if r["kind"] == "pick":
             r["between"] = _targets.between_uniform(rows, r["group"], r["budget_bytes"])
+    hw = er.internal.hardware(args.target)[0]  # the roofline's figures
     data = {
-        "meta": _common.meta(args, seconds=time.perf_counter() - t0),
+        "meta": _common.meta(
+            args,
+            seconds=time.perf_counter() - t0,
+            roofline={
+                "peak_flops": hw.peak_flops,
+                "bytes_per_s": hw.memory_bytes_per_s,
+            },
+        ),
         "presets": {
             n: {"describe": p.describe(), "topology": args.target or args.platform}
             for n, p in presets.items()
