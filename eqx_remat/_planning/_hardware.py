@@ -138,10 +138,11 @@ def cpu_hardware() -> Hardware:
     FLOP/s of a 512 x 512 float32 matrix product and the bytes per second of a
     64 MiB copy (read and write, into a new buffer, as a step's temporaries
     are): the product's best and the copy's median of 20 runs, each after a
-    quarter of a second of warm-up, on the default CPU device. (One warm-up
-    run and the best of five read 0.22 to 0.42 TFLOP/s in fresh processes on a
-    2-core machine that reads 0.46 to 0.49 warm; the best copy of 20 now and
-    then caught a reused buffer: 11.6 GB/s where most read 8.)"""
+    quarter of a second of warm-up, on the default CPU device."""
+    # Why the warm-up and the copy's median: one warm-up run and the best of
+    # five read 0.22 to 0.42 TFLOP/s in fresh processes on a 2-core machine
+    # that reads 0.46 to 0.49 warm, and the best copy of 20 now and then
+    # caught a reused buffer (11.6 GB/s where most read 8).
     cpu = jax.local_devices(backend="cpu")[0]
     n = 512
     a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
