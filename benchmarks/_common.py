@@ -1,10 +1,7 @@
-"""What every benchmark script shares: the command line (`parser`, one meaning
-per flag in every script; benchmarks/README.md's "One command line" says which
-script takes which), the checkpoint spec syntax, and the output (rich tables,
-progress, JSON + CSV + PNG). Every value is checked before any work starts
-(`error: ...`, exit status 2); only process 0 of a multi-host run prints and
-writes.
-"""
+"""What every benchmark script shares: the command line (`parser`: a flag means
+the same in every script and is checked before any work starts), the checkpoint
+spec syntax, and the output (rich tables, progress, JSON + CSV + PNG), which
+only process 0 of a multi-host run prints and writes."""
 
 import argparse
 import contextlib
@@ -37,20 +34,13 @@ from eqx_remat.internal import format_flops
 from . import _device
 
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-RUNS = HERE / "runs"
+RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = RESULTS.parent / "runs"
 GiB, MiB = 2**30, 2**20
 
-
-# --------------------------------------------------------------------------------------
-# The checkpoint spec syntax (CLI, JSON, CSV), one parser for every script.
-
-SPEC_FORMS = (
-    "None",
-    *er.POLICIES,
-    "every(k[, policy])",
-    "nested(levels[, policy])",
+# The checkpoint spec syntax (command line, JSON, CSV): one parser for every script.
+SPEC_FORMS = ("None", *er.POLICIES, "every(k[, policy])", "nested(levels[, policy])")
+SPEC_FORMS += (
     "recursive([policy])",
     "binomial(slots[, policy])",
     "ranges(n:spec, ...)",
@@ -61,14 +51,11 @@ _COLONS = re.compile(r"(every|nested|recursive|binomial)((?::[^:()]*)*)")
 
 
 def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
-    """`"None"`, a policy name (`"dots"`), or a schedule written as a call:
-    `"every(4)"`, `"every(4, dots)"`, `"nested(3)"`, `"recursive()"`,
-    `"binomial(10)"`, or the same with colons, which need no shell quoting:
-    `"every:4"`, `"every:4:dots"`, `"recursive"`, `"binomial:10"`; layer ranges
-    as counts and specs, first layers first: `"ranges(4:dots, 12:every:3)"`. An
-    integer argument may be `sqrt` (round(√depth)) or `log2` (⌈log₂ depth⌉),
-    which need `depth` (inside `ranges`, the range's count). A bad spec raises
-    `ValueError` listing the accepted forms."""
+    """`"None"`, a policy name, a schedule as a call (`"every(4, dots)"`,
+    `"recursive()"`) or with colons (`"every:4:dots"`, `"recursive"`), or layer
+    ranges (`"ranges(4:dots, 12:every:3)"`). An integer may be `sqrt` or `log2`
+    (of `depth`; inside `ranges`, of the range's count). Raises `ValueError`
+    listing the accepted forms."""
     spec = spec.strip()
     colons = _COLONS.fullmatch(spec)
     if colons is not None:
@@ -96,7 +83,7 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> er.Checkpoint:
 
 
 def _ranges(inner: str, spec: str) -> er.ranges:
-    """`ranges(n:spec, ...)`: split at the commas outside parentheses."""
+    """`ranges(n:spec, ...)`, split at the commas outside parentheses."""
     parts, level, start = [], 0, 0
     for i, ch in enumerate(inner + ","):
         level += {"(": 1, ")": -1}.get(ch, 0)
@@ -138,9 +125,7 @@ def _argument(part: str, spec: str, depth: int | None) -> Any:
 
 
 def checkpoint_label(c: er.Checkpoint) -> str:
-    """The spec of a checkpoint, as `parse_checkpoint` reads it back:
-    `None`, `dots`, `every(32)`, `every(4, dots)`, `recursive()`,
-    `ranges(4:dots, 12:None)`."""
+    """The spec of a checkpoint, as `parse_checkpoint` reads it back."""
     if c is None:
         return "None"
     if isinstance(c, str):
@@ -168,7 +153,7 @@ def _spec_type(spec: str) -> str:
 
 
 def parse_bytes(text: str) -> int:
-    """`"16GiB"`, `"512MiB"`, `"1.5GB"`, `"1000"` → bytes: the library's parser."""
+    """`"16GiB"`, `"1.5GB"`, `"1000"` → bytes: the library's parser."""
     return er.parse_bytes(text, name="the size")
 
 
@@ -179,6 +164,9 @@ def _target_type(text: str) -> str:
 
 
 def _checked(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """An argparse `type` (named `name` in errors) that reports `fn`'s
+    `ValueError` as it is."""
+
     def check(text: str) -> Any:
         try:
             return fn(text)
@@ -200,8 +188,7 @@ def int_flag(
     metavar: str | None = "N",
     **kw: Any,
 ) -> None:
-    """A flag that takes integers >= 1, its help `what` and then its default
-    (`kw`: more of `add_argument`'s, e.g. `nargs`)."""
+    """A flag of integers >= 1 (`kw`: more of `add_argument`'s)."""
     text = f"{what} (default: %(default)s)".lstrip()
     p.add_argument(
         flag, type=positive_int, default=default, metavar=metavar, help=text, **kw
@@ -209,12 +196,8 @@ def int_flag(
 
 
 def first_line(e: BaseException, limit: int = 300) -> str:
-    """An error's first line (or its type's name), for a one-line report."""
+    """An error's first line (or its type's name)."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
-
-
-# --------------------------------------------------------------------------------------
-# The command line.
 
 
 def parser(
@@ -225,9 +208,9 @@ def parser(
     target: bool = True,
     runs: bool = False,
 ) -> argparse.ArgumentParser:
-    """The flags every script shares (`presets`: the names `--preset` accepts;
-    `repeats=None`: no `--repeats`; `target`: whether `--target` applies;
-    `runs`: the script runs steps, with `--memory-limit` and `--isolate`)."""
+    """The flags every script shares (`presets`: what `--preset` accepts;
+    `repeats=None`: no `--repeats`; `target`: `--target`; `runs`: the script
+    runs steps, with `--memory-limit` and `--isolate`)."""
     p = argparse.ArgumentParser(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -285,7 +268,7 @@ def parser(
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    """The flags of a script that runs steps: how its variants are kept apart."""
+    """A script that runs steps: how its variants are kept apart."""
     p.add_argument(
         "--memory-limit",
         type=_checked(parse_bytes, "memory-limit"),
@@ -305,7 +288,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def isolate(args: argparse.Namespace) -> bool:
     """Whether this process starts one process per variant (and so must not
-    open the device itself)."""
+    open the device)."""
     if getattr(args, "worker", None) or getattr(args, "target", None):
         return False
     if not hasattr(args, "isolate"):
@@ -320,10 +303,8 @@ def parse_args(
     script: str,
     defer: Callable[[argparse.Namespace], bool] = lambda args: False,
 ) -> argparse.Namespace:
-    """Parse and check every flag, pick the device, and settle `args.out` (a
-    fresh directory unless `--out` or `--update-results`). When `defer(args)`,
-    the device is only named, not opened: this process will start one process
-    per measurement (`args.deferred`)."""
+    """Parse and check every flag, pick the device (only name it where
+    `defer(args)`: one process per measurement), settle `args.out`."""
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.script = script
@@ -352,10 +333,6 @@ def run_dir(script: str) -> Path:
     return RUNS / f"{script}-{stamp}"
 
 
-# --------------------------------------------------------------------------------------
-# Machine, command, versions.
-
-
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -367,8 +344,8 @@ _MAIN: list[bool] = []
 
 
 def set_main(main: bool) -> None:
-    """Whether this process prints and writes, where JAX is not initialised here
-    (one process per measurement): the measuring processes say."""
+    """Whether this process prints and writes, where JAX is not initialised
+    here (the measuring processes say)."""
     _MAIN[:] = [main]
 
 
@@ -379,8 +356,8 @@ def is_main() -> bool:
 def meta(
     args: argparse.Namespace, row: dict[str, Any] | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """What ran, where, with what: stored at the top of every results file. The
-    device comes from a measured `row` when this process did not open it."""
+    """What ran, where, with what (the device from a measured `row` where this
+    process did not open it): every results file's `meta`."""
     if args.deferred:
         row = row or {}
         device = {
@@ -418,10 +395,6 @@ def where(args: argparse.Namespace, data: dict[str, Any]) -> str:
         return f"TPU {args.target} per chip, compiled, not run"
     m = data["meta"]
     return f"{m['device']} x{m['device_count']}, run"
-
-
-# --------------------------------------------------------------------------------------
-# Output.
 
 
 def _jsonable(x: Any) -> Any:
@@ -488,13 +461,11 @@ def fmt_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.3g} ms"
 
 
-# The cells of `plan_sweep`'s rows, in its console tables and in report.py's
-# markdown: `code` formats a checkpoint, "{}" on the console, "`{}`" in markdown.
+# `plan_sweep`'s rows, on the console and in markdown (`code`: "{}" or "`{}`").
 
 
 def pick_cells(r: dict[str, Any], code: str) -> list[str]:
-    """One pick: the preset, the budget, the pick (its compiled and predicted
-    memory, estimated time), the best uniform candidate that fits, its time."""
+    """One pick, beside the best uniform candidate that fits."""
     return [
         r["group"],
         fmt_bytes(r["budget_bytes"]),
@@ -512,8 +483,7 @@ TIMED_COLUMNS += ("roofline", "on the frontier")
 
 
 def timed_cells(r: dict[str, Any], code: str, estimated: str) -> list[str]:
-    """The `TIMED_COLUMNS` of one row of `plan_sweep`'s afresh timing
-    (`estimated` marks an estimated prediction)."""
+    """`TIMED_COLUMNS` of one timed row (`estimated` marks an estimate)."""
     return [
         r["group"],
         code.format(r["checkpoint"]),
@@ -530,8 +500,7 @@ WIDTH = 100  # the width of the tables when the output is not a terminal
 
 
 def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[int]:
-    """The indices of the columns worth printing: not `n/a` (or empty) in every
-    row, as the device columns (measured peak, MFU, HFU) are on a CPU."""
+    """The indices of the columns not `n/a` (or empty) in every row."""
     return [
         i
         for i in range(len(columns))
@@ -540,8 +509,7 @@ def shown_columns(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
 
 
 class Console:
-    """rich output that only process 0 prints (`WIDTH` columns wide when not a
-    terminal)."""
+    """rich output that only process 0 prints (`WIDTH` wide off a terminal)."""
 
     def __init__(self) -> None:
         c = rich.console.Console()
@@ -554,8 +522,8 @@ class Console:
     def table(
         self, title: str, columns: Sequence[str], rows: Sequence, left: int = 3
     ) -> None:
-        """A compact table (no all-`n/a` columns, light rules, the first `left`
-        columns left-aligned, the rest right-aligned) that fits 100 columns."""
+        """A compact table: no all-`n/a` columns, the first `left` columns
+        left-aligned, labels never cut."""
         keep = shown_columns(columns, rows)
         t = rich.table.Table(
             title=escape(title),
@@ -566,7 +534,6 @@ class Console:
             collapse_padding=True,
         )
         for i in keep:
-            # Labels are never cut: rich wraps the figures' cells instead.
             label = max((len(str(r[i])) for r in rows), default=0) if i < left else 0
             justify = "left" if i < left else "right"
             width = min(label, 24) or None
@@ -605,15 +572,14 @@ def plt() -> Any:
 
 
 def save_figure(fig: Any, path: Path, rect: tuple | None = None) -> None:
-    """Lay out (within `rect` of the figure, default all of it), write (110 dpi)
-    and close a figure: how every plot ends."""
+    """Lay out (within `rect`), write (110 dpi) and close: every plot's end."""
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt().close(fig)
 
 
 def show_targets(console: "Console", targets: Sequence[dict[str, Any]]) -> None:
-    """The table of target verdicts every measuring script ends with."""
+    """The target verdicts every measuring script ends with."""
     mark = {True: "met", False: "NOT met", None: "n/a"}
     rows = [
         (mark[t["met"]], t["name"], t["measured"], t.get("why", "")) for t in targets

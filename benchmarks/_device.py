@@ -1,11 +1,7 @@
-"""Where a benchmark or training script runs (`--device auto|tpu|gpu|cpu`,
-`select_device`), and what that device can tell. An explicit `JAX_PLATFORMS`
-always wins; `auto` takes the machine's TPU, else its GPU, else the CPU, and
-with libtpu installed but no TPU settles on the CPU without letting libtpu
-initialise (so it prints nothing); `tpu`, `gpu`, `cpu` insist: no such device is
-an `error:` line (rc 2), never a silent fallback. A device that is not in
-`PEAK_FLOPS` has no peak FLOP/s, so its MFU is `null`, never a guess.
-"""
+"""Where a script runs (`--device auto|tpu|gpu|cpu`, `select_device`; an
+explicit `JAX_PLATFORMS` wins, a named device that is not there is an `error:`
+line, never a fallback), the multi-process runtime, and what the device can
+tell (peak memory; peak FLOP/s from `PEAK_FLOPS`, else MFU is `null`)."""
 
 import argparse
 import glob
@@ -20,17 +16,14 @@ from eqx_remat.internal import HARDWARE
 DEVICES = ("auto", "tpu", "gpu", "cpu")
 _PLATFORM = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
-# Dense bf16 peak FLOP/s per chip, by `jax.devices()[0].device_kind`: the
-# library's one table of per-chip figures (with its sources), which the planner
-# prices recomputation with. The CPU's entry there is a nominal figure, not a
-# peak: it is left out, so that CPU MFU stays null.
+# Dense bf16 peak FLOP/s per chip by `device_kind`, from the library's table
+# (with its sources); the CPU's entry is nominal, not a peak: left out.
 PEAK_FLOPS: dict[str, float] = {
     kind: h.peak_flops for kind, h in HARDWARE.items() if kind != "cpu"
 }
 
 
-# The help of the device flags, the same in every script (`train_lm.py`'s tyro
-# flags included); defaults are said by each parser.
+# The device flags' help, the same in every script (`train_lm.py`'s too).
 HELP = {
     "device": "where to run: the machine's TPU, else GPU, else CPU (auto), or one of "
     "them explicitly; an explicit JAX_PLATFORMS environment variable wins",
@@ -49,17 +42,12 @@ HELP = {
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     """`--device`, `--distributed` and the multi-process flags."""
+    default = " (default: %(default)s)"
     parser.add_argument(
-        "--device",
-        choices=DEVICES,
-        default="auto",
-        help=HELP["device"] + " (default: %(default)s)",
+        "--device", choices=DEVICES, default="auto", help=HELP["device"] + default
     )
-    parser.add_argument(
-        "--distributed",
-        action="store_true",
-        help=HELP["distributed"] + " (default: off)",
-    )
+    help = HELP["distributed"] + " (default: off)"
+    parser.add_argument("--distributed", action="store_true", help=help)
     group = parser.add_argument_group(
         "multi-process (with --distributed; auto-detected on a TPU slice, Slurm, "
         "Open MPI)"
@@ -72,7 +60,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         type=positive_int,
         default=100,
-        help=HELP["heartbeat_timeout"] + " (default: %(default)s)",
+        help=HELP["heartbeat_timeout"] + default,
     )
 
 
@@ -114,11 +102,10 @@ def select_device(
     *,
     initialise: bool = True,
 ) -> str:
-    """Point JAX at the device `args.device` names and initialise it (and, with
-    `args.distributed`, the multi-host runtime). Call before any JAX array is
-    made. Returns the platform; a device that is not there is a `parser.error`.
-    `initialise=False` only points JAX at it: a process that starts one process
-    per measurement must not hold the accelerator itself."""
+    """Point JAX at `args.device` and initialise it (with `args.distributed`,
+    the multi-host runtime first; `initialise=False`: only point, for a process
+    that starts one process per measurement). Call before any JAX array is
+    made. Returns the platform; a device that is not there is `parser.error`."""
     import jax
 
     platform = resolve_device(args.device)
@@ -143,9 +130,8 @@ def select_device(
     return platform
 
 
-# JAX reads the coordinator's address from `JAX_COORDINATOR_ADDRESS` (and the
-# address it binds to from `JAX_COORDINATOR_BIND_ADDRESS`), but in jax 0.10.2 not
-# the process count or id: those two are read here, under the same prefix.
+# jax 0.10.2 reads `JAX_COORDINATOR_ADDRESS` but not the process count or id:
+# those are read here, under the same prefix.
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAX_PROCESS_ID"
@@ -167,13 +153,9 @@ def _address(text: str) -> str:
 
 def _int_at_least(least: int, what: str):
     def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = least - 1
-        if n < least:
+        if not text.strip().lstrip("+-").isdigit() or int(text) < least:
             raise argparse.ArgumentTypeError(f"expected {what}. Got {text!r}.")
-        return n
+        return int(text)
 
     return parse
 
@@ -181,8 +163,7 @@ def _int_at_least(least: int, what: str):
 positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 
-# The multi-process flags: their metavar, the environment variable read where
-# one is not given, and their argparse `type`.
+# The multi-process flags: metavar, the environment variable, argparse `type`.
 _DISTRIBUTED = {
     "coordinator_address": ("HOST:PORT", COORDINATOR_ENV, _address),
     "num_processes": ("N", NUM_PROCESSES_ENV, positive_int),
@@ -193,11 +174,9 @@ _DISTRIBUTED = {
 def distributed_settings(
     args: argparse.Namespace, parser: argparse.ArgumentParser
 ) -> dict[str, Any]:
-    """The keyword arguments of `jax.distributed.initialize` for `--distributed`:
-    each of the coordinator's address, the process count and this process's id
-    from its flag, else its environment variable, else left to JAX's
-    auto-detection (a TPU slice, Slurm, Open MPI). A coordinator on a loopback
-    address (one machine) binds only to that address."""
+    """`jax.distributed.initialize`'s keyword arguments: each multi-process
+    setting from its flag, else its environment variable, else left to JAX's
+    auto-detection; a loopback coordinator binds only to its address."""
     env = os.environ
     values: dict[str, Any] = {}
     named: dict[str, str] = {}  # where each value came from, for messages
@@ -230,10 +209,9 @@ def distributed_settings(
 def initialize_distributed(
     args: argparse.Namespace, parser: argparse.ArgumentParser, platform: str
 ) -> None:
-    """`jax.distributed.initialize` with `distributed_settings`; on the CPU, with
-    gloo collectives (processes on one machine, e.g. to check a setup before
-    paying for a slice). What JAX cannot settle is a `parser.error` naming the
-    flags."""
+    """`jax.distributed.initialize(**distributed_settings(...))` (gloo
+    collectives on the CPU); what JAX cannot settle is a `parser.error` naming
+    the flags."""
     import jax
 
     settings = distributed_settings(args, parser)
@@ -266,15 +244,13 @@ def device_kind() -> str:
 
 
 def peak_flops_per_chip(kind: str | None = None) -> float | None:
-    """Dense bf16 peak FLOP/s of one chip of `kind` (default: this machine's),
-    or `None` for a device not in `PEAK_FLOPS` (the CPU among them)."""
+    """Peak bf16 FLOP/s of a `kind` chip (default: this one's), or `None`."""
     return PEAK_FLOPS.get(device_kind() if kind is None else kind)
 
 
 def peak_bytes_in_use() -> int | None:
-    """The largest `memory_stats()["peak_bytes_in_use"]` over local devices since
-    the process started, or `None` where the backend does not report it (the
-    CPU). Isolate what is measured by running it in its own process."""
+    """The largest `peak_bytes_in_use` of the local devices since the process
+    started, or `None` where the backend does not say (the CPU)."""
     import jax
 
     peaks = []
@@ -293,10 +269,8 @@ def utilisation(
     kind: str | None = None,
     devices: int | None = None,
 ) -> float | None:
-    """`flops / (step_s × peak FLOP/s of all devices)`: MFU when `flops` is the
-    model's FLOPs without recomputation, HFU with it. `None` when the device's
-    peak is unknown or a figure is missing. `kind` and `devices` default to this
-    process's devices."""
+    """`flops / (step_s × peak FLOP/s of all devices)` (MFU for the model's
+    FLOPs, HFU with recomputation), or `None` where a figure is unknown."""
     if flops is None or not step_s:
         return None
     peak = peak_flops_per_chip(kind)

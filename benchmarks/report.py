@@ -1,20 +1,42 @@
 """Markdown tables from results files, for `benchmarks/README.md`, and the
 summary `summary.md` (every target verdict, which the top-level README quotes).
+Nothing is measured or judged here: every number and verdict is read from the
+JSON files the other scripts wrote.
 
     python benchmarks/report.py                          # benchmarks/results/
     python benchmarks/report.py --results DIR --no-write
-
-Nothing is measured or judged here: every number and every verdict is read from
-the JSON files the other scripts wrote (`sweep-*.json`, `seed_claim.json`,
-`depth_scaling.json`, `compile_time.json`, `plan-*.json`,
-`plan_sweep-*.json`, `batch_sweep-*.json`).
 """
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks import _common, _targets
+from benchmarks._common import fmt_bytes, fmt_ms, fmt_pct, fmt_ratio
+
+
+MARK = {True: "met", False: "**not met**", None: "n/a"}
+Column = tuple[str, Callable[[dict], Any]]
+
+
+def table(columns: Sequence[Column], rows: Sequence[dict]) -> str:
+    """A markdown table: one row per `rows` item, a cell per `(name, cell)`."""
+    cells = [[cell(r) for _, cell in columns] for r in rows]
+    return _common.markdown_table([name for name, _ in columns], cells)
+
+
+def code(key: str) -> Callable[[dict], str]:
+    return lambda r: f"`{r[key]}`"
+
+
+def get(key: str, fmt: Callable[[Any], str] = str) -> Callable[[dict], str]:
+    return lambda r: fmt(r.get(key))
+
+
+def yes(key: str = "fits") -> Callable[[dict], str]:
+    return lambda r: "yes" if r.get(key, True) else "no"
 
 
 def provenance(data: dict) -> str:
@@ -27,27 +49,6 @@ def provenance(data: dict) -> str:
     )
 
 
-def sweep(data: dict) -> str:
-    cols = ["preset", "impl", "checkpoint", "temp", "vs None", "FLOPs vs None"]
-    cols += ["time vs None", "peak (measured)", "MFU", "fits"]
-    rows = [
-        [
-            r["group"],
-            r["impl"],
-            f"`{r['checkpoint']}`",
-            _common.fmt_bytes(r.get("temp_bytes")),
-            _common.fmt_ratio(r.get("temp_ratio")),
-            _common.fmt_ratio(r.get("flops_ratio")),
-            _common.fmt_ratio(r.get("time_ratio")),
-            _common.fmt_bytes(r.get("peak_bytes")),
-            _common.fmt_pct(r.get("mfu")),
-            "yes" if r.get("fits", True) else "no",
-        ]
-        for r in data["rows"]
-    ]
-    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
-
-
 def _presets(data: dict, topology: bool = False) -> str:
     return "\n".join(
         f"- `{n}`: {p['describe']}" + (f", {p['topology']}" if topology else "")
@@ -55,59 +56,72 @@ def _presets(data: dict, topology: bool = False) -> str:
     )
 
 
-def peers(data: dict) -> str:
-    rows = [
-        [
-            p["group"],
-            f"`{p['ours']}`",
-            p["peer"],
-            _common.fmt_ratio(p["temp_ratio"]),
-            _common.fmt_ratio(p["time_ratio"]),
-            "n/a"
-            if "losses_equal" not in p
-            else f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})",
-        ]
-        for p in data.get("peers", [])
-    ]
-    cols = ["preset", "ours", "peer", "temp ours/peer", "time ours/peer"]
-    cols += ["losses equal"]
-    return _common.markdown_table(cols, rows) if rows else ""
-
-
-MARK = {True: "met", False: "**not met**", None: "n/a"}
-
-
 def targets(data: dict) -> str:
-    rows = [[MARK[t["met"]], t["name"], t["measured"]] for t in data.get("targets", [])]
-    return _common.markdown_table(["", "target", "measured"], rows) if rows else ""
+    cols = [("", lambda t: MARK[t["met"]]), ("target", get("name"))]
+    cols.append(("measured", get("measured")))
+    return table(cols, data["targets"]) if data.get("targets") else ""
+
+
+SWEEP = [
+    ("preset", get("group")),
+    ("impl", get("impl")),
+    ("checkpoint", code("checkpoint")),
+    ("temp", get("temp_bytes", fmt_bytes)),
+    ("vs None", get("temp_ratio", fmt_ratio)),
+    ("FLOPs vs None", get("flops_ratio", fmt_ratio)),
+    ("time vs None", get("time_ratio", fmt_ratio)),
+    ("peak (measured)", get("peak_bytes", fmt_bytes)),
+    ("MFU", get("mfu", fmt_pct)),
+    ("fits", yes()),
+]
+
+
+def _losses(p: dict) -> str:
+    if "losses_equal" not in p:
+        return "n/a"
+    return f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})"
+
+
+PEERS = [
+    ("preset", get("group")),
+    ("ours", code("ours")),
+    ("peer", get("peer")),
+    ("temp ours/peer", get("temp_ratio", fmt_ratio)),
+    ("time ours/peer", get("time_ratio", fmt_ratio)),
+    ("losses equal", _losses),
+]
+
+
+def sweep_section(data: dict) -> str:
+    peers = table(PEERS, data["peers"]) if data.get("peers") else ""
+    sweep = _presets(data) + "\n\n" + table(SWEEP, data["rows"])
+    return "\n\n".join([sweep, peers, targets(data)])
+
+
+SEED = [
+    ("config", get("group")),
+    ("checkpoint", code("checkpoint")),
+    ("temp / chip", get("temp_bytes", fmt_bytes)),
+    ("temp+args+out / chip", get("total_bytes", fmt_bytes)),
+    ("fits", yes()),
+    ("temp vs None", get("temp_ratio", fmt_ratio)),
+    ("FLOPs vs None", get("flops_ratio", fmt_ratio)),
+    ("peak (measured)", get("peak_bytes", fmt_bytes)),
+    ("step vs None", get("time_ratio", fmt_ratio)),
+]
 
 
 def seed(data: dict) -> str:
-    cols = ["config", "checkpoint", "temp / chip", "temp+args+out / chip", "fits"]
-    cols += ["temp vs None", "FLOPs vs None", "peak (measured)", "step vs None"]
-    rows = [
-        [
-            r["group"],
-            f"`{r['checkpoint']}`",
-            _common.fmt_bytes(r.get("temp_bytes")),
-            _common.fmt_bytes(r.get("total_bytes")),
-            "yes" if r["fits"] else "no",
-            _common.fmt_ratio(r.get("temp_ratio")),
-            _common.fmt_ratio(r.get("flops_ratio")),
-            _common.fmt_bytes(r.get("peak_bytes")),
-            _common.fmt_ratio(r.get("time_ratio")),
-        ]
-        for r in data["rows"]
-    ]
-    table = _common.markdown_table(cols, rows)
-    return _presets(data, topology=True) + "\n\n" + table + "\n\n" + targets(data)
+    seed = table(SEED, data["rows"])
+    return _presets(data, topology=True) + "\n\n" + seed + "\n\n" + targets(data)
 
 
-def _by_depth(specs, depths, cell, *extra) -> list[list[str]]:
-    """A table of checkpoints (rows) against depths (columns): `cell(s, d)`,
-    then the columns `extra(s)`."""
+def _by_depth(label: str, depths: list, cell: Callable, *extra: Column) -> list:
+    """Columns of a checkpoints × depths table: `cell(spec, depth)` per depth."""
     return [
-        [f"`{s}`", *(cell(s, d) for d in depths), *(f(s) for f in extra)] for s in specs
+        ("checkpoint", lambda s: f"`{s}`"),
+        *((label.format(d), lambda s, d=d: cell(s, d)) for d in depths),
+        *extra,
     ]
 
 
@@ -116,20 +130,17 @@ def depth(data: dict) -> str:
     by = {(r["spec"], r["depth"]): r for r in data["rows"]}
     specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
     slopes = data["memory_slopes"]["slopes"]
-    cols = ["checkpoint", *(f"D={d}" for d in depths)]
+    slope = ("slope", lambda s: fmt_ratio(slopes[s]).rstrip("x"))
     mem = _by_depth(
-        specs,
-        depths,
-        lambda s, d: _common.fmt_bytes(by[(s, d)]["temp_bytes"]),
-        lambda s: _common.fmt_ratio(slopes[s]).rstrip("x"),
+        "D={}", depths, lambda s, d: fmt_bytes(by[(s, d)]["temp_bytes"]), slope
     )
-    comp = _by_depth(specs, depths, lambda s, d: f"{by[(s, d)]['compile_s']:.1f}")
+    comp = _by_depth("D={}", depths, lambda s, d: f"{by[(s, d)]['compile_s']:.1f}")
     return (
         f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
         f"from D = {data['memory_slopes']['from_depth']}:\n\n"
-        + _common.markdown_table([*cols, "slope"], mem)
+        + table(mem, specs)
         + "\n\nTrace + lower + compile, seconds (median):\n\n"
-        + _common.markdown_table(cols, comp)
+        + table(comp, specs)
     )
 
 
@@ -137,103 +148,94 @@ def compile_time(data: dict) -> str:
     layers = sorted({r["layers"] for r in data["rows"]})
     med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in data["rows"]}
     ratios = data["ratio_deepest_to_shallowest"]
-    rows = _by_depth(
-        ratios,
-        layers,
-        lambda s, n: f"{med[(s, n)]:.2f}",
-        lambda s: _common.fmt_ratio(ratios[s]),
+    ratio = (f"{layers[-1]} / {layers[0]}", lambda s: fmt_ratio(ratios[s]))
+    cols = _by_depth("{} layers (s)", layers, lambda s, n: f"{med[(s, n)]:.2f}", ratio)
+    return (
+        f"{data['meta']['describe']}\n\n{table(cols, list(ratios))}\n\n{targets(data)}"
     )
-    cols = ["checkpoint", *(f"{n} layers (s)" for n in layers)]
-    cols += [f"{layers[-1]} / {layers[0]}"]
-    table = _common.markdown_table(cols, rows)
-    return f"{data['meta']['describe']}\n\n{table}\n\n{targets(data)}"
 
 
-def plan_rows(rows: list[dict], arrow: str, code: str) -> list[list[str]]:
+def plan_columns(arrow: str, fmt: str) -> list[Column]:
     """`run.py --budget`'s table, markdown or console: `arrow` marks the pick,
-    `code` formats a checkpoint."""
+    `fmt` formats a checkpoint."""
     return [
-        [
-            r["group"],
-            arrow if r.get("chosen") else "",
-            code.format(r["checkpoint"]),
-            _common.fmt_bytes(r.get("memory_bytes")),
-            _common.fmt_flops(r.get("flops")),
-            "yes" if r["fits"] else "no",
-        ]
-        for r in rows
+        ("preset", get("group")),
+        ("", lambda r: arrow if r.get("chosen") else ""),
+        ("checkpoint", lambda r: fmt.format(r["checkpoint"])),
+        ("temp+args+out / chip", get("memory_bytes", fmt_bytes)),
+        ("FLOPs", get("flops", _common.fmt_flops)),
+        ("fits", yes()),
     ]
+
+
+def plan_rows(rows: list[dict], arrow: str, fmt: str) -> list[list[str]]:
+    return [[cell(r) for _, cell in plan_columns(arrow, fmt)] for r in rows]
 
 
 def plan(data: dict) -> str:
-    cols = ["preset", "", "checkpoint", "temp+args+out / chip", "FLOPs", "fits"]
-    return _common.markdown_table(cols, plan_rows(data["rows"], "**→**", "`{}`"))
+    return table(plan_columns("**→**", "`{}`"), data["rows"])
 
 
-def plan_sweep(data: dict) -> str:
-    """The planner's sweep: the planning cost, then each budget's pick beside
-    the best uniform candidate that fits, then the targets."""
-    rows = data["rows"]
-    out = []
-    for r in rows:
-        if r["kind"] == "planning":
-            out.append(
-                f"- `{r['group']}`: {data['presets'][r['group']]['describe']}, "
-                f"{data['presets'][r['group']]['topology']}. Planning "
-                f"{r['budgets']} budgets: {r['compiles']} compiles, "
-                f"{r['seconds']:.0f} s, {r.get('cpu_seconds', 0):.0f} s of CPU "
-                f"(load average {r['load_average']:.1f} "
-                f"on a {data['meta']['cpu_count']}-core host)"
-            )
-    cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
-    cols += ["best uniform that fits", "its est. time"]
-    table = [_common.pick_cells(r, "`{}`") for r in rows if r["kind"] == "pick"]
-    parts = ["\n".join(out), _common.markdown_table(cols, table)]
-    timed = [r for r in rows if r["kind"] == "timed"]
-    if timed:
-        parts.append(_clock(rows, timed))
-    return "\n\n".join(parts + [targets(data)])
-
-
-def _clock(rows: list[dict], timed: list[dict]) -> str:
-    """By the clock: each pick's measured time beside the fastest fitting
-    uniform checkpoint's, then every checkpoint timed afresh."""
-    picks = [
-        [
-            r["group"],
-            _common.fmt_bytes(r["budget_bytes"]),
-            f"`{r['checkpoint']}`",
-            _common.fmt_ms(r["measured_s"]),
-            f"`{r['best_uniform_measured']}`",
-            _common.fmt_ms(r["best_uniform_measured_s"]),
-            f"{_targets.clock_ratio(r):.3f}x",
-        ]
-        for r in rows
-        if r["kind"] == "pick" and r.get("best_uniform_measured_s")
-    ]
-    points = [
-        _common.timed_cells(r, "`{}`", " (est.)")
-        for r in sorted(timed, key=lambda r: (r["group"], r["memory_bytes"]))
-    ]
-    cols = ["preset", "budget", "pick", "measured", "fastest fitting uniform"]
-    cols += ["measured", "pick / it"]
+def _planning(data: dict, r: dict) -> str:
+    p = data["presets"][r["group"]]
     return (
-        "By the clock (every pick and uniform checkpoint timed afresh, "
-        "round-robin):\n\n"
-        + _common.markdown_table(cols, picks)
-        + "\n\n"
-        + _common.markdown_table(_common.TIMED_COLUMNS, points)
-        + few_rounds(rows)
+        f"- `{r['group']}`: {p['describe']}, {p['topology']}. Planning "
+        f"{r['budgets']} budgets: {r['compiles']} compiles, {r['seconds']:.0f} s, "
+        f"{r.get('cpu_seconds', 0):.0f} s of CPU (load average "
+        f"{r['load_average']:.1f} on a {data['meta']['cpu_count']}-core host)"
     )
 
 
-def few_rounds(rows: list[dict]) -> str:
-    """How well a few of those rounds rank the checkpoints: the planner's
-    statistic (the faster half of rounds) beside the paired ratio."""
-    found = [r for r in rows if r["kind"] == "rounds"]
+def _kind(data: dict, kind: str) -> list[dict]:
+    return [r for r in data["rows"] if r["kind"] == kind]
+
+
+def plan_sweep(data: dict) -> str:
+    """The planning cost, each budget's pick beside the best uniform candidate
+    that fits, the clock's figures, then the targets."""
+    cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
+    cols += ["best uniform that fits", "its est. time"]
+    picks = [_common.pick_cells(r, "`{}`") for r in _kind(data, "pick")]
+    parts = ["\n".join(_planning(data, r) for r in _kind(data, "planning"))]
+    parts.append(_common.markdown_table(cols, picks))
+    if _kind(data, "timed"):
+        parts.append(_clock(data))
+    return "\n\n".join(parts + [targets(data)])
+
+
+CLOCK = [
+    ("preset", get("group")),
+    ("budget", get("budget_bytes", fmt_bytes)),
+    ("pick", code("checkpoint")),
+    ("measured", get("measured_s", fmt_ms)),
+    ("fastest fitting uniform", code("best_uniform_measured")),
+    ("measured", get("best_uniform_measured_s", fmt_ms)),
+    ("pick / it", lambda r: f"{_targets.clock_ratio(r):.3f}x"),
+]
+
+
+def _clock(data: dict) -> str:
+    """Each pick's measured time beside the fastest fitting uniform
+    checkpoint's, then every checkpoint timed afresh, then the few rounds."""
+    picks = [r for r in _kind(data, "pick") if r.get("best_uniform_measured_s")]
+    timed = sorted(_kind(data, "timed"), key=lambda r: (r["group"], r["memory_bytes"]))
+    points = [_common.timed_cells(r, "`{}`", " (est.)") for r in timed]
+    return (
+        "By the clock (every pick and uniform checkpoint timed afresh, "
+        "round-robin):\n\n"
+        + table(CLOCK, picks)
+        + "\n\n"
+        + _common.markdown_table(_common.TIMED_COLUMNS, points)
+        + few_rounds(_kind(data, "rounds"))
+    )
+
+
+def few_rounds(found: list[dict]) -> str:
+    """How well a few rounds rank the checkpoints: the planner's statistic (the
+    faster half of rounds) beside the paired ratio."""
     if not found:
         return ""
-    table = [
+    rows = [
         [r["group"], str(k), f"{ours:.2f}", f"{before:.2f}"]
         for r in found
         for k, ours, before in zip(r["k"], r["faster_half"], r["paired"])
@@ -243,61 +245,52 @@ def few_rounds(rows: list[dict]) -> str:
         f"\n\nFew rounds: every window of k consecutive rounds of the "
         f"{found[0]['rounds']} above ranks the timed checkpoints by each "
         "statistic; the mean rank correlation with the other rounds' "
-        "medians:\n\n" + _common.markdown_table(cols, table)
+        "medians:\n\n" + _common.markdown_table(cols, rows)
     )
 
 
-def sweep_section(data: dict) -> str:
-    return "\n\n".join([sweep(data), peers(data), targets(data)])
+def _plan_time(r: dict) -> str:
+    alone = f" ({r['plain_plan_s']:.0f} s alone)" if r.get("plain_plan_s") else ""
+    return f"{r['plan_s']:.0f} s{alone}"
+
+
+BATCH = [
+    ("preset", get("group")),
+    ("budget", get("budget_bytes", fmt_bytes)),
+    ("pick", code("checkpoint")),
+    ("micro-batches", get("micro_batches")),
+    ("loss chunk", lambda r: r["loss_chunk_size"] or "whole"),
+    ("compiled", get("memory_bytes", fmt_bytes)),
+    ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+    ("vs fastest fitting", lambda r: f"{r['ratio']:.3f}x"),
+    ("which", code("best_combination")),
+    ("planned in", _plan_time),
+]
 
 
 def batch_sweep(data: dict) -> str:
-    """Per budget: the planner's (micro-batches, loss chunk, checkpoint), its
-    tokens/s, its time against the fastest fitting combination's; then the
-    targets."""
-    cols = ["preset", "budget", "pick", "micro-batches", "loss chunk", "compiled"]
-    cols += ["tokens/s", "vs fastest fitting", "which", "planned in"]
-    rows = [
-        [
-            r["group"],
-            _common.fmt_bytes(r["budget_bytes"]),
-            f"`{r['checkpoint']}`",
-            r["micro_batches"],
-            r["loss_chunk_size"] or "whole",
-            _common.fmt_bytes(r["memory_bytes"]),
-            f"{r['tokens_per_s']:,.0f}",
-            f"{r['ratio']:.3f}x",
-            f"`{r['best_combination']}`",
-            f"{r['plan_s']:.0f} s"
-            + (f" ({r['plain_plan_s']:.0f} s alone)" if r.get("plain_plan_s") else ""),
-        ]
-        for r in data["rows"]
-        if r["kind"] == "pick"
-    ]
-    return "\n\n".join(
-        [_presets(data), _common.markdown_table(cols, rows), targets(data)]
-    )
+    """Per budget: the planner's pick, its tokens/s, its time against the
+    fastest fitting combination's; then the targets."""
+    rows = table(BATCH, _kind(data, "pick"))
+    return "\n\n".join([_presets(data), rows, targets(data)])
+
+
+BATCH_AOT = [
+    ("preset", get("group")),
+    ("what", lambda r: "plan" if r["kind"] == "aot-pick" else "MaxText's recipe"),
+    ("checkpoint", code("checkpoint")),
+    ("per-chip batch", get("per_chip_batch")),
+    ("micro-batches", lambda r: r.get("micro_batches", 1)),
+    ("loss chunk", lambda r: r.get("loss_chunk_size") or "whole"),
+    ("compiled", get("memory_bytes", fmt_bytes)),
+    ("tokens/s per chip (roofline)", lambda r: f"{r['tokens_per_s_per_chip']:,.0f}"),
+]
 
 
 def batch_aot(data: dict) -> str:
     """The plan's pick for the global batch beside MaxText's recipe at each
     per-chip batch that fits, in tokens/s per chip by the roofline."""
-    cols = ["preset", "what", "checkpoint", "per-chip batch", "micro-batches"]
-    cols += ["loss chunk", "compiled", "tokens/s per chip (roofline)"]
-    rows = [
-        [
-            r["group"],
-            "plan" if r["kind"] == "aot-pick" else "MaxText's recipe",
-            f"`{r['checkpoint']}`",
-            r["per_chip_batch"],
-            r.get("micro_batches", 1),
-            r.get("loss_chunk_size") or "whole",
-            _common.fmt_bytes(r["memory_bytes"]),
-            f"{r['tokens_per_s_per_chip']:,.0f}",
-        ]
-        for r in data["rows"]
-    ]
-    return _presets(data) + "\n\n" + _common.markdown_table(cols, rows)
+    return _presets(data) + "\n\n" + table(BATCH_AOT, data["rows"])
 
 
 SECTIONS = (
@@ -323,11 +316,9 @@ def _measured(ts: list[dict]) -> str:
     if len(values) < len(ts) or not values:
         return "; ".join(t["measured"] for t in ts)
     where = ts[0].get("preset", "") if len(ts) == 1 else f"{len(ts)} presets"
-    span = (
-        f"{min(values):.3f}x"
-        if len(values) == 1
-        else (f"{min(values):.3f}x – {max(values):.3f}x")
-    )
+    span = f"{min(values):.3f}x"
+    if len(values) > 1:
+        span += f" – {max(values):.3f}x"
     return f"{span} ({where})" if where else span
 
 
@@ -348,12 +339,8 @@ def summary(results: Path) -> str:
             met = [t["met"] for t in ts if t["met"] is not None]
             verdict = "n/a" if not met else f"{sum(met)} of {len(met)}"
             rows.append([name, _measured(ts), verdict, mark])
-    return (
-        _common.markdown_table(["target", "measured", "met", "where"], rows)
-        + "\n\n"
-        + "  \n".join(notes)
-        + "\n"
-    )
+    cols = ["target", "measured", "met", "where"]
+    return _common.markdown_table(cols, rows) + "\n\n" + "  \n".join(notes) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
