@@ -1,10 +1,6 @@
-"""Train `zoo.Transformer` on bytes: `python benchmarks/train_lm.py --help`.
+"""Train `zoo.Transformer` on bytes (`--help`); the code is `benchmarks/train/`."""
 
-The script lives in the package `benchmarks/train/` (`config`, `data`, `model`,
-`checkpointing`, `metrics`, `loop`); this file is its command line,
-as `python -m benchmarks.train` is."""
-
-from benchmarks.train import RunConfig as RunConfig, UsageError as UsageError, main
+from benchmarks.train import RunConfig, UsageError, main
 from benchmarks.train.loop import cli
 
 

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.train` (and `python benchmarks/train_lm.py`)."""
+"""`python -m benchmarks.train`, as `python benchmarks/train_lm.py`."""
 
 from .loop import cli
 

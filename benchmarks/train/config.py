@@ -1,14 +1,14 @@
-"""What defines a run (`RunConfig`), the command line (`Flags`, whose flags tyro
-derives from the dataclasses' fields and docstrings), and every check that can
-be made before training starts."""
+"""The run's options (`RunConfig`), the command line (`Flags`: tyro derives the
+flags from the fields and their docstrings), and the checks made before training."""
 
+import argparse
 import dataclasses
 import math
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal
 
 import jax
 import numpy as np
@@ -20,7 +20,6 @@ from benchmarks import _common, _device
 
 VOCAB_SIZE = 256  # bytes
 FORMAT = "eqx-remat/train_lm/2"
-SCRIPT = "train_lm"
 SEED_MAX = 2**31 - 1  # jax.random.key keeps 32 bits of a seed without x64
 
 
@@ -33,56 +32,37 @@ class RunConfig:
     """Model, data and optimiser (with --resume: the saved run's; given ones must
     match it, but --steps may grow)."""
 
-    seed: int = 0
-    """init, data, dropout"""
-    steps: int = 300
-    """total optimiser steps"""
-    batch: int = 16
-    """sequences per step"""
-    seq: int = 128
-    """tokens per row"""
-    d_model: int = 128
-    """width"""
-    heads: int = 4
-    """attention heads"""
-    layers: int = 4
-    """blocks"""
-    d_ff: int | None = None
-    """MLP hidden size (None: 4 * d_model)"""
-    dropout: float = 0.0
-    """dropout rate, in [0, 1)"""
+    seed: int = 0  # init, data, dropout
+    steps: int = 300  # total optimiser steps
+    batch: int = 16  # sequences per step
+    seq: int = 128  # tokens per row
+    d_model: int = 128  # width
+    heads: int = 4  # attention heads
+    layers: int = 4  # blocks
+    d_ff: int | None = None  # MLP hidden size (None: 4 * d_model)
+    dropout: float = 0.0  # dropout rate, in [0, 1)
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype (on a TPU, bfloat16 unless given)"""
-    lr: float = 3e-3
-    """peak learning rate"""
+    lr: float = 3e-3  # peak learning rate
     schedule: Literal["cosine", "constant"] = "cosine"
     """after the warmup: cosine decay to min_lr_ratio * lr at --steps, or constant
     (a run that --resume can extend)"""
-    warmup: int = 30
-    """linear warmup steps (unless given, a tenth of --steps)"""
-    min_lr_ratio: float = 0.1
-    """final / peak learning rate of the cosine"""
-    weight_decay: float = 0.1
-    """AdamW decay of the linear weights"""
-    clip: float = 1.0
-    """global gradient norm"""
+    warmup: int = 30  # linear warmup steps (unless given, a tenth of --steps)
+    min_lr_ratio: float = 0.1  # final / peak learning rate of the cosine
+    weight_decay: float = 0.1  # AdamW decay of the linear weights
+    clip: float = 1.0  # global gradient norm
     data: str | None = None
-    """a text file, or a directory of them (read as bytes, in sorted path order;
-    hidden and binary files skipped) (None: the Python standard library's .py
-    sources)"""
-    data_bytes: int | None = None
-    """use only the first N corpus bytes"""
-    val_fraction: float = 0.05
-    """held-out tail of the corpus"""
+    """a text file, or a directory of them, read as bytes (None: the Python
+    standard library's .py sources)"""
+    data_bytes: int | None = None  # use only the first N corpus bytes
+    val_fraction: float = 0.05  # held-out tail of the corpus
 
 
 class _Help:
-    """`_Help[type, flag]`: a field with the help of `_device`'s flag of that name,
-    so that every script describes the device flags alike."""
+    """`_Help[type, flag]`: a field with the help of `_device`'s flag `flag`."""
 
     def __class_getitem__(cls, item: tuple[Any, str]) -> Any:
-        kind, flag = item
-        return Annotated[kind, tyro.conf.arg(help=_device.HELP[flag])]
+        return Annotated[item[0], tyro.conf.arg(help=_device.HELP[item[1]])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,28 +73,19 @@ class Flags:
     remat: str = "dots"
     """how the blocks are rematerialised: None, a policy name, every:K[:POLICY] or
     every(K[, POLICY]), nested:L, recursive, binomial:S, ranges(N:SPEC, ...)"""
-    mesh: str = "auto"
-    """auto (dp over all devices if several), none, dp[:N] or fsdp[:N]"""
+    mesh: str = "auto"  # auto (dp over all devices if several), none, dp[:N], fsdp[:N]
     save_dir: Path | None = None
     """the run directory: Orbax checkpoints, metrics.jsonl, TensorBoard events,
-    loss.png (None: no checkpoints; metrics in a fresh
-    benchmarks/runs/train_lm-<date>/)"""
-    resume: bool = False
-    """continue from SAVE_DIR's newest good checkpoint"""
-    save_every: int = 100
-    """save every N steps, and at the end"""
-    keep: int = 3
-    """checkpoints kept: the newest N"""
+    loss.png (None: no checkpoints; metrics in benchmarks/runs/train_lm-<date>/)"""
+    resume: bool = False  # continue from SAVE_DIR's newest good checkpoint
+    save_every: int = 100  # save every N steps, and at the end
+    keep: int = 3  # checkpoints kept: the newest N
     stop_after: int | None = None
     """stop (and save) after N steps of this invocation, as if preempted"""
-    log_every: int = 25
-    """log the loss every N steps"""
-    eval_every: int = 0
-    """held-out loss every N steps (0: only at the end)"""
-    eval_batches: int = 8
-    """batches of the held-out loss (0: none)"""
-    no_progress: bool = False
-    """no progress bar"""
+    log_every: int = 25  # log the loss every N steps
+    eval_every: int = 0  # held-out loss every N steps (0: only at the end)
+    eval_batches: int = 8  # batches of the held-out loss (0: none)
+    no_progress: bool = False  # no progress bar
     device: _Help[Literal["auto", "tpu", "gpu", "cpu"], "device"] = "auto"
     distributed: _Help[bool, "distributed"] = False
     coordinator_address: _Help[str | None, "coordinator_address"] = None
@@ -125,23 +96,17 @@ class Flags:
     given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
 
 
-# The bounds of the numeric flags: (lowest, highest, whether each is included).
+# The bounds of the numeric flags.
 POSITIVE = ("steps", "batch", "seq", "d_model", "heads", "layers", "d_ff")
 POSITIVE += ("data_bytes", "save_every", "keep", "stop_after", "log_every")
 POSITIVE += ("num_processes", "heartbeat_timeout")
 NON_NEGATIVE = ("seed", "warmup", "eval_every", "eval_batches", "process_id")
-REAL = {
-    "dropout": (0.0, 1.0, "[0, 1)"),
-    "val_fraction": (0.0, 1.0, "(0, 1)"),
-    "lr": (0.0, math.inf, "(0, inf)"),
-    "min_lr_ratio": (0.0, math.inf, "[0, inf)"),
-    "weight_decay": (0.0, math.inf, "[0, inf)"),
-    "clip": (0.0, math.inf, "(0, inf)"),
-}
+REAL = {"dropout": "[0, 1)", "val_fraction": "(0, 1)", "lr": "(0, inf)"}
+REAL |= {"min_lr_ratio": "[0, inf)", "weight_decay": "[0, inf)", "clip": "(0, inf)"}
 
 
-def _problem(name: str, x: Any) -> str | None:
-    """What is wrong with the value `x` of flag `name`, or `None`."""
+def _bound_problem(name: str, x: Any) -> str | None:
+    """What is wrong with the value `x` of flag `name` (see the bounds), or `None`."""
     if name in POSITIVE and x < 1:
         return f"expected a positive integer. Got {str(x)!r}."
     if name in NON_NEGATIVE and x < 0:
@@ -149,69 +114,62 @@ def _problem(name: str, x: Any) -> str | None:
     if name == "seed" and x > SEED_MAX:
         return f"expected at most {SEED_MAX}. Got {x}."
     if name in REAL:
-        low, high, text = REAL[name]
-        closed = text.startswith("[")
-        if not ((low <= x if closed else low < x) and x < high and math.isfinite(x)):
-            return f"must be in {text}. Got {float(x)}."
+        interval = REAL[name]
+        low, high = map(float, interval[1:-1].split(", "))
+        above = low <= x if interval[0] == "[" else low < x
+        if not (above and x < high and math.isfinite(x)):
+            return f"must be in {interval}. Got {float(x)}."
     return None
 
 
-class Usage:
-    """`error(message)`: one argparse-style `error:` line after the usage, rc 2
-    (what `_device.select_device` calls a parser)."""
-
-    def error(self, message: str) -> NoReturn:
-        usage = "usage: train_lm.py [-h] [OPTIONS]"
-        print(f"{usage}\ntrain_lm.py: error: {message}", file=sys.stderr)
-        sys.exit(2)
+# Prints the usage and a bad flag's `error:` line, then exits with status 2.
+USAGE = argparse.ArgumentParser(prog="train_lm.py", usage="%(prog)s [-h] [OPTIONS]")
 
 
 def parse_args(argv: Sequence[str] | None, doc: str | None = None) -> Flags:
-    """Parse and check every flag that can be checked before JAX starts; settle
-    `run_dir` (`--save-dir`, or a fresh default that holds no checkpoints)."""
+    """The command line `argv` (default `sys.argv[1:]`) as checked `Flags` (a bad
+    flag exits, status 2), with `run_dir` (`--save-dir`, else a fresh default)
+    and `given` (the `RunConfig` fields spelt out) settled."""
     argv = list(sys.argv[1:] if argv is None else argv)
     config = (tyro.conf.FlagCreatePairsOff,)
     flags = tyro.cli(
         Flags, args=argv, prog="train_lm.py", description=doc, config=config
     )
-    usage = Usage()
-    values = dataclasses.asdict(flags.run) | dataclasses.asdict(flags)
-    for name, x in values.items():
-        problem = None if x is None or name == "run" else _problem(name, x)
+    for name, problem in _problems(flags):
         if problem:
-            usage.error(f"argument --{name.replace('_', '-')}: {problem}")
+            USAGE.error(f"argument --{name.replace('_', '-')}: {problem}")
     spoken = {a[2:].split("=")[0].replace("-", "_") for a in argv if a[:2] == "--"}
     given = frozenset(f.name for f in dataclasses.fields(RunConfig)) & spoken
-    _check_spec(usage, "remat", flags.remat, remat_problem)
-    _check_spec(usage, "mesh", flags.mesh, mesh_problem)
-    if flags.coordinator_address is not None:
-        address = flags.coordinator_address
-        _check_spec(usage, "coordinator-address", address, _device.address_problem)
-    if flags.resume and flags.save_dir is None:
-        usage.error("argument --resume: needs --save-dir.")
-    if flags.resume and not flags.save_dir.is_dir():
-        usage.error(
-            f"argument --resume: {flags.save_dir} is not a directory: there is no "
-            "run to resume."
-        )
-    if flags.run.data is not None:
-        _check_spec(usage, "data", Path(flags.run.data), data_problem)
-    run_dir = flags.save_dir or _common.run_dir(SCRIPT)  # made when first written
-    if flags.save_dir is not None and (problem := writable_problem(run_dir)):
-        usage.error(
-            f"argument --save-dir: {run_dir} is not a writable directory ({problem})."
-        )
+    run_dir = flags.save_dir or _common.run_dir("train_lm")  # made when written
     return dataclasses.replace(flags, run_dir=run_dir, given=given)
 
 
-def _check_spec(usage: Usage, name: str, value: Any, problem_of) -> None:
-    if problem := problem_of(value):
-        usage.error(f"argument --{name}: {problem}")
+def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
+    """`(flag, its problem or None)`, lazily: the first problem stops the script,
+    before `--save-dir` is tried (and what that makes removed again)."""
+    values = dataclasses.asdict(flags.run) | dataclasses.asdict(flags)
+    yield from ((k, _bound_problem(k, x)) for k, x in values.items() if x is not None)
+    yield "remat", remat_problem(flags.remat)
+    try:
+        mesh_spec(flags.mesh)
+    except ValueError as e:
+        yield "mesh", str(e)
+    if flags.coordinator_address is not None:
+        yield "coordinator-address", _device.address_problem(flags.coordinator_address)
+    if flags.resume and flags.save_dir is None:
+        yield "resume", "needs --save-dir."
+    elif flags.resume and not flags.save_dir.is_dir():
+        no_run = "is not a directory: there is no run to resume."
+        yield "resume", f"{flags.save_dir} {no_run}"
+    if flags.run.data is not None:
+        yield "data", data_problem(Path(flags.run.data))
+    if flags.save_dir is not None and (problem := writable_problem(flags.save_dir)):
+        yield "save-dir", f"{flags.save_dir} is not a writable directory ({problem})."
 
 
 def remat_problem(spec: str) -> str | None:
-    """`--remat`, in the syntax of every script (the depth-dependent forms
-    `every:sqrt`, `binomial:log2` are resolved later)."""
+    """What is wrong with `--remat spec`, or `None` (forms that depend on the
+    depth, `every:sqrt`, `binomial:log2`, are resolved later)."""
     try:
         _common.parse_checkpoint(spec, depth=1)
     except (ValueError, TypeError) as e:
@@ -219,17 +177,9 @@ def remat_problem(spec: str) -> str | None:
     return None
 
 
-def mesh_problem(spec: str) -> str | None:
-    try:
-        mesh_spec(spec)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
 def mesh_spec(spec: str) -> tuple[str, int | None] | None:
-    """`--mesh`: `auto` (data parallel over all devices when there are several),
-    `none`, `dp[:N]`, `fsdp[:N]` → `("auto"|"dp"|"fsdp", N or None)` or `None`."""
+    """`--mesh` as `("auto"|"dp"|"fsdp", devices or None)`, or `None` for `none`;
+    raises `ValueError` for anything else."""
     head, _, count = spec.strip().lower().partition(":")
     if head in ("none", "auto") and not count:
         return None if head == "none" else ("auto", None)
@@ -241,10 +191,8 @@ def mesh_spec(spec: str) -> tuple[str, int | None] | None:
 
 
 def writable_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory to write in, or `None`. Tried, not
-    guessed: the directories missing on the way are made, a file written and
-    removed, and what was made removed again, so that a run whose other flags
-    fail leaves nothing behind (the run makes it when it starts writing)."""
+    """Why `path` cannot be a directory to write in, or `None`: tried (the missing
+    directories made, a file written), then what was made removed again."""
     made = []
     try:
         for parent in [*reversed(path.absolute().parents), path.absolute()]:
@@ -262,15 +210,15 @@ def writable_problem(path: Path) -> str | None:
 
 
 def data_problem(path: Path) -> str | None:
-    """Why `--data path` cannot be read (before JAX starts), or `None`."""
+    """Why `--data path` cannot be read, or `None`."""
+    from .data import text_files
+
     if not path.exists():
         return f"{path} does not exist."
     if path.is_file():
         return None if path.stat().st_size else f"{path} is empty."
     if not path.is_dir():
         return f"{path} is neither a file nor a directory."
-    from .data import text_files
-
     if not any(p.stat().st_size for p in text_files(path)):
         return (
             f"{path} holds no text file with any bytes (hidden and binary files "
@@ -279,13 +227,10 @@ def data_problem(path: Path) -> str | None:
     return None
 
 
-# -------------------------------------------------------------- run configuration
-
-
 def run_config(flags: Flags, saved: dict[str, Any] | None, platform: str) -> RunConfig:
-    """The run's `RunConfig`: the command line over the checkpoint's (`saved`) or
-    the defaults. A value given on the command line must equal the saved one
-    (except `steps`: see `check_extension`)."""
+    """The run's `RunConfig`: the flags given over the checkpoint's (`saved`) or
+    the defaults. A `UsageError` if a given one differs from the saved one (but
+    `steps`: see `check_extension`) or the options do not fit together."""
     given = {k: getattr(flags.run, k) for k in flags.given}
     if "data" in given:  # the same file however it is spelled
         given["data"] = str(Path(given["data"]).resolve())
@@ -294,25 +239,21 @@ def run_config(flags: Flags, saved: dict[str, Any] | None, platform: str) -> Run
             given["dtype"] = "bfloat16"
         if "warmup" not in given:  # scales with --steps (30 of the default 300)
             given["warmup"] = given.get("steps", RunConfig.steps) // 10
-        return RunConfig(**given)
-    saved = {**dataclasses.asdict(RunConfig()), **saved}
-    mismatched = [
-        f"--{k.replace('_', '-')}: checkpoint has {saved[k]!r}, got {v!r}"
-        for k, v in given.items()
-        if saved[k] != v and k != "steps"
-    ]
-    if mismatched:
-        raise UsageError(
-            "--resume: these options define the run and differ from the "
-            "checkpoint's (leave them out to use the checkpoint's): "
-            + "; ".join(mismatched)
-        )
-    return dataclasses.replace(
-        RunConfig(**saved), steps=given.get("steps", saved["steps"])
-    )
-
-
-def check_config(c: RunConfig) -> None:
+        c = RunConfig(**given)
+    else:
+        saved = {**dataclasses.asdict(RunConfig()), **saved}
+        mismatched = [
+            f"--{k.replace('_', '-')}: checkpoint has {saved[k]!r}, got {v!r}"
+            for k, v in given.items()
+            if saved[k] != v and k != "steps"
+        ]
+        if mismatched:
+            raise UsageError(
+                "--resume: these options define the run and differ from the "
+                "checkpoint's (leave them out to use the checkpoint's): "
+                + "; ".join(mismatched)
+            )
+        c = RunConfig(**{**saved, "steps": given.get("steps", saved["steps"])})
     if c.d_model % c.heads != 0:
         raise UsageError(
             f"--d-model must be divisible by --heads. Got {c.d_model} and {c.heads}."
@@ -321,13 +262,12 @@ def check_config(c: RunConfig) -> None:
         raise UsageError(
             f"--warmup must be in [0, steps). Got {c.warmup} with {c.steps} steps."
         )
+    return c
 
 
 def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
-    """`--remat` against `--layers`, before anything runs: `ranges` counts must
-    add up to the layers, and a schedule must be able to act as asked
-    (`every(k)` needs `k` layers or more in its range: with fewer there is one
-    segment, and nothing is split)."""
+    """A `UsageError` unless `--remat` acts as asked on `--layers`: `ranges` add up
+    to the layers, and `every(k)` has `k` layers or more in its range."""
     import eqx_remat as er
 
     if isinstance(checkpoint, er.Schedule):
@@ -336,8 +276,7 @@ def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
         except ValueError as e:
             raise UsageError(f"--remat {spec} with --layers {layers}: {e}") from None
     ranged = isinstance(checkpoint, er.ranges)
-    parts = checkpoint.parts if ranged else [(layers, checkpoint)]
-    for n, c in parts:
+    for n, c in checkpoint.parts if ranged else [(layers, checkpoint)]:
         if isinstance(c, er.every) and c.k > n:
             where = "" if n == layers else f" in a range of {n}"
             raise UsageError(
@@ -350,23 +289,17 @@ def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
 def learning_rate_schedule(c: RunConfig) -> optax.Schedule:
     """Linear warmup from 0 to `lr` over `warmup` steps, then either a cosine decay
     to `lr * min_lr_ratio` at step `steps` or a constant `lr`."""
+    if c.schedule == "constant" and c.warmup == 0:
+        return optax.constant_schedule(c.lr)
     if c.schedule == "constant":
-        if c.warmup == 0:
-            return optax.constant_schedule(c.lr)
         return optax.warmup_constant_schedule(0.0, c.lr, c.warmup)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=c.lr,
-        warmup_steps=c.warmup,
-        decay_steps=c.steps,
-        end_value=c.lr * c.min_lr_ratio,
-    )
+    end = c.lr * c.min_lr_ratio
+    return optax.warmup_cosine_decay_schedule(0.0, c.lr, c.warmup, c.steps, end)
 
 
 def check_extension(saved: RunConfig, c: RunConfig, at_step: int) -> None:
-    """Resuming a run of `saved.steps` steps at `at_step` with `c.steps`: allowed
-    when the learning rate of every step taken so far is the same under the new
-    total, so the run is the one `--steps c.steps` would have made."""
+    """A `UsageError` unless the steps `0..at_step - 1` of the run `saved` keep
+    their learning rates with `c.steps` steps (as one run of `c.steps` would)."""
     if c.steps == saved.steps:
         return
     if c.steps < at_step:
@@ -378,11 +311,10 @@ def check_extension(saved: RunConfig, c: RunConfig, at_step: int) -> None:
         old = np.asarray(learning_rate_schedule(saved)(taken))
         new = np.asarray(learning_rate_schedule(c)(taken))
     if not np.array_equal(old, new):
-        changed = int(np.argmax(old != new))
         raise UsageError(
             f"--steps {c.steps}: the {c.schedule} learning-rate schedule of this "
-            f"run depends on its length ({saved.steps} steps), and steps {changed} "
-            f"to {at_step - 1} already taken would have had other learning rates. "
-            f"Resume with --steps {saved.steps}, or start runs meant to be extended "
-            "with --schedule constant."
+            f"run depends on its length ({saved.steps} steps), and steps "
+            f"{int(np.argmax(old != new))} to {at_step - 1} already taken would have "
+            f"had other learning rates. Resume with --steps {saved.steps}, or start "
+            "runs meant to be extended with --schedule constant."
         )

@@ -1,11 +1,11 @@
-"""The corpus (the Python standard library's sources, or the user's `--data`) as
-bytes, its held-out split, and the batches: a function of the seed and the step."""
+"""The corpus (the standard library's `.py` sources, or `--data`) as bytes, its
+held-out split, and its batches: a function of the seed and the step."""
 
 import functools
 import hashlib
 import os
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,74 +15,66 @@ from .config import RunConfig, UsageError
 
 
 class Corpus(NamedTuple):
-    """The bytes a run trains on (`train`) and evaluates on (`val`, the tail)."""
-
     train: np.ndarray  # uint8
-    val: np.ndarray  # uint8
+    val: np.ndarray  # uint8: the held-out tail
     sha256: str  # of the bytes before the split
-    source: str  # for messages: where the bytes came from
+    source: str  # where the bytes came from, for messages
 
 
-def stdlib_sources(root: Path) -> Iterator[Path]:
-    """The `.py` files under `root`, in sorted path order, lazily; third-party
-    packages (`site-packages`, `dist-packages`) and `__pycache__` are skipped."""
-    skip = {"site-packages", "dist-packages", "__pycache__"}
+def _walk(
+    root: str, keep_dir: Callable, keep_file: Callable, follow: bool = True
+) -> Iterator[Path]:
+    """The files under `root` that `keep_file(entry)` keeps, in sorted path order,
+    lazily; only the directories whose name `keep_dir` keeps are entered."""
     for e in sorted(os.scandir(root), key=lambda e: e.name):
-        if e.is_dir(follow_symlinks=False):
-            if e.name not in skip:
-                yield from stdlib_sources(Path(e.path))
-        elif e.name.endswith(".py") and e.is_file():
+        if e.is_dir(follow_symlinks=follow):
+            if keep_dir(e.name):
+                yield from _walk(e.path, keep_dir, keep_file, follow)
+        elif e.is_file() and keep_file(e):
             yield Path(e.path)
 
 
 def text_files(root: Path) -> Iterator[Path]:
-    """The text files under the directory `root`, in sorted path order, lazily:
-    hidden files and directories (`.git`, ...) are skipped, and so are binary
-    files (a NUL byte in the first 8 KiB, as git tells them)."""
-    for e in sorted(os.scandir(root), key=lambda e: e.name):
-        if e.name.startswith("."):
-            continue
-        if e.is_dir():
-            yield from text_files(Path(e.path))
-        elif e.is_file() and not _binary(Path(e.path)):
-            yield Path(e.path)
+    """The text files under `root`, skipping hidden files and directories, and
+    binary files (a NUL byte in the first 8 KiB, as git tells them)."""
+    visible = lambda name: not name.startswith(".")
+    return _walk(root, visible, lambda e: visible(e.name) and not _binary(e.path))
 
 
-def _binary(path: Path) -> bool:
-    with path.open("rb") as f:
+def _binary(path: str) -> bool:
+    with open(path, "rb") as f:
         return b"\0" in f.read(8192)
 
 
 def _files(data: str | None) -> Iterator[Path]:
-    if data is None:
-        return stdlib_sources(Path(sysconfig.get_paths()["stdlib"]))
-    path = Path(data)
-    return iter([path]) if path.is_file() else text_files(path)
+    if data is not None:
+        return iter([Path(data)]) if Path(data).is_file() else text_files(Path(data))
+    stdlib = sysconfig.get_paths()["stdlib"]
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    is_source = lambda e: e.name.endswith(".py")
+    return _walk(stdlib, lambda name: name not in skip, is_source, follow=False)
 
 
 @functools.lru_cache(maxsize=4)
 def load_corpus(
     data: str | None = None, max_bytes: int | None = None
 ) -> tuple[np.ndarray, str]:
-    """The bytes of `data` (a file, or every file of a directory joined in sorted
-    path order; `None`: the standard library's `.py` sources), at most
-    `max_bytes`, as one `uint8` array, and their SHA-256."""
+    """The bytes of `data` (a file, or a directory's `text_files` joined; `None`:
+    the standard library's `.py` sources), at most `max_bytes`, as one `uint8`
+    array, and their SHA-256."""
     chunks, total = [], 0
     for path in _files(data):
-        chunk = path.read_bytes()
-        if max_bytes is not None:
-            chunk = chunk[: max_bytes - total]
-        chunks.append(chunk)
-        total += len(chunk)
+        chunks.append(path.read_bytes())
+        total += len(chunks[-1])
         if max_bytes is not None and total >= max_bytes:
             break
-    raw = b"".join(chunks)
+    raw = b"".join(chunks)[:max_bytes]
     return np.frombuffer(raw, dtype=np.uint8), hashlib.sha256(raw).hexdigest()
 
 
 def corpus_for(c: RunConfig) -> Corpus:
-    """The run's corpus, split; too little text for one sequence in either part is
-    a `UsageError`."""
+    """The run's corpus, split; a `UsageError` if either part is not longer than
+    one sequence."""
     corpus, digest = load_corpus(c.data, c.data_bytes)
     split = len(corpus) - int(len(corpus) * c.val_fraction)
     train, val = corpus[:split], corpus[split:]
@@ -98,14 +90,9 @@ def corpus_for(c: RunConfig) -> Corpus:
 
 
 def sample(
-    data: np.ndarray,
-    seq: int,
-    batch: int,
-    seed: Sequence[int],
-    rows: slice = slice(None),
+    data: np.ndarray, seq: int, batch: int, seed: Sequence[int], rows=slice(None)
 ) -> np.ndarray:
-    """`batch` windows of `seq + 1` bytes at offsets drawn from `seed`: int32
-    `(batch, seq + 1)`, inputs `[:, :-1]` and next-byte targets `[:, 1:]`. With
-    `rows`, only those rows of that batch are read (a process's share)."""
+    """The rows `rows` of a batch of `batch` windows of `seq + 1` bytes at offsets
+    drawn from `seed`, as int32 (inputs `[:, :-1]`, next-byte targets `[:, 1:]`)."""
     starts = np.random.default_rng(list(seed)).integers(0, len(data) - seq, batch)
     return data[starts[rows, None] + np.arange(seq + 1)].astype(np.int32)

@@ -1,5 +1,5 @@
 """The training loop: settle the run (`prepare`), take its steps with logging,
-evaluation and saving (`train`), and report where it stopped."""
+evaluation and saving (`train`), and stop cleanly on a signal."""
 
 import dataclasses
 import math
@@ -16,52 +16,22 @@ import jax
 import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
+import rich.console
+import rich.progress
 from jax.experimental import multihost_utils
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 import eqx_remat
 from benchmarks import _common, _device
 
-from . import checkpointing
-from .config import (
-    FORMAT,
-    Flags,
-    RunConfig,
-    Usage,
-    UsageError,
-    check_config,
-    check_extension,
-    check_remat,
-    learning_rate_schedule,
-    mesh_spec,
-    parse_args,
-    run_config,
-)
+from . import checkpointing, config, model
+from .config import Flags, RunConfig, UsageError
 from .data import Corpus, corpus_for, sample
-from .metrics import PLOT_FILE, MetricsWriter, log, log_line, plot_losses, setup_logging
-from .model import (
-    Placement,
-    TrainState,
-    abstract_state,
-    eval_loss,
-    init_state,
-    make_optimizer,
-    make_placement,
-    step_flops,
-    train_step,
-)
+from .metrics import PLOT_FILE, MetricsWriter, log_line, plot_losses, say
+from .model import Placement, TrainState, eval_loss, train_step
 
 
 class TrainResult(NamedTuple):
-    """What `main` returns (for tests and notebooks)."""
+    """What `main` returns."""
 
     state: TrainState
     losses: list[float]  # the training loss of each step of this invocation
@@ -89,22 +59,20 @@ class Run(NamedTuple):
 
 
 def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResult:
-    """Train as the command line `argv` says (see `--help`)."""
+    """Train as the command line `argv` says (see `--help`). A bad flag exits with
+    status 2; a bad combination of flags or checkpoint raises `UsageError`."""
     from . import __doc__ as package_doc
 
-    args = parse_args(argv, doc or package_doc)
-    platform = _device.select_device(args, Usage())
-    setup_logging()
-    # A --save-dir that does not exist yet is made once every flag is checked
-    # (`prepare`): a run refused for its flags leaves nothing behind.
-    made_later = args.save_dir is not None and not args.save_dir.exists()
-    opened = args.save_dir is not None and not made_later
-    mgr = checkpointing.open_manager(args.save_dir, args.keep) if opened else None
-    stop = StopRequest()
-    stop.install()  # a signal before the first step stops the run after it
+    args = config.parse_args(argv, doc or package_doc)
+    platform = _device.select_device(args, config.USAGE)
+    # A new --save-dir is made once every flag is checked: a refused run writes
+    # nothing.
+    exists = args.save_dir is not None and args.save_dir.exists()
+    mgr = checkpointing.open_manager(args.save_dir, args.keep) if exists else None
+    stop = StopRequest()  # a signal before the first step stops the run after it
     try:
         run, state = prepare(args, platform, mgr)
-        if made_later:
+        if args.save_dir is not None and mgr is None:
             mgr = checkpointing.open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
     except Exception as e:
@@ -119,8 +87,7 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
-    """`main`, with a bad command line or checkpoint as one `error:` line, rc 2:
-    `python benchmarks/train_lm.py` and `python -m benchmarks.train`."""
+    """`main`, with a `UsageError` as one `error:` line and exit status 2."""
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UsageError as e:
@@ -129,20 +96,10 @@ def cli(argv: Sequence[str] | None = None) -> None:
 
 
 def abandon(e: Exception, args: Flags) -> NoReturn:
-    """End this process of a multi-process run that cannot go on: one line that
-    says why, then exit 1 at once. A failed collective means another process has
-    stopped or died; any other error is this process's own (its traceback comes
-    first), and exiting at once ends the run on the other processes too (their
-    next collective fails, or at the latest JAX's coordination service takes
-    this one as gone after `--heartbeat-timeout` and aborts them), where
-    waiting for JAX's orderly shutdown would wait for processes that are gone."""
+    """End this process of a multi-process run now (not in JAX's shutdown, which
+    waits for processes that are gone), with one line that says why, status 1."""
     me = f"process {jax.process_index()} of {jax.process_count()}"
     first = _common.first_line(e)
-    resume = (
-        f" Continue from the last saved step with --resume --save-dir {args.save_dir}."
-        if args.save_dir is not None
-        else ""
-    )
     if isinstance(e, jax.errors.JaxRuntimeError):
         why = (
             f"{me}: a computation shared with the other processes failed ({first}): "
@@ -151,18 +108,19 @@ def abandon(e: Exception, args: Flags) -> NoReturn:
     else:
         traceback.print_exception(e)
         why = f"{me} failed ({type(e).__name__}: {first}); stopping every process."
-    print(f"train_lm.py: error: {why}{resume}", file=sys.stderr, flush=True)
+    if args.save_dir is not None:
+        why += " Continue from the last saved step with --resume --save-dir "
+        why += f"{args.save_dir}."
+    print(f"train_lm.py: error: {why}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)
-
-
-# ---------------------------------------------------------------------------- setup
 
 
 def prepare(
     args: Flags, platform: str, mgr: ocp.CheckpointManager | None
 ) -> tuple[Run, TrainState]:
-    """The run and its first state: restored with `--resume`, else fresh."""
+    """The run and its first state: with `--resume`, the newest intact
+    checkpoint's, else a fresh one."""
     if mgr is not None and not args.resume and mgr.all_steps():
         raise UsageError(
             f"--save-dir {args.save_dir} already holds checkpoints (steps "
@@ -170,117 +128,69 @@ def prepare(
             "that run, or pick another directory."
         )
     saved = checkpointing.newest_meta(mgr) if args.resume else None
-    c = run_config(args, saved and saved["config"], platform)
-    check_config(c)
+    c = config.run_config(args, saved and saved["config"], platform)
     checkpoint = _common.parse_checkpoint(args.remat, depth=c.layers)
-    check_remat(args.remat, checkpoint, c.layers)
-    placement = make_placement(mesh_spec(args.mesh), c.batch)
+    config.check_remat(args.remat, checkpoint, c.layers)
+    placement = model.make_placement(config.mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
     if args.resume:
-        c, state = resume(args, mgr, placement, corpus, platform)
+        step, meta, state = checkpointing.find_resume_point(
+            mgr, args.save_dir, placement
+        )
+        c = config.run_config(args, meta["config"], platform)
+        config.check_extension(RunConfig(**meta["config"]), c, step)
+        if meta["corpus_sha256"] != corpus.sha256:
+            raise UsageError(
+                f"--resume: the corpus ({corpus.source}) differs from the "
+                f"checkpoint's: sha256 {corpus.sha256[:12]} != "
+                f"{meta['corpus_sha256'][:12]} (another Python's standard library, "
+                "or changed --data?). Batches would not match."
+            )
     else:
-        state = init_state(c)
-        if placement is not None:
-            state = placement.params(state)
-    # `checkpoint` is not part of the run: it changes memory and FLOPs only. It is a
-    # static field, so it is also in the treedef of the Adam moments (pytrees shaped
-    # like the model): replace it in the whole state, not just in the model.
+        state = model.init_state(c)
+        state = state if placement is None else placement.params(state)
+    # `--remat` changes memory and FLOPs only. As a static field of the model, it is
+    # in the treedefs of the Adam moments too: set it in the whole state.
     state = eqx_remat.set_checkpoint(state, checkpoint)
     first = int(state.step)
     last = c.steps if args.stop_after is None else min(c.steps, first + args.stop_after)
-    meta = {
-        "format": FORMAT,
-        "config": dataclasses.asdict(c),
-        "corpus_sha256": corpus.sha256,
-        "checkpoint": repr(checkpoint),
-    }
-    optimizer = make_optimizer(c)
+    meta = dict(format=config.FORMAT, config=dataclasses.asdict(c))
+    meta |= dict(corpus_sha256=corpus.sha256, checkpoint=repr(checkpoint))
+    optimizer = model.make_optimizer(c)
     run = Run(args, c, checkpoint, placement, corpus, optimizer, first, last, meta)
     return run, state
 
 
-def resume(
-    args: Flags,
-    mgr: ocp.CheckpointManager,
-    placement: Placement | None,
-    corpus: Corpus,
-    platform: str,
-) -> tuple[RunConfig, TrainState]:
-    """The newest intact checkpoint's state, and the run's `RunConfig` checked
-    against it."""
-    like_for = lambda meta: abstract_state(RunConfig(**meta["config"]), placement)
-    step, meta, state = checkpointing.find_resume_point(mgr, args.save_dir, like_for)
-    c = run_config(args, meta["config"], platform)
-    check_config(c)
-    check_extension(RunConfig(**meta["config"]), c, step)
-    if meta["corpus_sha256"] != corpus.sha256:
-        raise UsageError(
-            f"--resume: the corpus ({corpus.source}) differs from the checkpoint's: "
-            f"sha256 {corpus.sha256[:12]} != {meta['corpus_sha256'][:12]} (another "
-            "Python's standard library, or changed --data?). Batches would not match."
-        )
-    return c, state
-
-
 def describe(run: Run, state: TrainState) -> str:
-    """The header: what is trained, on what, where, and where metrics go; one
-    line each (80 columns, a long path aside)."""
-    c, p, n = run.c, run.placement, run.n_devices
+    """The header: what is trained, on what, where; one line each."""
+    c, n, p = run.c, run.n_devices, run.placement
     params = sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
-    devices = f"{n} {_device.device_kind()} device{'s' if n > 1 else ''}"
-    if p is None:
-        devices += ", no sharding"
-    else:
-        devices += ", FSDP" if p.fsdp else ", data parallel"
-    return "\n".join(
-        [
-            f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, "
-            f"{c.layers} layers, {c.heads} heads",
-            f"  batch {c.batch} x seq {c.seq}, {c.dtype}, "
-            f"remat {_common.checkpoint_label(run.checkpoint)}",
-            f"  on {devices}",
-            f"  data: {run.corpus.source}: {len(run.corpus.train):,} + "
-            f"{len(run.corpus.val):,} held-out bytes",
-            f"  steps {run.first} -> {run.last} of {c.steps}, "
-            f"warmup {c.warmup}; metrics in {run.args.run_dir}",
-        ]
+    sharding = "no sharding" if p is None else "FSDP" if p.fsdp else "data parallel"
+    return (
+        f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, "
+        f"{c.layers} layers, {c.heads} heads\n"
+        f"  batch {c.batch} x seq {c.seq}, {c.dtype}, "
+        f"remat {_common.checkpoint_label(run.checkpoint)}\n"
+        f"  on {n} {_device.device_kind()} device{'s' * (n > 1)}, {sharding}\n"
+        f"  data: {run.corpus.source}: {len(run.corpus.train):,} + "
+        f"{len(run.corpus.val):,} held-out bytes\n"
+        f"  steps {run.first} -> {run.last} of {c.steps}, "
+        f"warmup {c.warmup}; metrics in {run.args.run_dir}"
     )
 
 
-def model_flops(run: Run, state: TrainState) -> tuple[int | None, int | None]:
-    """`(model, hardware)` FLOPs of a step, for MFU and HFU; `None` where the
-    device's peak FLOP/s is unknown (the CPU), as MFU is then `null` anyway."""
-    if _device.peak_flops_per_chip() is None:
-        return None, None
-    tokens = jax.ShapeDtypeStruct((run.c.batch, run.c.seq + 1), jnp.int32)
-    return step_flops(state, tokens, run.optimizer)
-
-
-# ---------------------------------------------------------------------- preemption
-# SIGTERM and Ctrl-C stop the run after the current step, saved. With several
-# processes (`--distributed`), SIGTERM to any one of them (a slice's preemption
-# reaches every host; here one is enough) is caught by JAX's preemption notifier,
-# which tells every process; they agree on a step to stop after
-# (`multihost_utils.reached_preemption_sync_point`), save it together and exit 0.
-
-
 class StopRequest:
-    """SIGTERM / SIGINT: the first asks the loop to finish its step, save and exit
-    0; the handler then gives the signal back to the operating system, so a second
-    one ends the process at once (even inside a compile), without saving."""
+    """From its making: the first SIGTERM or SIGINT asks the loop to finish its
+    step, save and exit 0; a second one ends the process at once. With several
+    processes, SIGTERM (and a SIGINT, passed on as one) goes to JAX's preemption
+    notifier, and every process stops after the same step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.previous: dict[int, Any] = {}
-
-    def install(self) -> None:
         signals = [signal.SIGINT]
         if jax.process_count() == 1:
-            # On a multi-host slice, SIGTERM (preemption) reaches JAX's preemption
-            # notifier, and the hosts agree on a step (`reached_preemption_sync_point`).
             signals.append(signal.SIGTERM)
-        for s in signals:
-            self.previous[s] = signal.signal(s, self._handle)
+        self.previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def uninstall(self) -> None:
         for s, handler in self.previous.items():
@@ -291,15 +201,12 @@ class StopRequest:
         for s in self.previous:
             signal.signal(s, signal.SIG_DFL)
         if jax.process_count() > 1:
-            # Ctrl-C on one process of several: handed to JAX's preemption
-            # notifier as a SIGTERM, so that every process stops after one step.
             os.kill(os.getpid(), signal.SIGTERM)
-            return
-        self.signum = signum
+        else:
+            self.signum = signum
 
     @property
     def name(self) -> str:
-        """What stopped the run, for its closing line."""
         return signal.Signals(self.signum).name if self.signum else "preemption"
 
     def requested(self, step: int) -> bool:
@@ -308,104 +215,90 @@ class StopRequest:
         return multihost_utils.reached_preemption_sync_point(step)
 
 
-# ----------------------------------------------------------------------------- loop
-
-
-class Clock:
-    """Times the steps since the last logged line: of them, `timed` ran after the
-    first step of the invocation (which compiles), in `seconds` (evaluation and
-    saving excluded)."""
-
-    def __init__(self, start: int) -> None:
-        self.start, self.timed, self.seconds = start, 0, 0.0
-        self.compiled = False
-        self.tick = time.perf_counter()
-
-    def stepped(self, loss: jax.Array) -> bool:
-        """Count a step; `True` after the first one (once compiled)."""
-        if self.compiled:
-            self.timed += 1
-            return False
-        jax.block_until_ready(loss)
-        self.compiled = True
-        self.tick = time.perf_counter()
-        return True
-
-    def pause(self) -> None:
-        self.seconds += time.perf_counter() - self.tick
-
-    def go(self) -> None:
-        self.tick = time.perf_counter()
-
-    def restart(self, start: int) -> None:
-        self.start, self.timed, self.seconds = start, 0, 0.0
-
-    @property
-    def step_s(self) -> float | None:
-        return self.seconds / self.timed if self.timed else None
-
-
 def train(
     run: Run, state: TrainState, mgr: ocp.CheckpointManager | None, stop: StopRequest
 ) -> TrainResult:
     """Steps `run.first` to `run.last`, then the closing lines and the plot."""
     main_process = _device.is_main_process()
     writer = MetricsWriter(run.args.run_dir, run.first) if main_process else None
-    log.info(describe(run, state))
+    say(describe(run, state))
     try:
         state, losses, stopped_by, final_eval = _loop(run, state, mgr, stop, writer)
     finally:
         if writer is not None:
             writer.close()
-    done = run.first + len(losses)
-    if mgr is not None:
+    done, c, save_dir = run.first + len(losses), run.c, run.args.save_dir
+    if saved := mgr is not None:
         mgr.wait_until_finished()
-    _report(run, done, stopped_by, final_eval, saved=mgr is not None)
+    where = (
+        f"saved step {done} to {save_dir}" if saved else "nothing saved (no --save-dir)"
+    )
+    if stopped_by is None:
+        say(f"step {done} of {c.steps}: {where}")
+    else:
+        again = f"; continue with --resume --save-dir {save_dir}" if saved else ""
+        say(f"{stopped_by}: stopped after step {done} of {c.steps}; {where}{again}")
+    if final_eval is not None:
+        bits = final_eval / math.log(2)
+        say(f"held-out loss {final_eval:.4f} ({bits:.3f} bits/byte) after {done} steps")
     if writer is not None:
         plot_losses(writer.path, run.args.run_dir / PLOT_FILE)
-        log.info(f"loss curve: {run.args.run_dir / PLOT_FILE}")
+        say(f"loss curve: {run.args.run_dir / PLOT_FILE}")
     losses = [float(x) for x in losses]
-    return TrainResult(state, losses, run.first, final_eval, done < run.c.steps)
+    return TrainResult(state, losses, run.first, final_eval, done < c.steps)
 
 
 def _loop(run, state, mgr, stop, writer):
-    """The steps; returns `(state, losses, stopped_by, final held-out loss)`."""
+    """The steps: `(state, losses, stopped_by, final held-out loss)`. A line's
+    step time leaves out the invocation's first step (it compiles), evaluation
+    and saving."""
     args, c = run.args, run.c
-    flops = model_flops(run, state)
-    started = time.perf_counter()
-    losses: list[jax.Array] = []
-    clock, final_eval, stopped_by = Clock(run.first), None, None
+    flops = (None, None)
+    if _device.peak_flops_per_chip() is not None:  # else MFU is null anyway
+        tokens = jax.ShapeDtypeStruct((c.batch, c.seq + 1), jnp.int32)
+        flops = model.step_flops(state, tokens, run.optimizer)
+    started = tick = time.perf_counter()
+    losses, since, timed, seconds = [], run.first, 0, 0.0
+    final_eval = stopped_by = None
     with _progress(args) as progress:
         task = progress.add_task(
             "compiling", total=c.steps, completed=run.first, loss="-"
         )
         for step in range(run.first, run.last):
-            loss, state = _step(run, state, step)
+            tokens = _batch(run, run.corpus.train, (c.seed, 0, step))
+            loss, state = train_step(
+                (tokens, jnp.int32(step)), state, run.optimizer, run.placement
+            )
             losses.append(loss)
             done = step + 1
-            if clock.stepped(loss):
+            if step > run.first:
+                timed += 1
+            else:  # compiled: the clock starts now
+                jax.block_until_ready(loss)
+                tick = time.perf_counter()
                 progress.update(task, description="train")
             stopping = stop.requested(done)
-            logging_due = _every(done, args.log_every) or done == run.last
-            logging_due = logging_due or _every(done, args.eval_every)
-            save_due = mgr is not None and (
-                _every(done, args.save_every) or done == run.last or stopping
-            )
-            if logging_due or save_due:  # stop the clock: eval and saving
-                jax.block_until_ready((loss, state))  # do not count
-                clock.pause()
-            if logging_due:
-                row = _row(run, state, done, losses, clock, flops, started)
+            logging = done == run.last or _every(done, args.log_every)
+            logging = logging or _every(done, args.eval_every)
+            saving = stopping or done == run.last or _every(done, args.save_every)
+            saving = saving and mgr is not None
+            if logging or saving:
+                jax.block_until_ready((loss, state))
+                seconds += time.perf_counter() - tick
+            if logging:
+                step_s = seconds / timed if timed else None
+                window = [float(x) for x in losses[since - run.first :]]
+                row = _row(run, state, done, window, step_s, flops, started)
                 final_eval = row["eval_loss"] if done == c.steps else final_eval
                 if writer is not None:
                     writer.write(row)
-                log.info(log_line(row))
+                say(log_line(row))
                 progress.update(task, loss=f"{row['loss']:.4f}")
-                clock.restart(done)
-            if save_due:
+                since, timed, seconds = done, 0, 0.0
+            if saving:
                 checkpointing.save_checkpoint(mgr, done, state, run.meta)
-            if logging_due or save_due:
-                clock.go()
+            if logging or saving:
+                tick = time.perf_counter()
             progress.update(task, completed=done)
             if stopping:
                 stopped_by = stop.name
@@ -417,51 +310,32 @@ def _every(step: int, n: int) -> bool:
     return n > 0 and step % n == 0
 
 
-def _progress(args: Flags) -> Progress:
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-    )
+def _progress(args: Flags) -> rich.progress.Progress:
+    bar = rich.progress
+    columns = ("[bold]{task.description}", bar.BarColumn(), bar.MofNCompleteColumn())
+    columns += (bar.TimeElapsedColumn(), bar.TimeRemainingColumn())
     disable = args.no_progress or not _device.is_main_process()
-    return Progress(*columns, console=Console(), disable=disable)
+    console = rich.console.Console()
+    return bar.Progress(
+        *columns, "loss {task.fields[loss]}", console=console, disable=disable
+    )
 
 
-def _batch(run: Run, data, seed: tuple[int, ...]):
-    """The batch of `seed`: read whole on one device, else split over the mesh,
-    each process reading only its devices' rows."""
-    c = run.c
+def _batch(run: Run, data, seed: tuple[int, ...]) -> jax.Array:
+    """The batch of `seed`, split over the mesh if any (each process reading only
+    its devices' rows)."""
+    read = lambda rows=slice(None): sample(data, run.c.seq, run.c.batch, seed, rows)
     if run.placement is None:
-        return sample(data, c.seq, c.batch, seed)
-    read = lambda rows: sample(data, c.seq, c.batch, seed, rows)
-    return run.placement.batch_from(read, (c.batch, c.seq + 1))
+        return read()
+    return run.placement.rows(read, (run.c.batch, run.c.seq + 1))
 
 
-def _step(run: Run, state: TrainState, step: int) -> tuple[jax.Array, TrainState]:
-    tokens = _batch(run, run.corpus.train, (run.c.seed, 0, step))
-    return train_step((tokens, jnp.int32(step)), state, run.optimizer, run.placement)
-
-
-def held_out_loss(run: Run, model) -> float:
-    """The mean loss of `--eval-batches` batches of the held-out bytes."""
-    c, total = run.c, 0.0
-    for i in range(run.args.eval_batches):
-        tokens = _batch(run, run.corpus.val, (c.seed, 1, i))
-        total += float(eval_loss(model, tokens))
-    return total / run.args.eval_batches
-
-
-def _row(run, state, done, losses, clock, flops, started) -> dict[str, Any]:
-    """The metrics of the steps since the previous line (see `metrics.jsonl`)."""
+def _row(run, state, done, window, step_s, flops, started) -> dict[str, Any]:
+    """The metrics line of step `done`: `window` holds the losses since the last."""
     args, c = run.args, run.c
     eval_due = args.eval_batches and (done == c.steps or _every(done, args.eval_every))
-    window = [float(x) for x in losses[clock.start - run.first :]]
-    step_s = clock.step_s
     with jax.numpy_dtype_promotion("standard"):
-        lr = float(learning_rate_schedule(c)(done - 1))
+        lr = float(config.learning_rate_schedule(c)(done - 1))
     return {
         "step": done,
         "loss": window[-1],
@@ -478,21 +352,8 @@ def _row(run, state, done, losses, clock, flops, started) -> dict[str, Any]:
     }
 
 
-def _report(run: Run, done: int, stopped_by: str | None, final_eval, saved: bool):
-    """The closing lines: where the run stopped, what was saved, the loss."""
-    c, save_dir = run.c, run.args.save_dir
-    where = (
-        f"saved step {done} to {save_dir}" if saved else "nothing saved (no --save-dir)"
-    )
-    if stopped_by is not None:
-        log.info(
-            f"{stopped_by}: stopped after step {done} of {c.steps}; {where}"
-            + (f"; continue with --resume --save-dir {save_dir}" if saved else "")
-        )
-    else:
-        log.info(f"step {done} of {c.steps}: {where}")
-    if final_eval is not None:
-        log.info(
-            f"held-out loss {final_eval:.4f} "
-            f"({final_eval / math.log(2):.3f} bits/byte) after {done} steps"
-        )
+def held_out_loss(run: Run, transformer: eqx.Module) -> float:
+    """The mean loss of `--eval-batches` batches of the held-out bytes."""
+    n, seed = run.args.eval_batches, run.c.seed
+    val = (_batch(run, run.corpus.val, (seed, 1, i)) for i in range(n))
+    return sum(float(eval_loss(transformer, tokens)) for tokens in val) / n

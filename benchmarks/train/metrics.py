@@ -1,13 +1,13 @@
-"""What a run reports: one JSON line per logged step (`metrics.jsonl`), the same
-scalars as TensorBoard events, a log line on the console, and `loss.png`."""
+"""What a run reports: lines on the console, one JSON line per logged step
+(`metrics.jsonl`), the same scalars as TensorBoard events, and `loss.png`."""
 
+import contextlib
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _device
+from benchmarks import _common, _device
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -24,48 +24,18 @@ TAGS = {
     "hfu": "speed/hfu",
     "peak_bytes": "memory/peak_bytes",
 }
-log = logging.getLogger("train_lm")
 
 
-# -------------------------------------------------------------------------- logging
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the `sys.stderr` of the moment, so that rich's live progress bar,
-    which redirects it, prints log lines above the bar."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-class _Formatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        if record.levelno >= logging.WARNING:
-            return f"{record.levelname.lower()}: {text}"
-        return text
-
-
-def setup_logging() -> None:
-    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(_Formatter())
-        log.addHandler(handler)
-    log.propagate = False
-    # Only process 0 of a multi-host run speaks (errors excepted).
-    log.setLevel(logging.INFO if _device.is_main_process() else logging.ERROR)
+def say(text: str) -> None:
+    """`text` on stderr, from process 0 only (`sys.stderr` of the moment: rich's
+    progress bar redirects it, to print above the bar)."""
+    if _device.is_main_process():
+        print(text, file=sys.stderr, flush=True)
 
 
 def log_line(row: dict[str, Any]) -> str:
-    """The console line of a metrics row: the logged loss (that step's), the
-    average since the previous line, the held-out loss (`eval`), the learning
-    rate and the speed, within 80 columns (steps up to 999,999); where the
-    device tells them, MFU and peak memory on a second, indented line.
-    Everything else is in `metrics.jsonl`."""
+    """The console line of a metrics row, within 80 columns (steps up to 999,999);
+    where the device tells them, MFU and peak memory on a second one."""
     parts = [
         f"step {row['step']:>6}",
         f"loss {row['loss']:.4f} (avg {row['loss_avg']:.4f})",
@@ -84,21 +54,18 @@ def log_line(row: dict[str, Any]) -> str:
     return line if not device else line + "\n" + " " * 13 + "  ".join(device)
 
 
-# ---------------------------------------------------------------------------- files
-
-
 class MetricsWriter:
-    """`run_dir/metrics.jsonl` and TensorBoard event files in `run_dir`, from step
-    `first` on: lines of later steps (of a run that is resumed) are dropped, and
-    TensorBoard is told to drop its events of those steps (`purge_step`)."""
+    """Rows to `run_dir/metrics.jsonl` and TensorBoard events in `run_dir` from
+    step `first` on; the lines and events of later steps (of a resumed run) go."""
 
     def __init__(self, run_dir: Path, first: int) -> None:
         from tensorboardX import SummaryWriter
 
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / METRICS_FILE
-        truncate_metrics(self.path, first)
-        self.jsonl = self.path.open("a")
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= first]
+        self.jsonl = self.path.open("w")
+        self.jsonl.writelines(json.dumps(r) + "\n" for r in kept)
         self.events = SummaryWriter(str(run_dir), purge_step=first or None)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -115,39 +82,24 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
+    """The rows of `path` (none if it is missing), less a line a crash cut short."""
     rows = []
-    for line in path.read_text().splitlines():
-        try:
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
     return rows
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the lines of steps up to `step` (a resumed run writes the rest again)."""
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 def plot_losses(metrics: Path, out: Path) -> None:
-    """The loss curve of `metrics` (training loss, held-out loss) as a PNG."""
-    from benchmarks._common import plt
-
-    pyplot = plt()
+    """The loss curves of `metrics` (training, held out) as a PNG."""
+    pyplot = _common.plt()
     rows = read_metrics(metrics)
+    evals = [r for r in rows if r.get("eval_loss") is not None]
     fig, ax = pyplot.subplots(figsize=(7, 4), layout="constrained")
     ax.plot([r["step"] for r in rows], [r["loss_avg"] for r in rows], label="train")
-    evals = [r for r in rows if r.get("eval_loss") is not None]
     if evals:
-        ax.plot(
-            [r["step"] for r in evals],
-            [r["eval_loss"] for r in evals],
-            "o-",
-            label="held out",
-        )
+        steps, losses = [r["step"] for r in evals], [r["eval_loss"] for r in evals]
+        ax.plot(steps, losses, "o-", label="held out")
     ax.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm.py")
     ax.grid(alpha=0.3)
     ax.legend()

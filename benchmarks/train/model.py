@@ -1,6 +1,5 @@
 """The model, the optimiser and the compiled steps: `zoo.Transformer` over bytes,
-AdamW, a `TrainState` that holds everything a resumed run needs, and where its
-arrays live (`Placement`)."""
+AdamW, the `TrainState` a resumed run needs, and where its arrays live."""
 
 import functools
 from collections.abc import Callable
@@ -29,38 +28,27 @@ class Placement(NamedTuple):
     def params(self, tree):
         return zoo.shard(tree, self.mesh, fsdp=self.fsdp)
 
-    def batch(self, tree):
-        return zoo.shard_batch(tree, self.mesh)
-
-    def batch_from(
-        self, read: Callable[[slice], np.ndarray], shape: tuple[int, ...]
-    ) -> jax.Array:
-        """The global batch of `shape`, split over the mesh like `batch`, from
-        `read(rows)`: each process reads only the rows of its own devices."""
-        spec = PartitionSpec("data", *[None] * (len(shape) - 1))
-        sharding = NamedSharding(self.mesh, spec)
+    def rows(self, read: Callable[[slice], np.ndarray], shape: tuple[int, int]):
+        """The batch of `shape` split over the mesh by rows, from `read(rows)`:
+        each process reads only the rows of its own devices."""
+        sharding = NamedSharding(self.mesh, PartitionSpec("data", None))
         return jax.make_array_from_callback(shape, sharding, lambda i: read(i[0]))
 
 
 def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement | None:
-    """The `Placement` of `--mesh` (`config.mesh_spec`'s value), or `None`."""
-    processes = jax.process_count()
-    if spec is None or (spec[1] is not None and spec[1] != jax.device_count()):
-        if processes > 1:  # a process outside the mesh would have nothing to do
-            given = "none" if spec is None else f"{spec[0]}:{spec[1]}"
-            raise UsageError(
-                f"--mesh {given}: with {processes} processes the mesh must span "
-                f"all {jax.device_count()} devices. Use --mesh auto, dp or fsdp."
-            )
-    if spec is None:
+    """The `Placement` of `--mesh` (`config.mesh_spec`'s value), or `None`; a
+    `UsageError` for a mesh this machine cannot make."""
+    available, processes = jax.device_count(), jax.process_count()
+    if processes > 1 and (spec is None or spec[1] not in (None, available)):
+        given = "none" if spec is None else f"{spec[0]}:{spec[1]}"
+        raise UsageError(  # a process outside the mesh would have nothing to do
+            f"--mesh {given}: with {processes} processes the mesh must span "
+            f"all {available} devices. Use --mesh auto, dp or fsdp."
+        )
+    if spec is None or (spec == ("auto", None) and available == 1):
         return None
-    strategy, n = spec
-    available = jax.device_count()
-    if strategy == "auto":
-        if available == 1:
-            return None
-        strategy, n = "dp", available
-    n = available if n is None else n
+    strategy, n = ("dp", available) if spec[0] == "auto" else spec
+    n = n or available
     if n > available:
         raise UsageError(
             f"--mesh {strategy}:{n}: expected 1 to {available} devices (jax sees "
@@ -85,65 +73,43 @@ class TrainState(NamedTuple):
     key: jax.Array  # uint32 key data; the dropout key of step s is fold_in(key, s)
 
 
-def make_model(c: RunConfig, key) -> zoo.Transformer:
-    return zoo.Transformer(
-        VOCAB_SIZE,
-        c.seq,
-        c.d_model,
-        c.heads,
-        c.layers,
-        d_ff=c.d_ff,
-        dropout=c.dropout,
-        dtype=jnp.dtype(c.dtype),
-        key=key,
-    )
-
-
 def decay_mask(params):
     """AdamW decays the weights of linear layers only (not embeddings, norms or
     biases)."""
 
     def mark(x):
-        if isinstance(x, zoo.Dense):
-            m = jax.tree.map(lambda _: False, x)
-            return eqx.tree_at(lambda lin: lin.weight, m, True)
-        return False
+        if not isinstance(x, zoo.Dense):
+            return False
+        return eqx.tree_at(lambda d: d.weight, jax.tree.map(lambda _: False, x), True)
 
-    is_linear = lambda x: isinstance(x, zoo.Dense)
-    return jax.tree.map(mark, params, is_leaf=is_linear)
+    return jax.tree.map(mark, params, is_leaf=lambda x: isinstance(x, zoo.Dense))
 
 
-# The fields of a `RunConfig` that define its optimiser.
 OPTIMISER_FIELDS = ("steps", "lr", "schedule", "warmup", "min_lr_ratio")
 OPTIMISER_FIELDS += ("weight_decay", "clip")
 
 
 def make_optimizer(c: RunConfig) -> optax.GradientTransformation:
-    """Clipping, then AdamW on the learning-rate schedule. (Cached on the fields
-    that define it: runs that differ only in others, their data or seed, get the
-    same optimiser, and so reuse the compiled step.)"""
+    """Clipping, then AdamW on the learning-rate schedule; one object per value of
+    `OPTIMISER_FIELDS`, so that runs differing only in others reuse the compiled
+    step."""
     return _optimizer(RunConfig(**{f: getattr(c, f) for f in OPTIMISER_FIELDS}))
 
 
 @functools.lru_cache(maxsize=8)
 def _optimizer(c: RunConfig) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(c.clip),
-        optax.adamw(
-            learning_rate_schedule(c),
-            b1=0.9,
-            b2=0.95,
-            weight_decay=c.weight_decay,
-            mask=decay_mask,
-        ),
-    )
+    decay = dict(weight_decay=c.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(learning_rate_schedule(c), b1=0.9, b2=0.95, **decay)
+    return optax.chain(optax.clip_by_global_norm(c.clip), adamw)
 
 
 @eqx.filter_jit
 def init_state(c: RunConfig) -> TrainState:
     """A fresh `TrainState` from `c.seed` (jitted: one compile, not one per op)."""
     model_key, dropout_key = jr.split(jr.key(c.seed))
-    model = make_model(c, model_key)
+    sizes = (VOCAB_SIZE, c.seq, c.d_model, c.heads, c.layers)
+    options = dict(d_ff=c.d_ff, dropout=c.dropout, dtype=jnp.dtype(c.dtype))
+    model = zoo.Transformer(*sizes, **options, key=model_key)
     opt_state = make_optimizer(c).init(eqx.filter(model, eqx.is_array))
     return TrainState(model, opt_state, jnp.int32(0), jr.key_data(dropout_key))
 
@@ -163,10 +129,8 @@ def loss_fn(model: zoo.Transformer, tokens: jax.Array, key: jax.Array | None):
     else:
         keys = jr.split(key, tokens.shape[0])
         logits = jax.vmap(lambda t, k: model(t, key=k))(inputs, keys)
-    losses = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), targets
-    )
-    return jnp.mean(losses)
+    logits = logits.astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
 def step_fn(
@@ -203,18 +167,14 @@ def step_flops(
     state: TrainState, tokens: Any, optimizer: optax.GradientTransformation
 ) -> tuple[int, int]:
     """FLOPs of one training step on the global batch `tokens` (an array or a
-    `jax.ShapeDtypeStruct`): `(model, hardware)`, i.e. with `checkpoint=None` (no
-    recomputation, for MFU) and with the state's own checkpoint (for HFU). Counted
-    by `eqx_remat.count_flops` from the traced step; attention's score and context
-    matmuls count in full (`seq x seq`), without halving for the causal mask."""
+    `jax.ShapeDtypeStruct`), by `eqx_remat.count_flops`: `(model, hardware)`,
+    with `checkpoint=None` (for MFU) and with the state's own (for HFU)."""
 
     def count(s: TrainState) -> int:
         arrays, static = eqx.partition(s, eqx.is_array)
-        fn = lambda a, t: step_fn(
+        step = lambda a, t: step_fn(
             (t, jnp.int32(0)), eqx.combine(a, static), optimizer, None
         )
-        return int(eqx_remat.count_flops(fn, arrays, tokens))
+        return int(eqx_remat.count_flops(step, arrays, tokens))
 
-    hardware = count(state)
-    model = count(eqx_remat.set_checkpoint(state, None))
-    return model, hardware
+    return count(eqx_remat.set_checkpoint(state, None)), count(state)
