@@ -1,9 +1,7 @@
 """How the benchmarks measure (benchmarks/README.md, "How we measure"): a
-preset's variants (ours under each checkpoint, then its peers), compiled for
-memory and FLOPs, timed round-robin in this process or each in its own (for its
-measured peak), or compiled for TPU v5e ahead of time. A variant that does not
-fit (XLA refuses it, it runs out of memory, or it is over `--memory-limit`) is
-a row that says so.
+preset's variants compiled, timed round-robin here or each in its own process,
+or compiled for TPU v5e ahead of time; one row each, which says so where the
+variant does not fit.
 """
 
 import dataclasses
@@ -44,9 +42,11 @@ class Variant:
     build: Callable[[], tuple[Callable, tuple]]
     ours: tuple[str, ...] = ()  # a peer: the checkpoints of ours it is compared with
 
-    def key(self) -> dict[str, Any]:
+    def row(self, **fields: Any) -> dict[str, Any]:
+        """Its row's first fields, then `fields`."""
         k = {"group": self.group, "impl": self.impl, "checkpoint": self.checkpoint}
-        return k | ({"compared_with": list(self.ours)} if self.ours else {})
+        k |= {"compared_with": list(self.ours)} if self.ours else {}
+        return k | {"schedule": self.schedule} | fields
 
 
 def _kind(c: er.Checkpoint) -> str:
@@ -133,12 +133,8 @@ def compile_variant(
 ) -> tuple[dict[str, Any], Any, tuple | None]:
     """`(row, compiled, args)`: compiled memory and FLOPs; `compiled` is `None`
     when the variant does not fit (the row says why)."""
-    row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "fits": True}
-    row |= {
-        "device_kind": _device.device_kind(),
-        "device_count": jax.device_count(),
-        "process_index": jax.process_index(),
-    }
+    row = v.row(fits=True, device_kind=_device.device_kind())
+    row |= {"device_count": jax.device_count(), "process_index": jax.process_index()}
     fn, args = v.build()
     t0 = time.perf_counter()
     try:
@@ -163,11 +159,10 @@ def _run(compiled: Any, args: tuple) -> Any:
 def warm_up(row: dict[str, Any], compiled: Any, args: tuple) -> bool:
     """One step; `row["loss"]`. A run that fails (out of memory) marks the row."""
     try:
-        out = _run(compiled, args)
+        first = jax.tree.leaves(_run(compiled, args))[0]
     except Exception as e:
         row.update(fits=False, error=_common.first_line(e))
         return False
-    first = jax.tree.leaves(out)[0]
     row["loss"] = float(first) if first.ndim == 0 else None
     return True
 
@@ -224,7 +219,7 @@ def measure_isolated(
                 continue
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
         err = f"its process failed (rc {proc.returncode}): {tail}"
-        rows.append({**v.key(), "schedule": v.schedule, "fits": False, "error": err})
+        rows.append(v.row(fits=False, error=err))
     return rows
 
 
@@ -252,8 +247,8 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     reported as `temp_bytes` with `fits: False`. `compile_s` includes counting
     the FLOPs, which `memory_report` does too."""
     fn, args = v.build()
-    row: dict[str, Any] = {**v.key(), "schedule": v.schedule, "target": target}
-    row |= {"device_kind": "TPU v5 lite", "device_count": er.v5e_mesh(target).size}
+    row = v.row(target=target, device_kind="TPU v5 lite")
+    row["device_count"] = er.v5e_mesh(target).size
     t0 = time.perf_counter()
     try:
         report = er.memory_report(fn, *args, target=target)
@@ -282,33 +277,25 @@ def aot_beside(v: Variant) -> dict[str, Any]:
     if _device.device_kind() not in ("TPU v5 lite", "TPU v5e"):
         return {}
     target = f"v5e:{_TOPOLOGY.get(jax.device_count(), '2x2')}"
+    mesh = er.v5e_mesh(target)
+
+    def abstract(x: Any) -> jax.ShapeDtypeStruct:  # the same sharding, on `mesh`
+        spec = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, spec)
+        )
+
+    def build() -> tuple[Callable, Any]:
+        fn, args = v.build()
+        return fn, jax.tree.map(abstract, args)
+
     try:
-        aot = compile_aot(dataclasses.replace(v, build=_abstract(v, target)), target)
+        aot = compile_aot(dataclasses.replace(v, build=build), target)
     except Exception as e:
         return {"aot_target": target, "aot_error": _common.first_line(e)}
-    return {
-        "aot_target": target,
-        "aot_temp_bytes": aot["temp_bytes"],
-        "aot_total_bytes": aot["total_bytes"],
+    return {"aot_target": target} | {
+        f"aot_{k}": aot[k] for k in ("temp_bytes", "total_bytes")
     }
-
-
-def _abstract(v: Variant, target: str) -> Callable:
-    """`v.build`, its arrays as `ShapeDtypeStruct`s on the AOT mesh of `target`."""
-
-    def build():
-        fn, args = v.build()
-        mesh = er.v5e_mesh(target)
-
-        def spec(x):
-            s = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
-            return jax.ShapeDtypeStruct(
-                x.shape, x.dtype, sharding=NamedSharding(mesh, s)
-            )
-
-        return fn, jax.tree.map(spec, args)
-
-    return build
 
 
 # --------------------------------------------------------------------------------------

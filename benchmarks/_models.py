@@ -1,9 +1,6 @@
-"""Presets: what the benchmarks measure, as types.
-
-A preset knows how to build its zoo model, its batch and its loss, which
-checkpoints to compare, and how much one step processes. Every preset is built
-with keyword arguments. The other implementations measured beside ours (the
-peers) are in `benchmarks/_peers.py`.
+"""Presets: what the benchmarks measure. A preset builds its zoo model, batch
+and loss, names the checkpoints to compare and how much one step processes;
+`PRESETS` holds them by name (peers: `_peers.py`).
 """
 
 import dataclasses
@@ -22,15 +19,13 @@ from eqx_remat.internal import is_array_like
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Preset:
-    """A zoo model, its size and batch. The batch is split over the devices
-    whenever they divide it; the parameters are replicated unless `fsdp`."""
+    """A zoo model, its size and batch (split over the devices where they divide
+    it; the parameters replicated unless `fsdp`)."""
 
     batch: int
     layers: int  # the depth of the stack that checkpoints apply to
-    # This preset's own checkpoints, instead of its class's lists.
-    specs: tuple[str, ...] = ()
-    # `batch` is per device: the step's batch is `batch` x the number of devices.
-    per_device: bool = False
+    specs: tuple[str, ...] = ()  # its own checkpoints, instead of its class's
+    per_device: bool = False  # `batch` is per device
 
     CHECKPOINTS: ClassVar[tuple[str, ...]] = ()  # the CPU sweep
     QUICK: ClassVar[tuple[str, ...]] = ("None",)
@@ -46,6 +41,7 @@ class Preset:
         return False
 
     def make(self, checkpoint: er.Checkpoint, key: jax.Array) -> Any:
+        """The zoo model."""
         raise NotImplementedError
 
     def build(self, checkpoint: er.Checkpoint = None, *, abstract: bool = False):
@@ -54,6 +50,7 @@ class Preset:
         return eqx.filter_eval_shape(make) if abstract else make()
 
     def inputs(self, *, abstract: bool = False) -> Any:
+        """The batch (fixed key), or its `ShapeDtypeStruct`s."""
         raise NotImplementedError
 
     def loss(self, model: Any, batch: jax.Array) -> jax.Array:
@@ -84,7 +81,6 @@ class Preset:
 
 
 def _normal(shape: tuple[int, ...], *, abstract: bool) -> Any:
-    """A float32 batch of `shape` (fixed key), or its `ShapeDtypeStruct`."""
     if abstract:
         return jax.ShapeDtypeStruct(shape, jnp.float32)
     return jax.random.normal(jax.random.key(1), shape, jnp.float32)
@@ -127,12 +123,11 @@ class TransformerPreset(Preset):
         )
 
     def make(self, checkpoint, key):
-        make = zoo.Transformer.llama if self.block == "llama" else zoo.Transformer
-        extra = {"attention": self.attention} if self.block == "llama" else {}
-        if self.block == "llama" and self.kv_heads is not None:
-            extra["num_kv_heads"] = self.kv_heads
-        if self.d_ff is not None:
-            extra["d_ff"] = self.d_ff
+        llama = self.block == "llama"
+        extra = {"d_ff": self.d_ff}
+        if llama:
+            extra |= {"attention": self.attention, "num_kv_heads": self.kv_heads}
+        make = zoo.Transformer.llama if llama else zoo.Transformer
         return make(
             vocab_size=self.vocab,
             max_len=self.seq,
@@ -142,7 +137,7 @@ class TransformerPreset(Preset):
             dtype=jnp.dtype(self.dtype),
             checkpoint=checkpoint,
             key=key,
-            **extra,
+            **{k: v for k, v in extra.items() if v is not None},
         )
 
     def inputs(self, *, abstract=False):

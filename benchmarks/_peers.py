@@ -1,9 +1,6 @@
-"""Peers: the same models written by others, measured beside ours (`of(preset)`
-lists a preset's). Each computes the same function as the zoo model on the same
-weights (taken from the zoo model's arrays), so its loss equals ours up to float
-rounding; the transformer peers use the zoo's activation, `zoo.gelu`, so that
-the programs differ in how the layers are stacked and checkpointed, not in the
-model.
+"""Peers: the models of the presets written by others, measured beside ours
+(`of(preset)`). Each computes the zoo model's function on its weights, so its
+loss equals ours up to rounding; the transformer peers use `zoo.gelu`.
 """
 
 import dataclasses
@@ -24,6 +21,9 @@ import zoo
 from . import _models
 
 
+Make = Callable[..., tuple[Callable, Any]]  # (preset, model) -> (fn, params)
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """Another implementation of a preset's model, measured beside ours."""
@@ -31,7 +31,7 @@ class Peer:
     impl: str  # whose: "hand-written", "flax", "eqxi.scan"
     checkpoint: str  # its own label, e.g. "dots", "treeverse(10)"
     ours: tuple[str, ...]  # the labels of our checkpoints it is compared with
-    make: Callable[[Any, Any], tuple[Callable, Any]]
+    make: Make
 
 
 # The policies the transformer peers are measured under (every one of ours).
@@ -41,60 +41,76 @@ TRANSFORMER_POLICIES = ("None", "everything", "dots", "dots_no_batch", "nothing"
 def of(preset: _models.Preset, *, quick: bool) -> tuple[Peer, ...]:
     """The peers of `preset` (`quick`: only the transformer's `"dots"`)."""
     if isinstance(preset, _models.TransformerPreset):
-        return _transformer_peers(quick)
-    if isinstance(preset, _models.ChainPreset) and preset.vmap:
-        return _chain_peers(preset)
-    return ()
-
-
-def _transformer_peers(quick: bool) -> tuple[Peer, ...]:
-    makers = (("hand-written", handwritten_transformer), ("flax", flax_transformer))
-    return tuple(
-        Peer(
-            impl,
-            s,
-            (s,),
-            functools.partial(make, checkpoint=None if s == "None" else s),
+        return tuple(
+            Peer(impl, s, (s,), functools.partial(make, checkpoint=_checkpoint(s)))
+            for impl, make in (
+                ("hand-written", handwritten_transformer),
+                ("flax", flax_transformer),
+            )
+            for s in (("dots",) if quick else TRANSFORMER_POLICIES)
         )
-        for impl, make in makers
-        for s in (("dots",) if quick else TRANSFORMER_POLICIES)
-    )
-
-
-def _chain_peers(preset: _models.ChainPreset) -> tuple[Peer, ...]:
-    log2 = max(1, math.ceil(math.log2(max(2, preset.layers))))
+    if not (isinstance(preset, _models.ChainPreset) and preset.vmap):
+        return ()
+    slots = preset.treeverse or (max(1, math.ceil(math.log2(max(2, preset.layers)))),)
     nested = "nested-scan({}x{})".format(*nested_split(preset.layers))
     return (
-        Peer("hand-written", "None", ("None",), plain_scan_chain),
-        Peer("hand-written", nested, ("nested(2)",), nested_scan_chain),
+        Peer("hand-written", "None", ("None",), _chain(_plain_scan)),
+        Peer("hand-written", nested, ("nested(2)",), _chain(_nested_scan)),
     ) + tuple(
         Peer(
             "eqxi.scan",
             f"treeverse({s})",
             ("recursive()", f"binomial({s})"),
-            functools.partial(treeverse_chain, checkpoints=s),
+            _chain(functools.partial(_treeverse, checkpoints=s)),
         )
-        for s in (preset.treeverse or (log2,))
+        for s in slots
     )
 
 
+def _checkpoint(label: str) -> str | None:
+    return None if label == "None" else label
+
+
 # --------------------------------------------------------------------------------------
-# Transformer peers. The math is the zoo's `_Block`, restated.
+# Transformer peers: the zoo's `_Block`, restated, on the zoo model's weights in
+# Flax's tree (`transformer_params`).
 
 
-def _layer_norm(x, weight, bias, eps=1e-5):
+def transformer_params(model: Any) -> dict[str, Any]:
+    """The zoo Transformer's weights in Flax linen's tree, layers stacked (the
+    kernels are `(in, out)` in both)."""
+    b = model.blocks
+
+    def dense(layer: Any) -> dict[str, Any]:
+        return {"kernel": layer.weight, "bias": layer.bias}
+
+    def norm(layer: Any) -> dict[str, Any]:
+        return {"scale": layer.weight, "bias": layer.bias}
+
+    blocks = {"ln1": norm(b.attention_norm), "qkv": dense(b.qkv), "out": dense(b.out)}
+    blocks |= {"ln2": norm(b.mlp_norm), "mlp_in": dense(b.mlp_in)}
+    blocks |= {"mlp_out": dense(b.mlp_out)}
+    return {
+        "tok": model.token_embedding.weight,
+        "pos": model.position_embedding.weight,
+        "blocks": blocks,
+        "lnf": norm(model.final_norm),
+        "head": {"kernel": model.head.weight},
+    }
+
+
+def _layer_norm(x, p, eps=1e-5):
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.maximum(0.0, jnp.var(x32, axis=-1, keepdims=True))
     out = (x32 - mean) * lax.rsqrt(var + eps)
-    return (weight.astype(jnp.float32) * out + bias.astype(jnp.float32)).astype(x.dtype)
+    scale, bias = p["scale"].astype(jnp.float32), p["bias"].astype(jnp.float32)
+    return (scale * out + bias).astype(x.dtype)
 
 
-def _linear(x, weight, bias=None):
-    y = x @ weight.astype(x.dtype)
-    if bias is not None:
-        y = y + bias.astype(x.dtype)[None, :]
-    return y
+def _dense(x, p):
+    y = x @ p["kernel"].astype(x.dtype)
+    return y + p["bias"].astype(x.dtype)[None, :] if "bias" in p else y
 
 
 def _attention(qkv, seq, heads, head_dim, dtype):
@@ -109,76 +125,44 @@ def _attention(qkv, seq, heads, head_dim, dtype):
     return jnp.einsum("hqk,khd->qhd", weights, v).reshape(seq, heads * head_dim)
 
 
-def transformer_arrays(model: Any) -> dict[str, Any]:
-    """The zoo Transformer's weights as a plain dict of arrays (layers stacked)."""
-    b = model.blocks
-    return {
-        "tok": model.token_embedding.weight,
-        "pos": model.position_embedding.weight,
-        "blocks": {
-            "ln1_w": b.attention_norm.weight,
-            "ln1_b": b.attention_norm.bias,
-            "qkv_w": b.qkv.weight,
-            "qkv_b": b.qkv.bias,
-            "out_w": b.out.weight,
-            "out_b": b.out.bias,
-            "ln2_w": b.mlp_norm.weight,
-            "ln2_b": b.mlp_norm.bias,
-            "in_w": b.mlp_in.weight,
-            "in_b": b.mlp_in.bias,
-            "mlp_w": b.mlp_out.weight,
-            "mlp_b": b.mlp_out.bias,
-        },
-        "lnf_w": model.final_norm.weight,
-        "lnf_b": model.final_norm.bias,
-        "head_w": model.head.weight,
-    }
-
-
 def handwritten_transformer(
     preset: _models.TransformerPreset, model: Any, checkpoint: str | None
 ) -> tuple[Callable, Any]:
-    """`(fn, arrays)`: value_and_grad of the loss of the transformer written by
-    hand: one example at a time, vmapped, blocks applied with
+    """`(fn, params)`: value_and_grad of the loss of the transformer written by
+    hand, one example at a time under `jax.vmap`, its blocks applied with
     `lax.scan(jax.checkpoint(block, policy=er.policy(checkpoint),
     prevent_cse=False))` (no `jax.checkpoint` for `None`)."""
     heads, dtype = preset.heads, jnp.dtype(preset.dtype)
-    pol = er.policy(checkpoint)
 
     def block(x, p):
         seq, d = x.shape
         x = checkpoint_name(x, "layer_input")
-        h = _layer_norm(x, p["ln1_w"], p["ln1_b"])
-        qkv = checkpoint_name(_linear(h, p["qkv_w"], p["qkv_b"]), "qkv_proj")
+        qkv = checkpoint_name(_dense(_layer_norm(x, p["ln1"]), p["qkv"]), "qkv_proj")
         ctx = _attention(qkv, seq, heads, d // heads, x.dtype)
         ctx = checkpoint_name(ctx, "attention_context")
-        x = x + checkpoint_name(_linear(ctx, p["out_w"], p["out_b"]), "out_proj")
-        h = _layer_norm(x, p["ln2_w"], p["ln2_b"])
-        h = checkpoint_name(_linear(h, p["in_w"], p["in_b"]), "mlp_hidden")
-        m = _linear(zoo.gelu(h), p["mlp_w"], p["mlp_b"])
+        x = x + checkpoint_name(_dense(ctx, p["out"]), "out_proj")
+        h = _dense(_layer_norm(x, p["ln2"]), p["mlp_in"])
+        m = _dense(zoo.gelu(checkpoint_name(h, "mlp_hidden")), p["mlp_out"])
         return x + checkpoint_name(m, "mlp_out"), None
 
-    if pol is not None:
-        block = jax.checkpoint(block, policy=pol, prevent_cse=False)
+    if (policy := er.policy(checkpoint)) is not None:
+        block = jax.checkpoint(block, policy=policy, prevent_cse=False)
 
     def forward(a, tokens):
-        seq = tokens.shape[0]
-        x = (a["tok"][tokens] + a["pos"][:seq]).astype(dtype)
-        x = lax.scan(block, x, a["blocks"])[0]
-        x = _layer_norm(x, a["lnf_w"], a["lnf_b"])
-        return _linear(x, a["head_w"]).astype(jnp.float32)
+        x = (a["tok"][tokens] + a["pos"][: tokens.shape[0]]).astype(dtype)
+        x = _layer_norm(lax.scan(block, x, a["blocks"])[0], a["lnf"])
+        return _dense(x, a["head"]).astype(jnp.float32)
 
     def loss(a, tokens):
-        return _models.cross_entropy(
-            jax.vmap(forward, in_axes=(None, 0))(a, tokens), tokens
-        )
+        logits = jax.vmap(forward, in_axes=(None, 0))(a, tokens)
+        return _models.cross_entropy(logits, tokens)
 
-    return jax.value_and_grad(loss), transformer_arrays(model)
+    return jax.value_and_grad(loss), transformer_params(model)
 
 
-def _flax_lm(preset: _models.TransformerPreset, d_ff: int, pol: Any) -> Any:
+def _flax_lm(preset: _models.TransformerPreset, d_ff: int, policy: Any) -> Any:
     """The transformer as Flax linen modules, batch-major, blocks stacked with
-    `nn.scan(nn.remat(Block, policy=pol, prevent_cse=False))`."""
+    `nn.scan(nn.remat(Block, policy=policy, prevent_cse=False))`."""
     import flax.linen as nn
 
     dtype, heads = jnp.dtype(preset.dtype), preset.heads
@@ -204,7 +188,9 @@ def _flax_lm(preset: _models.TransformerPreset, d_ff: int, pol: Any) -> Any:
             m = nn.Dense(d, dtype=dtype, name="mlp_out")(zoo.gelu(h))
             return x + checkpoint_name(m, "mlp_out"), None
 
-    block = Block if pol is None else nn.remat(Block, policy=pol, prevent_cse=False)
+    block = (
+        Block if policy is None else nn.remat(Block, policy=policy, prevent_cse=False)
+    )
     stack = nn.scan(
         block,
         variable_axes={"params": 0},
@@ -226,39 +212,16 @@ def _flax_lm(preset: _models.TransformerPreset, d_ff: int, pol: Any) -> Any:
     return LM()
 
 
-def _flax_params(a: dict[str, Any]) -> dict[str, Any]:
-    """`transformer_arrays` in Flax's tree (the kernels are `(in, out)` in both)."""
-    bl = a["blocks"]
-
-    def dense(w, b):
-        return {"kernel": bl[w], "bias": bl[b]}
-
-    return {
-        "tok": a["tok"],
-        "pos": a["pos"],
-        "blocks": {
-            "ln1": {"scale": bl["ln1_w"], "bias": bl["ln1_b"]},
-            "qkv": dense("qkv_w", "qkv_b"),
-            "out": dense("out_w", "out_b"),
-            "ln2": {"scale": bl["ln2_w"], "bias": bl["ln2_b"]},
-            "mlp_in": dense("in_w", "in_b"),
-            "mlp_out": dense("mlp_w", "mlp_b"),
-        },
-        "lnf": {"scale": a["lnf_w"], "bias": a["lnf_b"]},
-        "head": {"kernel": a["head_w"]},
-    }
-
-
 def flax_transformer(
     preset: _models.TransformerPreset, model: Any, checkpoint: str | None
 ) -> tuple[Callable, Any]:
     """`(fn, params)`: value_and_grad of the loss of the transformer in Flax linen
-    (`_flax_lm`), with the zoo model's weights."""
+    (`_flax_lm`), with the zoo model's weights. Raises `AssertionError` where
+    the two trees of weights differ."""
     lm = _flax_lm(preset, model.d_ff, er.policy(checkpoint))
-    params = _flax_params(transformer_arrays(model))
-    expected = jax.eval_shape(
-        lm.init, jax.random.key(0), jnp.zeros((1, preset.seq), jnp.int32)
-    )["params"]
+    params = transformer_params(model)
+    tokens = jnp.zeros((1, preset.seq), jnp.int32)
+    expected = jax.eval_shape(lm.init, jax.random.key(0), tokens)["params"]
     if jax.tree.structure(expected) != jax.tree.structure(params):
         raise AssertionError(
             f"Flax params do not match: {jax.tree.structure(expected)} vs "
@@ -272,44 +235,38 @@ def flax_transformer(
 
 
 # --------------------------------------------------------------------------------------
-# ResidualChain peers (batch-major, like a user would write them).
+# ResidualChain peers, batch-major: `run(layer, p, x)` applies the layers.
 
 
-def chain_arrays(model: Any) -> tuple[jax.Array, jax.Array]:
-    return model.layers.linear.weight, model.layers.linear.bias
+def _chain(run: Callable) -> Make:
+    """A chain peer: value_and_grad of the mean square of `run(layer, p, x)`, on
+    the zoo chain's stacked weight and bias `p`."""
+
+    def make(preset: _models.ChainPreset, model: Any) -> tuple[Callable, Any]:
+        step = 1.0 / preset.depth
+
+        def layer(x, p):
+            w, b = p  # `equinox.nn.Linear`'s: the weight is (out, in)
+            return x + step * jnp.tanh(x @ w.T + b[None, :]), None
+
+        def loss(p, x):
+            return jnp.mean(run(layer, p, x) ** 2)
+
+        linear = model.layers.linear
+        return jax.value_and_grad(loss), (linear.weight, linear.bias)
+
+    return make
 
 
-def _chain_layer(depth: int):
-    step = 1.0 / depth
-
-    def layer(x, p):
-        w, b = p  # `equinox.nn.Linear`'s: the weight is (out, in)
-        return x + step * jnp.tanh(x @ w.T + b[None, :]), None
-
-    return layer
+def _plain_scan(layer, p, x):
+    """One `lax.scan`, no checkpointing."""
+    return lax.scan(layer, x, p)[0]
 
 
-def _chain_loss(run: Callable) -> Callable:
-    return jax.value_and_grad(lambda p, x: jnp.mean(run(p, x) ** 2))
-
-
-def plain_scan_chain(preset: _models.ChainPreset, model: Any) -> tuple[Callable, Any]:
-    """One batch-major `lax.scan`, no checkpointing."""
-    layer = _chain_layer(preset.depth)
-    return _chain_loss(lambda p, x: lax.scan(layer, x, p)[0]), chain_arrays(model)
-
-
-def treeverse_chain(
-    preset: _models.ChainPreset, model: Any, checkpoints: int
-) -> tuple[Callable, Any]:
-    """`equinox.internal.scan(kind="checkpointed", checkpoints=checkpoints)`:
-    online treeverse with that many stored carries."""
-    layer = _chain_layer(preset.depth)
-
-    def run(p, x):
-        return eqxi.scan(layer, x, p, kind="checkpointed", checkpoints=checkpoints)[0]
-
-    return _chain_loss(run), chain_arrays(model)
+def _treeverse(layer, p, x, checkpoints):
+    """`equinox.internal.scan(kind="checkpointed")`: online treeverse with
+    `checkpoints` stored carries."""
+    return eqxi.scan(layer, x, p, kind="checkpointed", checkpoints=checkpoints)[0]
 
 
 def nested_split(depth: int) -> tuple[int, int]:
@@ -319,19 +276,14 @@ def nested_split(depth: int) -> tuple[int, int]:
     return depth // inner, inner
 
 
-def nested_scan_chain(preset: _models.ChainPreset, model: Any) -> tuple[Callable, Any]:
+def _nested_scan(layer, p, x):
     """A 2-level nested `lax.scan`: `outer` segments of `inner` layers, each
     segment under `jax.checkpoint` (the √D schedule written by hand)."""
-    outer, inner = nested_split(preset.depth)
-    layer = _chain_layer(preset.depth)
+    outer, inner = nested_split(p[0].shape[0])
 
+    @functools.partial(jax.checkpoint, prevent_cse=False)
     def segment(x, p):
         return lax.scan(layer, x, p)[0], None
 
-    segment = jax.checkpoint(segment, prevent_cse=False)
-
-    def run(p, x):
-        p = jax.tree.map(lambda a: a.reshape(outer, inner, *a.shape[1:]), p)
-        return lax.scan(segment, x, p)[0]
-
-    return _chain_loss(run), chain_arrays(model)
+    p = jax.tree.map(lambda a: a.reshape(outer, inner, *a.shape[1:]), p)
+    return lax.scan(segment, x, p)[0]

@@ -1,13 +1,12 @@
-"""The project's performance targets, defined once as data: what is measured,
-the threshold, and on which presets. The script that measures evaluates them on
-its rows and stores the verdicts in its JSON; `report.py` only formats them.
-
-A verdict is `met: true/false`, or `null` where this run could not measure the
-figure (no timings when compiling for a TPU ahead of time).
+"""The project's performance targets, as data: what is measured, the threshold,
+on which presets. `evaluate(rows, presets)` gives the verdicts the measuring
+scripts store in their JSON (`report.py` only formats them): `met` is
+true/false, or `null` where the run could not measure the figure.
 """
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,8 +15,14 @@ from . import _models
 
 
 Rows = Sequence[dict[str, Any]]
+Verdict = dict[str, Any]
 _PHRASE = {"temp_bytes": "temp memory", "flops": "FLOPs", "step_s": "step time"}
 _PAIR = {"temp_bytes": "temp_ratio", "flops": "flops_ratio", "step_s": "time_ratio"}
+NOISY = "CPU timings on a shared 2-core machine are noisy"
+NOTHING_BETWEEN = (
+    "no budget lies between two uniform checkpoints of the frontier: one of them "
+    "is both the smallest and the fastest"
+)
 
 
 def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
@@ -28,8 +33,8 @@ def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def _picks(rows: Rows, group: str) -> list[dict[str, Any]]:
-    return [r for r in rows if r["group"] == group and r.get("kind") == "pick"]
+def _kind(rows: Rows, kind: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("kind") == kind]
 
 
 def _ratio(a: dict | None, b: dict | None, metric: str) -> float | None:
@@ -38,81 +43,88 @@ def _ratio(a: dict | None, b: dict | None, metric: str) -> float | None:
     return a[metric] / b[metric]
 
 
-def _verdict(name, group, metric, limit, value, measured, why="", at_least=False):
-    """One verdict: `value` against `limit` (at most, or `at_least`)."""
-    met = (
-        None if value is None else bool(value >= limit if at_least else value <= limit)
+def _verdict(target, metric, threshold, value, measured, why="", at_least=False):
+    """`value` against `threshold`: at most it, or `at_least`."""
+    if value is None:
+        met, measured = None, "not measured here"
+    else:
+        met = bool(value >= threshold if at_least else value <= threshold)
+    return dict(
+        target=target,
+        metric=metric,
+        threshold=threshold,
+        value=value,
+        met=met,
+        measured=measured,
+        why=why,
     )
-    return [
-        {
-            "name": f"{group}: {name}",
-            "target": name,
-            "preset": group,
-            "metric": metric,
-            "threshold": limit,
-            "value": value,
-            "met": met,
-            "measured": measured if value is not None else "not measured here",
-            "why": why,
-        }
-    ]
+
+
+def _check(judge: Callable[..., Verdict | None]) -> Callable[..., list[Verdict]]:
+    """`judge(rows, group, preset, *params)`, given only `group`'s rows, as a
+    check: `check(rows, group, preset, *params)` -> its verdicts (none where the
+    run did not measure what the target needs), named after `group`."""
+
+    @functools.wraps(judge)
+    def check(rows: Rows, group: str, preset: Any, *params: Any) -> list[Verdict]:
+        v = judge([r for r in rows if r["group"] == group], group, preset, *params)
+        if v is None:
+            return []
+        return [{"name": f"{group}: {v['target']}", "target": "", "preset": group} | v]
+
+    return check
 
 
 # --------------------------------------------------------------------------------------
-# The evaluators: `check(rows, group, preset, *params)` -> the verdicts (none where
-# the run did not measure what the target needs).
+# The sweep's targets (run.py, seed_claim.py).
 
 
+@_check
 def vs_none(rows, group, preset, checkpoint: str, metric: str, at_most: float):
     """Our `checkpoint`'s `metric` is at most `at_most` x `None`'s."""
     ours = _ours(rows, group)
     if checkpoint not in ours or "None" not in ours:
-        return []
+        return None
     x = _ratio(ours[checkpoint], ours["None"], metric)
     name = f"{checkpoint!r} {_PHRASE[metric]} <= {at_most:.2f}x None"
-    return _verdict(name, group, metric, at_most, x, "" if x is None else f"{x:.3f}x")
+    return _verdict(name, metric, at_most, x, "" if x is None else f"{x:.3f}x")
 
 
+@_check
 def vs_peer(rows, group, preset, impl, metric, at_most, schedule=None, cpu_note=""):
-    """Ours / a peer's `metric`, for every pair with peers of `impl` (only our
-    schedules of kind `schedule`, if given), at most `at_most`. `cpu_note` is
-    said beside the verdict when the group's rows were measured on a CPU."""
+    """Ours / peer `impl`'s `metric`, every pair (of our `schedule` only, if
+    given), at most `at_most`; `cpu_note` is the note for CPU rows."""
     pairs = [
         p
         for p in peer_pairs(rows)
-        if p["group"] == group
-        and p["impl"] == impl
-        and (schedule is None or p["schedule"] == schedule)
+        if p["impl"] == impl and schedule in (None, p["schedule"])
     ]
     if not pairs:
-        return []
+        return None
     key = _PAIR[metric]
     ratios = [p[key] for p in pairs]
-    worst = None if None in ratios else max(ratios)
-    what = "every pair" if schedule is None else schedule
-    name = f"{_PHRASE[metric]} <= {at_most:.2f}x {impl} ({what})"
+    name = f"{_PHRASE[metric]} <= {at_most:.2f}x {impl} ({schedule or 'every pair'})"
     measured = ", ".join(
         f"{p['ours']} / {p['peer']} {p[key]:.3f}x" for p in pairs if p[key] is not None
     )
-    on_cpu = any(r.get("device_kind") == "cpu" for r in rows if r["group"] == group)
-    return _verdict(
-        name, group, metric, at_most, worst, measured, cpu_note if on_cpu else ""
-    )
+    on_cpu = any(r.get("device_kind") == "cpu" for r in rows)
+    worst = None if None in ratios else max(ratios)
+    return _verdict(name, metric, at_most, worst, measured, cpu_note if on_cpu else "")
 
 
+@_check
 def every_checkpoint(rows, group, preset, layers=0, skip=("None", "everything")):
-    """Every checkpoint (but `skip`) uses at most `None`'s temp memory plus
-    `layers` layers' parameters."""
+    """Every checkpoint but `skip` uses at most `None`'s temp memory plus `layers`
+    layers' parameters (`preset.layer_param_bytes()`)."""
     ours = _ours(rows, group)
     base = ours.get("None", {}).get("temp_bytes")
     others = [
         r for c, r in ours.items() if c not in skip and r.get("temp_bytes") is not None
     ]
     if not base or not others:
-        return []
+        return None
     worst = max(others, key=lambda r: r["temp_bytes"])
     x = worst["temp_bytes"] / (base + layers * preset.layer_param_bytes())
-    extra = f" + {layers} layers' parameters" if layers else ""
     measured = (
         f"largest: {worst['checkpoint']} at {worst['temp_bytes'] / base:.3f}x None"
     )
@@ -124,17 +136,36 @@ def every_checkpoint(rows, group, preset, layers=0, skip=("None", "everything"))
             "the relaxed one below (+ 2 layers' parameters): a checkpoint "
             "may hold a layer's parameters or their gradient once more"
         )
+    extra = f" + {layers} layers' parameters" if layers else ""
     name = f"every checkpoint's temp memory <= None's{extra}"
-    return _verdict(name, group, "temp_bytes", 1.0, x, measured, why)
+    return _verdict(name, "temp_bytes", 1.0, x, measured, why)
 
 
-# The planner's sweep (plan_sweep.py): rows of kind "pick" (one per budget),
-# "uniform" (one per uniform candidate), "planning" and "timed".
+def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
+    """Each peer row beside each of our rows it is compared with (the peer's
+    `compared_with`): ratios ours / peer, and both losses."""
+    out = []
+    for p in rows:
+        for spec in p.get("compared_with", ()):
+            o = _ours(rows, p["group"]).get(spec)
+            if o is None:
+                continue
+            pair = {"group": p["group"], "ours": spec, "schedule": o["schedule"]}
+            pair |= {"impl": p["impl"], "peer": f"{p['impl']} {p['checkpoint']}"}
+            pair |= {key: _ratio(o, p, metric) for metric, key in _PAIR.items()}
+            if o.get("loss") is not None and p.get("loss") is not None:
+                diff = abs(o["loss"] - p["loss"])
+                pair |= {
+                    "loss_abs_diff": diff,
+                    "losses_equal": diff <= 1e-4 * max(1.0, abs(o["loss"])),
+                }
+            out.append(pair)
+    return out
 
-NOTHING_BETWEEN = (
-    "no budget lies between two uniform checkpoints of the frontier: one of them "
-    "is both the smallest and the fastest"
-)
+
+# --------------------------------------------------------------------------------------
+# The planner's targets (plan_sweep.py: rows of kind "pick", one per budget,
+# "uniform", "planning", "timed"; batch_sweep.py: "pick", "combination").
 
 
 def pareto(rows: Rows, time: str) -> list[dict[str, Any]]:
@@ -152,26 +183,15 @@ def _between(front: Rows, budget: int) -> bool:
     return any(lo < budget < hi for lo, hi in zip(memories, memories[1:]))
 
 
-def uniform_frontier(rows: Rows, group: str) -> list[dict[str, Any]]:
-    """The compiled uniform candidates that no other beats in both memory and
-    estimated time, least memory first."""
-    uniform = [
-        r
-        for r in rows
-        if r["group"] == group and r.get("kind") == "uniform" and r["compiled"]
-    ]
-    return pareto(uniform, "time_s")
-
-
 def between_uniform(rows: Rows, group: str, budget: int) -> bool:
     """Whether `budget` lies strictly between the memories of two neighbours on
-    the uniform candidates' frontier (where a mix can cost less than both)."""
-    return _between(uniform_frontier(rows, group), budget)
+    the frontier of the compiled uniform candidates (estimated times)."""
+    uniform = [r for r in _kind(rows, "uniform") if r["group"] == group]
+    return _between(pareto([r for r in uniform if r["compiled"]], "time_s"), budget)
 
 
 def between_measured(timed: Rows, budget: int) -> bool:
-    """Whether `budget` lies strictly between the memories of two neighbours on
-    the frontier of the uniform checkpoints as measured (timed rows)."""
+    """The same on the uniform checkpoints as measured (`timed` rows)."""
     return _between(pareto([r for r in timed if r["uniform"]], "measured_s"), budget)
 
 
@@ -181,153 +201,6 @@ def clock_ratio(pick: dict[str, Any]) -> float:
     if pick.get("clock_ratio") is not None:
         return pick["clock_ratio"]
     return pick["measured_s"] / pick["best_uniform_measured_s"]
-
-
-def _share(name, group, metric, at_least, between, gains):
-    """At `at_least` of the budgets `between` uniform points, the pick wins
-    (`gains`: its fractions of time saved where it does)."""
-    share = len(gains) / len(between) if between else None
-    measured = f"{len(gains)} of {len(between)} budgets" + (
-        f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)" if gains else ""
-    )
-    why = "" if between else NOTHING_BETWEEN
-    return _verdict(name, group, metric, at_least, share, measured, why, True)
-
-
-def pick_fits(rows, group, preset):
-    """At every budget the planner's pick fits when compiled: the largest
-    compiled memory / budget is at most 1."""
-    picks = _picks(rows, group)
-    if not picks:
-        return []
-    worst = max(
-        math.inf if not r["fits"] else r["compiled_bytes"] / r["budget_bytes"]
-        for r in picks
-    )
-    misses = sum(not r["fits"] for r in picks)
-    measured = (
-        f"{len(picks) - misses} of {len(picks)} budgets; largest "
-        + ("n/a" if math.isinf(worst) else f"{worst:.3f}x")
-        + " of the budget"
-    )
-    name = "at every budget the pick fits when compiled"
-    return _verdict(name, group, "memory_bytes", 1.0, worst, measured)
-
-
-def pick_vs_uniform(rows, group, preset, at_most=1.0 + 1e-9):
-    """At every budget the pick's estimated step time is at most `at_most` x
-    that of the best uniform candidate that fits."""
-    picks = [r for r in _picks(rows, group) if r.get("best_uniform_time_s") is not None]
-    if not picks:
-        return []
-    worst = max(
-        (r["time_s"] / r["best_uniform_time_s"]) if r.get("time_s") else math.inf
-        for r in picks
-    )
-    name = "pick's est. time <= best fitting uniform candidate's (every budget)"
-    measured = f"{worst:.3f}x at worst ({len(picks)} budgets)"
-    return _verdict(name, group, "time_s", at_most, worst, measured)
-
-
-def cheaper_between(rows, group, preset, at_least=0.5):
-    """At `at_least` of the budgets between uniform points (`between_uniform`),
-    the pick costs strictly less than the best uniform candidate that fits."""
-    picks = _picks(rows, group)
-    if not picks:
-        return []
-    between = [r for r in picks if between_uniform(rows, group, r["budget_bytes"])]
-    gains = [
-        1 - r["time_s"] / r["best_uniform_time_s"]
-        for r in between
-        if r.get("time_s") is not None
-        and r["time_s"] < r["best_uniform_time_s"] * (1 - 1e-6)
-    ]
-    name = (
-        f"pick strictly cheaper at >= {at_least:.0%} of the budgets "
-        "between uniform points"
-    )
-    return _share(name, group, "time_s", at_least, between, gains)
-
-
-def predicted_within(rows, group, preset, rel=0.05):
-    """Every compiled pick's predicted memory is within `rel` of its compiled
-    memory: the largest |predicted - compiled| / compiled."""
-    picks = [
-        r
-        for r in _picks(rows, group)
-        if r.get("compiled_bytes") and r.get("predicted_bytes") is not None
-    ]
-    if not picks:
-        return []
-    worst = max(
-        abs(r["predicted_bytes"] - r["compiled_bytes"]) / r["compiled_bytes"]
-        for r in picks
-    )
-    name = f"pick's predicted memory within {rel:.0%} of compiled"
-    measured = f"{100 * worst:.2f}% at worst ({len(picks)} picks)"
-    return _verdict(name, group, "memory_bytes", rel, worst, measured)
-
-
-def planning_cost(rows, group, preset, compiles=30, seconds=600.0):
-    """Planning every budget of the sweep takes at most `compiles` full
-    compiles and `seconds` of wall time (on the machine that ran it)."""
-    runs = [r for r in rows if r["group"] == group and r["kind"] == "planning"]
-    if not runs:
-        return []
-    (r,) = runs
-    worst = max(r["compiles"] / compiles, r["seconds"] / seconds)
-    name = (
-        f"{r['budgets']} budgets planned in <= {compiles} compiles and "
-        f"<= {seconds / 60:.0f} minutes"
-    )
-    measured = (
-        f"{r['compiles']} compiles, {r['seconds']:.0f} s "
-        f"(load average {r['load_average']:.1f})"
-    )
-    return _verdict(name, group, "compiles", 1.0, worst, measured)
-
-
-def _raced(group, picks, ratios, at_most, value, rivals):
-    """The pick against the fastest of `rivals` that fits, at every budget:
-    `ratios`, its time over that one's in the same interleaved rounds."""
-    spread = max(r["spread"] for r in picks)
-    name = f"measured: pick <= {at_most:.2f}x the fastest fitting {rivals}"
-    measured = (
-        f"{max(ratios):.3f}x at worst, {min(ratios):.3f}x at best "
-        f"({len(picks)} budgets; spread up to {100 * spread:.1f}%)"
-    )
-    return _verdict(name, group, "step_s", at_most, value, measured)
-
-
-def _clock_picks(rows: Rows, group: str) -> list[dict[str, Any]]:
-    return [r for r in _picks(rows, group) if r.get("best_uniform_measured_s")]
-
-
-def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
-    """By the clock, at every budget: the pick's measured step time is at
-    most `at_most` x that of the fastest uniform checkpoint that fits,
-    measured in the same interleaved rounds."""
-    picks = _clock_picks(rows, group)
-    if not picks:
-        return []
-    ratios = [clock_ratio(r) for r in picks]
-    rivals = "uniform checkpoint (every budget)"
-    return _raced(group, picks, ratios, at_most, max(ratios), rivals)
-
-
-def clock_faster_between(rows, group, preset, at_least=0.5):
-    """By the clock: at `at_least` of the budgets between uniform points, the
-    pick is strictly faster than the fastest uniform checkpoint that fits."""
-    picks = _clock_picks(rows, group)
-    if not picks:
-        return []
-    between = [r for r in picks if r.get("clock_between")]
-    gains = [1 - clock_ratio(r) for r in between if clock_ratio(r) < 1.0]
-    name = (
-        f"measured: pick faster at >= {at_least:.0%} of the budgets "
-        "between uniform points"
-    )
-    return _share(name, group, "step_s", at_least, between, gains)
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -350,15 +223,163 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+@_check
+def pick_fits(rows, group, preset):
+    """The largest compiled memory of a pick / its budget (`inf`: one does
+    not fit) is at most 1."""
+    if not (picks := _kind(rows, "pick")):
+        return None
+    worst = max(
+        r["compiled_bytes"] / r["budget_bytes"] if r["fits"] else math.inf
+        for r in picks
+    )
+    fitting = sum(r["fits"] for r in picks)
+    largest = "n/a" if math.isinf(worst) else f"{worst:.3f}x"
+    measured = f"{fitting} of {len(picks)} budgets; largest {largest} of the budget"
+    name = "at every budget the pick fits when compiled"
+    return _verdict(name, "memory_bytes", 1.0, worst, measured)
+
+
+@_check
+def pick_vs_uniform(rows, group, preset, at_most=1.0 + 1e-9):
+    """Every pick's estimated step time / the best fitting uniform candidate's."""
+    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_time_s") is not None]
+    if not picks:
+        return None
+    worst = max(
+        r["time_s"] / r["best_uniform_time_s"] if r.get("time_s") else math.inf
+        for r in picks
+    )
+    name = "pick's est. time <= best fitting uniform candidate's (every budget)"
+    measured = f"{worst:.3f}x at worst ({len(picks)} budgets)"
+    return _verdict(name, "time_s", at_most, worst, measured)
+
+
+@_check
+def predicted_within(rows, group, preset, rel=0.05):
+    """The largest |predicted - compiled| / compiled memory of a pick."""
+    picks = [
+        r
+        for r in _kind(rows, "pick")
+        if r.get("compiled_bytes") and r.get("predicted_bytes") is not None
+    ]
+    if not picks:
+        return None
+    worst = max(
+        abs(r["predicted_bytes"] - r["compiled_bytes"]) / r["compiled_bytes"]
+        for r in picks
+    )
+    name = f"pick's predicted memory within {rel:.0%} of compiled"
+    measured = f"{100 * worst:.2f}% at worst ({len(picks)} picks)"
+    return _verdict(name, "memory_bytes", rel, worst, measured)
+
+
+@_check
+def planning_cost(rows, group, preset, compiles=30, seconds=600.0):
+    """Planning every budget takes at most `compiles` compiles and `seconds`."""
+    if not (runs := _kind(rows, "planning")):
+        return None
+    (r,) = runs
+    worst = max(r["compiles"] / compiles, r["seconds"] / seconds)
+    name = (
+        f"{r['budgets']} budgets planned in <= {compiles} compiles and "
+        f"<= {seconds / 60:.0f} minutes"
+    )
+    measured = (
+        f"{r['compiles']} compiles, {r['seconds']:.0f} s "
+        f"(load average {r['load_average']:.1f})"
+    )
+    return _verdict(name, "compiles", 1.0, worst, measured)
+
+
+def _share(name, metric, at_least, between, gains):
+    """At `at_least` of the budgets `between` uniform points the pick wins
+    (`gains`: its fractions of time saved where it does)."""
+    share = len(gains) / len(between) if between else None
+    measured = f"{len(gains)} of {len(between)} budgets" + (
+        f" ({100 * min(gains):.1f}%–{100 * max(gains):.1f}% less time)" if gains else ""
+    )
+    why = "" if between else NOTHING_BETWEEN
+    return _verdict(name, metric, at_least, share, measured, why, True)
+
+
+@_check
+def cheaper_between(rows, group, preset, at_least=0.5):
+    """Estimated: the pick costs strictly less than the best fitting uniform
+    candidate at `at_least` of the budgets `between_uniform`."""
+    if not (picks := _kind(rows, "pick")):
+        return None
+    between = [r for r in picks if between_uniform(rows, group, r["budget_bytes"])]
+    gains = [
+        1 - r["time_s"] / r["best_uniform_time_s"]
+        for r in between
+        if r.get("time_s") is not None
+        and r["time_s"] < r["best_uniform_time_s"] * (1 - 1e-6)
+    ]
+    name = (
+        f"pick strictly cheaper at >= {at_least:.0%} of the budgets "
+        "between uniform points"
+    )
+    return _share(name, "time_s", at_least, between, gains)
+
+
+@_check
+def clock_faster_between(rows, group, preset, at_least=0.5):
+    """By the clock: the pick is strictly faster than the fastest fitting
+    uniform checkpoint at `at_least` of the budgets between uniform points."""
+    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_measured_s")]
+    if not picks:
+        return None
+    between = [r for r in picks if r.get("clock_between")]
+    gains = [1 - clock_ratio(r) for r in between if clock_ratio(r) < 1.0]
+    name = (
+        f"measured: pick faster at >= {at_least:.0%} of the budgets "
+        "between uniform points"
+    )
+    return _share(name, "step_s", at_least, between, gains)
+
+
+def _raced(picks, ratios, at_most, value, rivals):
+    """The pick against the fastest fitting of `rivals`, timed in the same
+    interleaved rounds: `ratios`, its time over that one's per budget."""
+    spread = max(r["spread"] for r in picks)
+    name = f"measured: pick <= {at_most:.2f}x the fastest fitting {rivals}"
+    measured = (
+        f"{max(ratios):.3f}x at worst, {min(ratios):.3f}x at best "
+        f"({len(picks)} budgets; spread up to {100 * spread:.1f}%)"
+    )
+    return _verdict(name, "step_s", at_most, value, measured)
+
+
+@_check
+def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
+    """By the clock, every budget: the pick / the fastest fitting uniform."""
+    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_measured_s")]
+    if not picks:
+        return None
+    ratios = [clock_ratio(r) for r in picks]
+    rivals = "uniform checkpoint (every budget)"
+    return _raced(picks, ratios, at_most, max(ratios), rivals)
+
+
+@_check
+def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
+    """By the clock, every budget: the batch plan's pick fits, and its time /
+    the fastest fitting (checkpoint x micro-batches x loss chunking)'s."""
+    if not (picks := _kind(rows, "pick")):
+        return None
+    ratios = [r["ratio"] for r in picks]
+    value = max(ratios) if all(r["fits"] for r in picks) else math.inf
+    rivals = "(uniform checkpoint x micro-batches x loss chunking), every budget"
+    return _raced(picks, ratios, at_most, value, rivals)
+
+
+@_check
 def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
-    """Over every checkpoint timed afresh (the frontier's points, the picks
-    and the uniform candidates: the frontier by the clock alone has two or
-    three points, too few to rank): Spearman's rank correlation of `key` (the
-    planner's predicted time, or the roofline's) with the measured time is
-    at least `at_least`."""
-    timed = [r for r in rows if r["group"] == group and r["kind"] == "timed"]
-    if not timed:
-        return []
+    """Spearman's rank correlation of `key` (the planner's predicted time, or
+    the roofline's) with the measured time, over every checkpoint timed."""
+    if not (timed := _kind(rows, "timed")):
+        return None
     rho = spearman([r[key] for r in timed], [r["measured_s"] for r in timed])
     front = [r for r in timed if r["on_frontier"]]
     on = spearman([r[key] for r in front], [r["measured_s"] for r in front])
@@ -373,111 +394,64 @@ def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
         + ("n/a" if on is None else f"{on:.3f}")
         + f" over the {len(front)} on the frontier"
     )
-    return _verdict(name, group, "step_s", at_least, rho, measured, at_least=True)
+    return _verdict(name, "step_s", at_least, rho, measured, at_least=True)
 
 
-def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
-    """By the clock, at every budget: the planner's (micro-batches, loss
-    chunking, checkpoint) fits, and runs a global batch in at most `at_most`
-    x the time of the fastest (uniform checkpoint x micro-batches x loss
-    chunking) that fits, timed in the same interleaved rounds."""
-    picks = _picks(rows, group)
-    if not picks:
-        return []
-    ratios = [r["ratio"] for r in picks]
-    value = max(ratios) if all(r["fits"] for r in picks) else math.inf
-    rivals = "(uniform checkpoint x micro-batches x loss chunking), every budget"
-    return _raced(group, picks, ratios, at_most, value, rivals)
-
-
+@_check
 def batch_planning_cost(rows, group, preset, at_most=3.0):
-    """Planning a batch costs at most `at_most` x a checkpoint-only plan of
-    the same model and budget, both from an empty plan cache."""
-    timed = [r for r in _picks(rows, group) if r.get("plain_plan_s")]
-    if not timed:
-        return []
+    """Planning a batch / a checkpoint-only plan, both from an empty cache."""
+    if not (timed := [r for r in _kind(rows, "pick") if r.get("plain_plan_s")]):
+        return None
     r = timed[0]
     x = r["plan_s"] / r["plain_plan_s"]
     name = f"planning a batch <= {at_most:.0f}x a checkpoint-only plan"
     measured = f"{x:.2f}x ({r['plan_s']:.0f} s vs {r['plain_plan_s']:.0f} s)"
-    return _verdict(name, group, "seconds", at_most, x, measured)
+    return _verdict(name, "seconds", at_most, x, measured)
 
 
 # --------------------------------------------------------------------------------------
-# The targets: (presets, evaluator, its parameters); presets are a Preset type,
-# or preset names.
+# The targets: (presets, check, its parameters); presets are a Preset type or names.
 
-NOISY = "CPU timings on a shared 2-core machine are noisy"
 PARAMS = (
     "chain-params",
     "chain-params-novmap",
     "chain-params-tiny",
     "chain-v5e-params",
 )
+_P, _T, _C = _models.Preset, _models.TransformerPreset, _models.ChainPreset
 TARGETS = (
-    (_models.TransformerPreset, vs_none, "dots", "temp_bytes", 0.60),
-    (_models.TransformerPreset, vs_none, "nothing", "temp_bytes", 0.30),
-    (_models.TransformerPreset, vs_none, "dots", "flops", 1.10),
-    (_models.TransformerPreset, vs_peer, "hand-written", "temp_bytes", 1.02),
-    (_models.TransformerPreset, vs_peer, "flax", "temp_bytes", 1.00),
-    (_models.TransformerPreset, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
-    (_models.TransformerPreset, vs_peer, "flax", "step_s", 1.05, None, NOISY),
-    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
-    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
-    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
-    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
-    (_models.Preset, every_checkpoint),
+    (_T, vs_none, "dots", "temp_bytes", 0.60),
+    (_T, vs_none, "nothing", "temp_bytes", 0.30),
+    (_T, vs_none, "dots", "flops", 1.10),
+    (_T, vs_peer, "hand-written", "temp_bytes", 1.02),
+    (_T, vs_peer, "flax", "temp_bytes", 1.00),
+    (_T, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
+    (_T, vs_peer, "flax", "step_s", 1.05, None, NOISY),
+    (_C, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
+    (_C, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
+    (_C, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
+    (_C, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
+    (_P, every_checkpoint),
     (PARAMS, every_checkpoint, 2),
 )
 PLAN_TARGETS = (
-    (_models.Preset, pick_fits),
-    (_models.Preset, pick_vs_uniform),
-    (_models.Preset, cheaper_between),
-    (_models.Preset, predicted_within),
-    (_models.Preset, planning_cost),
-    (_models.Preset, clock_pick_vs_uniform),
-    (_models.Preset, clock_faster_between),
-    (_models.Preset, rank_correlation),
-    (_models.Preset, rank_correlation, "roofline_s", 0.8),
+    (_P, pick_fits),
+    (_P, pick_vs_uniform),
+    (_P, cheaper_between),
+    (_P, predicted_within),
+    (_P, planning_cost),
+    (_P, clock_pick_vs_uniform),
+    (_P, clock_faster_between),
+    (_P, rank_correlation),
+    (_P, rank_correlation, "roofline_s", 0.8),
 )
-BATCH_TARGETS = (
-    (_models.Preset, batch_pick_vs_combinations),
-    (_models.Preset, batch_planning_cost),
-)
-
-
-def peer_pairs(rows: Rows) -> list[dict[str, Any]]:
-    """Each peer row beside each of our rows it is compared with (the peer's
-    `compared_with`): ratios ours / peer, and both losses."""
-    out = []
-    for p in rows:
-        for spec in p.get("compared_with", ()):
-            o = _ours(rows, p["group"]).get(spec)
-            if o is None:
-                continue
-            pair = {
-                "group": p["group"],
-                "ours": spec,
-                "schedule": o["schedule"],
-                "impl": p["impl"],
-                "peer": f"{p['impl']} {p['checkpoint']}",
-            }
-            pair |= {key: _ratio(o, p, metric) for metric, key in _PAIR.items()}
-            if o.get("loss") is not None and p.get("loss") is not None:
-                diff = abs(o["loss"] - p["loss"])
-                pair |= {
-                    "loss_abs_diff": diff,
-                    "losses_equal": diff <= 1e-4 * max(1.0, abs(o["loss"])),
-                }
-            out.append(pair)
-    return out
+BATCH_TARGETS = ((_P, batch_pick_vs_combinations), (_P, batch_planning_cost))
 
 
 def evaluate(
     rows: Rows, presets: dict[str, _models.Preset], targets: Sequence = TARGETS
-) -> list[dict[str, Any]]:
-    """Every target (of `targets`, default `TARGETS`) on every preset it
-    applies to, in their order."""
+) -> list[Verdict]:
+    """Every target of `targets` on every preset it applies to, in their order."""
     out = []
     for on, check, *params in targets:
         for name, preset in presets.items():

@@ -1,16 +1,8 @@
-"""The sweep: memory, FLOPs, time and device figures of every checkpoint, against
-peers, in one run.
-
-For each preset (a zoo model and its size), one training step —
-`jax.value_and_grad` of the loss, the model applied per example under `jax.vmap`
-— is compiled under `checkpoint=None`, every policy and every schedule, beside the
-same model written by hand with `lax.scan` + `jax.checkpoint`, in Flax linen, and
-(for the ResidualChain) with `equinox.internal.scan(kind="checkpointed")` and a
-2-level nested scan: same weights, so the losses agree. Reported: compiled memory,
-FLOPs (`eqx_remat.count_flops`), compile time, the median step time as a ratio to
-`None` measured in the same run and, on an accelerator, measured peak memory
-(each variant in its own process), throughput, MFU and HFU. The project's
-targets are evaluated on the result (benchmarks/_targets.py).
+"""The sweep: each preset's training step compiled under every checkpoint,
+beside the same model written by hand (`lax.scan` + `jax.checkpoint`), in Flax
+linen and with `equinox.internal.scan`, on the same weights: memory, FLOPs,
+step time, and on an accelerator peak memory, throughput, MFU and HFU; the
+project's targets judged on them (benchmarks/README.md says how).
 
     python benchmarks/run.py                  # the sweep, on this machine's device
     python benchmarks/run.py --quick          # tiny, end to end (tests)
@@ -46,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
+    """`--preset`, else the default list for `--quick`, `--target`, the device."""
     names = args.preset or (
         _models.QUICK
         if args.quick
@@ -58,27 +51,10 @@ def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
     return {n: _models.PRESETS[n] for n in names}
 
 
-def all_variants(args: argparse.Namespace, presets: dict[str, _models.Preset]) -> list:
-    accel = bool(args.target) or args.platform != "cpu"
-    out = []
-    for name, preset in presets.items():
-        specs = args.checkpoint or preset.checkpoints(
-            quick=args.quick, accelerator=accel
-        )
-        out += _measure.variants(
-            name,
-            preset,
-            specs,
-            target=args.target,
-            peers=not args.no_peers,
-            quick=args.quick,
-        )
-    return out
-
-
 def measure(args: argparse.Namespace, variants: list, console: _common.Console) -> list:
-    timed = not args.target
-    with console.progress(len(variants) + (args.repeats if timed else 0)) as step:
+    """One row per variant: compiled for `--target`, or each in its own process
+    (`--isolate`), or timed round-robin here."""
+    with console.progress(len(variants) + (0 if args.target else args.repeats)) as step:
         if args.target:
             rows = []
             for v in variants:
@@ -99,12 +75,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _parser(), argv, "run", defer=lambda a: not a.budget and _common.isolate(a)
     )
     console = _common.Console()
-    base = presets_of(args)
     if args.budget:
-        return plan_mode(args, base, console)
+        return plan_mode(args, presets_of(args), console)
+    # Ours under each checkpoint, then the peers, of every preset.
     devices = 1 if args.deferred else _measure.mesh_for(args.target).size
-    presets = {n: p.on(devices) for n, p in base.items()}
-    variants = all_variants(args, presets)
+    presets = {n: p.on(devices) for n, p in presets_of(args).items()}
+    accelerator = bool(args.target) or args.platform != "cpu"
+    variants = []
+    for name, p in presets.items():
+        specs = p.checkpoints(quick=args.quick, accelerator=accelerator)
+        variants += _measure.variants(
+            name,
+            p,
+            args.checkpoint or specs,
+            target=args.target,
+            peers=not args.no_peers,
+            quick=args.quick,
+        )
     if args.worker:
         return _measure.worker(args, variants)
     t0 = time.perf_counter()
@@ -115,17 +102,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     rows = measure(args, variants, console)
     if args.deferred:  # the measuring processes know how many devices there are
-        presets = {n: p.on(rows[0].get("device_count") or 1) for n, p in base.items()}
+        devices = rows[0].get("device_count") or 1
+        presets = {n: p.on(devices) for n, p in presets_of(args).items()}
     _measure.add_figures(rows)
     _measure.add_throughput(rows, presets)
     data = {
         "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0),
         "presets": {
-            n: {
-                "type": type(p).__name__,
-                "describe": p.describe(),
-                **dataclasses.asdict(p),
-            }
+            n: {"type": type(p).__name__, "describe": p.describe()}
+            | dataclasses.asdict(p)
             for n, p in presets.items()
         },
         "rows": rows,
@@ -133,17 +118,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "targets": _targets.evaluate(rows, presets),
     }
     tag = (args.target or args.platform).replace(":", "_")
-    stem = args.name or f"sweep-{tag}" + "-quick" * args.quick
-    path = _common.write(args, stem, data, plot)
+    path = _common.write(
+        args, args.name or f"sweep-{tag}" + "-quick" * args.quick, data, plot
+    )
     show(console, data, _common.where(args, data))
     console.print(LEGEND)
-    console.print(
-        f"{len(rows)} variants in {data['meta']['seconds']:.0f} s; results in {path} "
-        f"and beside it {path.with_suffix('.csv').name} (every row) and "
-        f"{path.with_suffix('.png').name} (the plot)"
-        if path is not None
-        else f"{len(rows)} variants in {data['meta']['seconds']:.0f} s"
-    )
+    done = f"{len(rows)} variants in {data['meta']['seconds']:.0f} s"
+    if path is not None:
+        done += (
+            f"; results in {path} and beside it {path.with_suffix('.csv').name} "
+            f"(every row) and {path.with_suffix('.png').name} (the plot)"
+        )
+    console.print(done)
     return data
 
 
@@ -152,10 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 SWEEP = ("impl", "checkpoint", "temp", "/None", "FLOPs", "/None", "ms", "/None")
 SWEEP += ("peak", "rate", "MFU", "HFU", "fits")
-"""The sweep table's columns, one table per preset (`/None`: the ratio to
-`checkpoint=None`; `ms`: the median step; `rate`: tokens or examples per
-second); columns `n/a` in every row (the device's on a CPU) are not printed."""
-
+"""The sweep table's columns, one table per preset (`LEGEND` says what each is);
+columns `n/a` in every row (the device's on a CPU) are not printed."""
 
 LEGEND = (
     "Columns: temp = compiled temporary memory of the step (per chip for a "
@@ -185,7 +169,8 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
     """The cells of `SWEEP` for `rows` (all of one preset)."""
     out = []
     for r in rows:
-        step = r.get("step_s")
+        step, aot = r.get("step_s"), r.get("aot_total_bytes")
+        peak = _common.fmt_bytes(r.get("peak_bytes"))
         out.append(
             [
                 r["impl"],
@@ -196,12 +181,7 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
                 _common.fmt_ratio(r.get("flops_ratio")),
                 "n/a" if step is None else f"{1e3 * step:.1f}",
                 _common.fmt_ratio(r.get("time_ratio")),
-                _common.fmt_bytes(r.get("peak_bytes"))
-                + (
-                    f" (AOT {_common.fmt_bytes(r['aot_total_bytes'])})"
-                    if r.get("aot_total_bytes")
-                    else ""
-                ),
+                peak + (f" (AOT {_common.fmt_bytes(aot)})" if aot else ""),
                 _rate(r),
                 _common.fmt_pct(r.get("mfu")),
                 _common.fmt_pct(r.get("hfu")),
@@ -212,6 +192,7 @@ def sweep_rows(rows: list[dict]) -> list[list[str]]:
 
 
 def show(console: _common.Console, data: dict, where: str) -> None:
+    """The sweep's tables: one per preset, the peers, the targets."""
     for n, p in data["presets"].items():
         rows = [r for r in data["rows"] if r["group"] == n]
         console.table(
@@ -239,17 +220,13 @@ def show(console: _common.Console, data: dict, where: str) -> None:
 def _what(data: dict, cost: str) -> str:
     """The figure's title: what was measured, where."""
     meta = data["meta"]
-    jax_version = meta["versions"]["jax"]
+    when = f"jax {meta['versions']['jax']}, {meta['date']}"
     if meta.get("target"):
-        where = (
-            f"compiled for TPU {meta['target']} on a CPU, not run; jax "
-            f"{jax_version}, {meta['date']}"
-        )
+        where = f"compiled for TPU {meta['target']} on a CPU, not run; {when}"
         memory = "per-chip compiled temp memory"
     else:
         cores = f", {meta['cpu_count']} cores" if meta["backend"] == "cpu" else ""
-        where = f"{meta['device']}{cores}, jax {jax_version}, {meta['date']}"
-        memory = "compiled temp memory"
+        where, memory = f"{meta['device']}{cores}, {when}", "compiled temp memory"
     if cost == "time_ratio":
         n = max(len(r.get("times_s") or ()) for r in data["rows"])
         against = f"median step time vs None (bars: {_plots.spread_name(n)})"
@@ -259,8 +236,9 @@ def _what(data: dict, cost: str) -> str:
 
 
 def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
-    """One preset's panel: a point per implementation and checkpoint. Returns the
-    points to label (eqx_remat's) and the others, for `_plots.label_points`."""
+    """One preset's panel: a point per implementation and checkpoint. Returns
+    `[labelled, others]` for `_plots.label_points`: eqx_remat's points and a
+    peer's few (the chains'), named; a peer's many, in the legend only."""
     rows = [
         r
         for r in data["rows"]
@@ -270,8 +248,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
     labelled, others = [], []
     for impl in dict.fromkeys(r["impl"] for r in rows):
         pts = [r for r in rows if r["impl"] == impl]
-        xs = [r[cost] for r in pts]
-        ys = [r["temp_bytes"] / size for r in pts]
+        xy = [(r[cost], r["temp_bytes"] / size) for r in pts]
         xerr = None
         if cost == "time_ratio" and all(r.get("times_s") for r in pts):
             bars = [
@@ -279,17 +256,16 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
             ]
             xerr = [[lo for lo, _ in bars], [hi for _, hi in bars]]
         ax.errorbar(
-            xs, ys, xerr=xerr, fmt="o", ms=5, capsize=2, elinewidth=0.8,
+            *zip(*xy), xerr=xerr, fmt="o", ms=5, capsize=2, elinewidth=0.8,
             alpha=0.85, label=impl,
         )  # fmt: skip
+        names = [r["checkpoint"] for r in pts]
         if impl == "eqx_remat":
-            labelled += [(x, y, r["checkpoint"]) for x, y, r in zip(xs, ys, pts)]
+            labelled += [(x, y, n) for (x, y), n in zip(xy, names)]
         elif len(pts) <= 3:  # a peer's few points (the chains'): named
-            labelled += [
-                (x, y, f"{impl} ({r['checkpoint']})") for x, y, r in zip(xs, ys, pts)
-            ]
+            labelled += [(x, y, f"{impl} ({n})") for (x, y), n in zip(xy, names)]
         else:  # a peer beside every policy: its colour, in the legend
-            others += list(zip(xs, ys))
+            others += xy
     describe = data["presets"][group]
     describe = describe["describe"] if isinstance(describe, dict) else describe
     _plots.panel_title(ax, group, describe)
@@ -297,8 +273,9 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
         xlabel="step time vs None" if cost == "time_ratio" else "FLOPs vs None",
         ylabel=f"temp memory ({unit})",
     )
-    _plots.scale_for(ax, "y", [p[1] for p in labelled + others])
-    _plots.zero_based_if_narrow(ax, "y", [p[1] for p in labelled + others])
+    ys = [p[1] for p in labelled + others]
+    _plots.scale_for(ax, "y", ys)
+    _plots.zero_based_if_narrow(ax, "y", ys)
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
         ax.legend(fontsize=8.5)
@@ -307,16 +284,13 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
 
 def plot(data: dict, path: Path) -> None:
     """Per preset: compiled temp memory against step time (or FLOPs, where
-    nothing was timed), both as measured, relative to `None`; one colour per
-    implementation, eqx_remat's points labelled; step times with the fastest and
-    slowest of their samples."""
-    pyplot = _common.plt()
+    nothing was timed) relative to `None`, one colour per implementation."""
     groups = list(data["presets"])
     timed = any(r.get("time_ratio") is not None for r in data["rows"])
     cost = "time_ratio" if timed else "flops_ratio"
     ncols = min(2, len(groups))
     nrows = -(-len(groups) // ncols)
-    fig, axes = pyplot.subplots(
+    fig, axes = _common.plt().subplots(
         nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows + 0.6), squeeze=False
     )
     panels = [_plot_preset(ax, data, g, cost) for ax, g in zip(axes.flat, groups)]
@@ -334,23 +308,20 @@ def plot(data: dict, path: Path) -> None:
 
 
 def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> list[dict]:
-    mesh = _measure.mesh_for(args.target) if args.target else None
-    model = preset.build(abstract=True)
+    """`eqx_remat.plan`'s rows for `preset`: with `--checkpoint`, its candidates'
+    table; else its frontier (memory compiled where it was, else predicted)."""
     batch = preset.inputs(abstract=True)
-    if mesh is not None:
-        batch = _measure.place_batch(batch, mesh)
+    if args.target:
+        batch = _measure.place_batch(batch, _measure.mesh_for(args.target))
     cands = [_common.parse_checkpoint(s, preset.depth) for s in args.checkpoint or ()]
     res = er.plan(
         eqx.filter_grad(preset.loss),
-        model,
+        preset.build(abstract=True),
         batch,
         budget_bytes=args.budget,
         target=args.target,
         candidates=cands or None,
     )
-    chosen = _common.checkpoint_label(res.checkpoint)
-    # With --checkpoint, the candidates' table; else the planner's frontier
-    # (memory compiled where it was compiled, else predicted).
     entries = [
         (e.checkpoint, e.memory_bytes, e.flops, e.fits, e.time_s) for e in res.table
     ] or [
@@ -358,19 +329,13 @@ def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> lis
         for p in res.frontier
         for memory in [_common.point_memory(p)]
     ]
+    chosen = _common.checkpoint_label(res.checkpoint)
     return [
-        {
-            "group": name,
-            "checkpoint": _common.checkpoint_label(c),
-            "memory_bytes": memory,
-            "flops": flops,
-            "fits": fits,
-            "time_s": time_s,
-            "chosen": _common.checkpoint_label(c) == chosen,
-            "budget_bytes": res.budget_bytes,
-            "target": res.target,
-        }
+        {"group": name, "checkpoint": label, "memory_bytes": memory, "flops": flops}
+        | {"fits": fits, "time_s": time_s, "chosen": label == chosen}
+        | {"budget_bytes": res.budget_bytes, "target": res.target}
         for c, memory, flops, fits, time_s in entries
+        for label in [_common.checkpoint_label(c)]
     ]
 
 
@@ -404,16 +369,14 @@ def plan_mode(
 
 
 def plot_plan(data: dict, path: Path) -> None:
+    """Memory against FLOPs of each preset's options, each named."""
     fig, ax = _common.plt().subplots(figsize=(7, 4.5))
     rows = [r for r in data["rows"] if r.get("memory_bytes")]
     for g in dict.fromkeys(r["group"] for r in rows):
-        pts = [
-            (r["flops"], r["memory_bytes"] / _common.MiB, r)
-            for r in rows
-            if r["group"] == g
-        ]
-        ax.scatter([x for x, _, _ in pts], [y for _, y, _ in pts], label=g)
-        for x, y, r in pts:
+        pts = [r for r in rows if r["group"] == g]
+        xy = [(r["flops"], r["memory_bytes"] / _common.MiB) for r in pts]
+        ax.scatter(*zip(*xy), label=g)
+        for (x, y), r in zip(xy, pts):
             ax.annotate(r["checkpoint"], (x, y), fontsize=7)
     ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
     ax.legend(fontsize=7)
