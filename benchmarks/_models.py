@@ -223,18 +223,9 @@ def seed(**changes: Any) -> TransformerPreset:
     seq 2048, 24 layers, d_model 2048 with head dim 128, vocab 32000, bfloat16,
     parameters sharded (FSDP), with `changes` (`TransformerPreset`'s keyword
     arguments; the heads follow `d_model`)."""
-    setting = dict(
-        batch=32,
-        seq=2048,
-        layers=24,
-        d_model=2048,
-        vocab=32000,
-        dtype="bfloat16",
-        shard_params=True,
-    )
-    setting |= changes
-    heads = max(1, setting["d_model"] // 128)
-    return TransformerPreset(heads=heads, **setting)
+    setting = dict(batch=32, seq=2048, layers=24, d_model=2048, vocab=32000)
+    setting |= dict(dtype="bfloat16", shard_params=True) | changes
+    return TransformerPreset(heads=max(1, setting["d_model"] // 128), **setting)
 
 
 # Every schedule and policy, for the parameter-dominated presets.
@@ -244,19 +235,16 @@ _V5E = ("None", "dots", "dots_no_batch", "nothing", "every(2)", "nested(2)")
 _V5E += ("recursive()",)
 
 PRESETS: dict[str, Preset] = {
-    # The default CPU sweep: small enough to compile and run ~50 variants in a
-    # few minutes on 2 cores, big enough that the residuals dominate memory.
+    # The default CPU sweep: ~50 variants in minutes, residuals dominate memory.
     "transformer-s": TransformerPreset(batch=4),
     "chain-s": ChainPreset(batch=256),
     "mlp-s": MLPPreset(batch=128),
-    # Parameters dominate (16 MiB of weights, 4 KiB carries): every schedule
-    # should stay within None's temp + one or two layers' parameters.
+    # Parameters dominate (16 MiB of weights, 4 KiB carries).
     "chain-params": ChainPreset(batch=2, width=512, layers=16, specs=ALL),
     "chain-params-novmap": ChainPreset(
         batch=1, width=512, layers=16, vmap=False, specs=ALL
     ),
-    # Heavier CPU presets. transformer-s 2x wider, 2x longer (8x the FLOPs):
-    # where a FLOP-ranked planner got the order of its options wrong (issue 28).
+    # 2x wider, 2x longer: a FLOP-ranked planner misordered its options (#28).
     "transformer-w": TransformerPreset(batch=4, seq=256, d_model=256),
     # The loss head outweighs the blocks: logits 4 x 128 x 8192 (16 MiB in f32).
     "transformer-v": TransformerPreset(batch=4, vocab=8192),
@@ -266,30 +254,25 @@ PRESETS: dict[str, Preset] = {
     "chain-m": ChainPreset(batch=256, width=128),
     # binomial(s) against treeverse with s checkpoints, 2 MiB carries.
     "chain-bvt": ChainPreset(batch=4096, width=128, treeverse=(4, 10, 32)),
-    # For --target v5e: per-chip memory of models that leave VMEM (the seed
-    # setting, narrower and shallower, its parameters replicated).
+    # --target v5e: models that leave VMEM; the seed setting, smaller, replicated.
     "transformer-v5e": seed(batch=8, d_model=1024, layers=16, shard_params=False),
     # Activations dominate (batch per chip / width = 4), as on the CPU presets ...
     "chain-v5e": ChainPreset(batch=4096, width=256),
     # ... and parameters dominate (1/16): 4 GiB of weights, 256 KiB carries.
     "chain-v5e-params": ChainPreset(batch=256, width=1024),
-    # Real runs on an accelerator, per 16 GiB v5e chip (FSDP, bf16, batch per
-    # device): one where None fits (AOT: 13 GiB temp per chip), ...
+    # Real runs per 16 GiB v5e chip: None fits (AOT: 13 GiB temp per chip) ...
     "v5e-fits": seed(batch=2, per_device=True, d_model=1024, layers=16, specs=_V5E),
     # ... and the seed claim's own (batch 32 on a v5e-8): only checkpointing fits.
     "v5e-tight": seed(batch=4, per_device=True, specs=(*_V5E, "offload_dots_no_batch")),
-    # The seed setting of the planner (issue 22): the seed claim's model with the
-    # Llama block and flash attention (batch 32 on a v5e-8, FSDP, bf16).
+    # The planner's seed setting (issue 22): Llama block, flash attention.
     "seed-llama": seed(
         block="llama",
         attention="flash",
         specs=("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch"),
     ),
-    # MaxText's 16B model as its TPU v5e config trains it with remat_policy=full
-    # (MaxText/configs/v5e/16b.sh: global_parameter_scale=16, per_device_batch_size=6,
-    # max_target_length=2048, flash attention; base.yml's llama2 block, vocab 32000):
-    # d_model 4096, 32 layers, SwiGLU 28672, 64 heads of 128 in MaxText (attention
-    # 8192 wide); here 32 heads of 128 (the zoo's attention is d_model wide).
+    # MaxText's 16B model as MaxText/configs/v5e/16b.sh trains it (remat_policy
+    # full, per_device_batch_size 6, seq 2048, flash attention, llama2 block):
+    # MaxText's 64 heads of 128 are 32 here (the zoo's attention is d_model wide).
     "maxtext-16b": seed(
         block="llama",
         attention="flash",
