@@ -1,16 +1,6 @@
-"""Depth scaling: memory, FLOPs and compile time of each schedule as the
-ResidualChain grows from 64 to 4096 layers.
-
-`zoo.ResidualChain(width, D)` (per example, vmapped over the batch): the gradient
-of `mean(chain(x)²)` is compiled (nothing runs) under `None` and `"nothing"`
-(O(D) memory), `every(sqrt)` and `nested(2)` (O(√D)), `nested(3)` (O(D^⅓)),
-`recursive()` and `binomial(log2)` (O(log D)), and, as a peer,
-`equinox.internal.scan(kind="checkpointed", checkpoints=⌈log₂ D⌉)` (online
-treeverse). Per D: compiled temp memory, FLOPs (`eqx_remat.count_flops`;
-treeverse's loops have run-time trip counts, so it has none) and the time to
-trace, lower and compile (median of `--repeats`, caches cleared before each,
-interleaved); the table gives each schedule's log-log slope of memory against D.
-`compile_time.py` is the same loop over the scanned transformer's depth.
+"""Depth scaling: compiled memory, FLOPs and compile time of each schedule as the
+ResidualChain grows from 64 to 4096 layers, with the log-log slope of memory
+against D; `equinox.internal.scan`'s treeverse as a peer.
 
     python benchmarks/depth_scaling.py            # D = 64 ... 4096 (a few minutes)
     python benchmarks/depth_scaling.py --depths 64 256 1024 --width 128 --batch 4096
@@ -58,29 +48,36 @@ def compile_seconds(fn: Callable, *args) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(console, repeats: int, points: dict, measure: Callable) -> dict:
-    """`measure(point, first)` for every point (a key of `points`, whose value
-    names it), `repeats` rounds, interleaved so that the machine's load hits
-    every point alike: {point: [results]}."""
-    out: dict = {}
+def sweep(
+    console: _common.Console,
+    repeats: int,
+    points: dict,
+    measure: Callable[[tuple, bool], dict],
+    times: str,
+) -> list[dict]:
+    """`measure(point, first)` (a row with `compile_s`) for each point (a key of
+    `points`, whose value names it), `repeats` rounds interleaved so that the
+    machine's load hits every point alike. One row per point: the first round's,
+    with the median `compile_s` and the samples under `times`."""
+    results: dict = {}
     with console.progress(repeats * len(points)) as step:
         for r in range(repeats):
             for point, name in points.items():
                 step(f"round {r + 1}: {name}")
-                out.setdefault(point, []).append(measure(point, r == 0))
-    return out
+                results.setdefault(point, []).append(measure(point, r == 0))
+    rows = []
+    for got in results.values():
+        secs = [r["compile_s"] for r in got]
+        rows.append(got[0] | {times: secs, "compile_s": statistics.median(secs)})
+    return rows
 
 
-def one(preset: _models.ChainPreset, spec: str | None, first: bool) -> dict:
+def measure(preset: _models.ChainPreset, spec: str | None, first: bool) -> dict:
     """Compile one variant (`spec=None`: the treeverse peer) from scratch; the
     first time with its memory and FLOPs."""
+    specs = [spec] if spec else []
     vs = _measure.variants(
-        "chain",
-        preset,
-        [spec] if spec else [],
-        target=None,
-        peers=spec is None,
-        quick=False,
+        "chain", preset, specs, target=None, peers=not spec, quick=False
     )
     v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
     if first:
@@ -97,6 +94,7 @@ def one(preset: _models.ChainPreset, spec: str | None, first: bool) -> dict:
 
 
 def slope(rows: list[dict], spec: str, lo: int) -> float | None:
+    """The log-log slope of `spec`'s temp memory against depth, from depth `lo`."""
     pts = [
         (r["depth"], r["temp_bytes"])
         for r in rows
@@ -115,21 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
     specs = list(args.checkpoint or (quick if args.quick else CHECKPOINTS))
     specs += [] if args.no_peers else [None]
 
-    def measure(point: tuple, first: bool) -> dict:
-        preset = _models.ChainPreset(
-            batch=args.batch, width=args.width, layers=point[0]
-        )
-        return one(preset, point[1], first)
+    def chain(point: tuple[int, str | None], first: bool) -> dict:
+        layers, spec = point
+        preset = _models.ChainPreset(batch=args.batch, width=args.width, layers=layers)
+        return measure(preset, spec, first)
 
     console, t0 = _common.Console(), time.perf_counter()
     points = {(d, s): f"D={d} {s or 'treeverse'}" for d in args.depths for s in specs}
-    rows = []
-    for results in interleaved(console, args.repeats, points, measure).values():
-        times = [r["compile_s"] for r in results]
-        rows.append(
-            results[0]
-            | {"compile_times_s": times, "compile_s": statistics.median(times)}
-        )
+    rows = sweep(console, args.repeats, points, chain, "compile_times_s")
     lo = sorted(args.depths)[len(args.depths) // 3]
     names = list(dict.fromkeys(r["spec"] for r in rows))
     describe = f"zoo.ResidualChain width {args.width}, batch {args.batch}, float32"
@@ -151,88 +142,95 @@ def show(console: _common.Console, data: dict, names: list[str]) -> None:
     depths = sorted({r["depth"] for r in data["rows"]})
     by = {(r["spec"], r["depth"]): r for r in data["rows"]}
     slopes = data["memory_slopes"]["slopes"]
-    cols = ["checkpoint", *(f"D={d}" for d in depths)]
 
-    def flops(s: str, d: int) -> str:
-        base = by.get(("None", d), {}).get("flops")
-        x = by[(s, d)]["flops"]
-        return _common.fmt_ratio(x / base if x and base else None)
+    def flops(r: dict) -> str:
+        base = by.get(("None", r["depth"]), {}).get("flops")
+        return _common.fmt_ratio(r["flops"] / base if r["flops"] and base else None)
 
-    def memory(s: str) -> list[str]:
-        cells = [_common.fmt_bytes(by[(s, d)]["temp_bytes"], digits=1) for d in depths]
-        return [s, *cells, "n/a" if slopes[s] is None else f"{slopes[s]:.2f}"]
-
+    tables = {  # title: each cell's text
+        "Temp memory vs depth": lambda r: _common.fmt_bytes(r["temp_bytes"], digits=1),
+        "FLOPs vs None": flops,
+        "Compile time, s (median)": lambda r: f"{r['compile_s']:.1f}",
+    }
     console.print(data["meta"]["describe"])
-    title = f"[{_common.where_compiled(data)}]"
-    tables = (
-        ("Temp memory vs depth", [*cols, "slope"], [memory(s) for s in names]),
-        ("FLOPs vs None", cols, [[s, *(flops(s, d) for d in depths)] for s in names]),
-        (
-            "Compile time, s (median)",
-            cols,
-            [[s, *(f"{by[(s, d)]['compile_s']:.1f}" for d in depths)] for s in names],
-        ),
-    )
-    for what, columns, rows in tables:
-        console.table(f"{what} {title}", columns, rows, left=1)
+    for i, (title, cell) in enumerate(tables.items()):
+        rows = [[s, *(cell(by[(s, d)]) for d in depths)] for s in names]
+        cols = ["checkpoint", *(f"D={d}" for d in depths)]
+        if i == 0:  # memory, with its slope
+            cols.append("slope")
+            for s, row in zip(names, rows):
+                row.append("n/a" if slopes[s] is None else f"{slopes[s]:.2f}")
+        title += f" [{_common.where_compiled(data)}]"
+        console.table(title, cols, rows, left=1)
 
 
-def plot(data: dict, path: Path) -> None:
-    """Against D: compiled temp memory (log-log), FLOPs relative to `None` and
-    compile time (with the fastest and slowest of its samples)."""
+def plot(data: dict, path: Path, what: str = "") -> None:
+    """Against depth, per checkpoint (`spec`): compiled temp memory (its axis log
+    where the range calls for it) and FLOPs relative to `None`, where the rows
+    have them, and compile time (bars: the spread of `compile_times_s`). `what`:
+    the title (default: this script's)."""
     from matplotlib.ticker import FuncFormatter
 
-    pyplot = _common.plt()
-    fig, axes = pyplot.subplots(1, 3, figsize=(15, 5))
-    base = {r["depth"]: r.get("flops") for r in data["rows"] if r["spec"] == "None"}
-    specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
-    by_spec = {
-        s: sorted((r["depth"], r) for r in data["rows"] if r["spec"] == s)
-        for s in specs
+    rows = data["rows"]
+    by_spec: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: r["depth"]):
+        by_spec.setdefault(r["spec"], []).append(r)
+    base = {r["depth"]: r.get("flops") for r in by_spec.get("None", [])}
+    panels = {  # y label: the value of a row (none: not drawn)
+        "compiled temp memory (MiB)": lambda r: r["temp_bytes"] / _common.MiB,
+        "FLOPs per step vs None": lambda r: (
+            r["flops"] and r["flops"] / base[r["depth"]]
+        ),
+        "trace + lower + compile (s)": lambda r: r["compile_s"],
     }
+    if "temp_bytes" not in rows[0]:
+        panels = {k: v for k, v in panels.items() if k.startswith("trace")}
     hidden = {  # curves that another hides: said in the legend
-        what: _plots.coinciding(
-            {s: [r.get(key) for _, r in pts] for s, pts in by_spec.items()}
+        word: _plots.coinciding(
+            {s: [r.get(k) for r in rs] for s, rs in by_spec.items()}
         )
-        for what, key in (("memory", "temp_bytes"), ("FLOPs", "flops"))
+        for word, k in (("memory", "temp_bytes"), ("FLOPs", "flops"))
+        if k in rows[0]
     }
-    for spec in specs:
-        pts = by_spec[spec]
-        ds = [d for d, _ in pts]
-        notes = [f"{w} as {h[spec]}" for w, h in hidden.items() if spec in h]
-        label = spec + (f" ({', '.join(notes)}: hidden)" if notes else "")
-        mib = [r["temp_bytes"] / _common.MiB for _, r in pts]
-        axes[0].plot(ds, mib, marker="o", label=label)
-        fl = [(d, r["flops"] / base[d]) for d, r in pts if r.get("flops")]
-        axes[1].plot(*zip(*fl) if fl else ([], []), marker="o")
-        secs = [r["compile_s"] for _, r in pts]
-        bars = [
-            _plots.spread(r.get("compile_times_s") or [s], s, 1.0)
-            for (_, r), s in zip(pts, secs)
-        ]
-        axes[2].errorbar(
-            ds, secs, yerr=np.transpose(bars), marker="o", capsize=2, elinewidth=0.8
-        )
-    n = max(len(r.get("compile_times_s") or ()) for r in data["rows"])
-    labels = ("compiled temp memory (MiB)", "FLOPs per step vs None")
-    for ax, label in zip(axes, (*labels, "trace + lower + compile (s)")):
+    fig, axes = _common.plt().subplots(
+        1, len(panels), figsize=(max(7.5, 5 * len(panels)), 5), squeeze=False
+    )
+    for ax, (label, value) in zip(axes[0], panels.items()):
+        for spec, rs in by_spec.items():
+            rs = [r for r in rs if value(r)]
+            notes = [f"{w} as {h[spec]}" for w, h in hidden.items() if spec in h]
+            bars = [_plots.spread(r["compile_times_s"], r["compile_s"], 1) for r in rs]
+            ax.errorbar(
+                [r["depth"] for r in rs],
+                [value(r) for r in rs],
+                yerr=np.transpose(bars) if label.startswith("trace") else None,
+                marker="o",
+                capsize=2,
+                elinewidth=0.8,
+                label=spec + (f" ({', '.join(notes)}: hidden)" if notes else ""),
+            )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set(xlabel="depth D (layers)", ylabel=label)
         ax.grid(alpha=0.3, which="both")
-    mib = [r["temp_bytes"] / _common.MiB for r in data["rows"]]
-    _plots.scale_for(axes[0], "y", mib)
-    axes[1].set_ylim(bottom=0)
-    axes[2].set_ylim(bottom=0)
-    handles = axes[0].get_legend_handles_labels()
-    fig.legend(*handles, loc="lower center", ncols=4, fontsize=9)
-    meta = data["meta"]
+        if label.startswith("compiled"):
+            _plots.scale_for(ax, "y", [value(r) for r in rows])
+        else:
+            ax.set_ylim(bottom=0)
+    handles = axes[0][0].get_legend_handles_labels()
+    fig.legend(
+        *handles, loc="lower center", ncols=4 if len(panels) > 1 else 3, fontsize=9
+    )
+    meta, n = data["meta"], max(len(r["compile_times_s"]) for r in rows)
+    what = what or (
+        f"Gradient of a deep {meta['describe']} against its depth D, per checkpoint: "
+        "memory, recomputation and compile time"
+    )
     _plots.suptitle(
         fig,
-        f"Gradient of a deep {meta['describe']} against its depth D, per "
-        f"checkpoint: memory, recomputation and compile time (median; bars: "
-        f"{_plots.spread_name(n, 'compiles')})\n{meta['device']}, "
-        f"{meta['cpu_count']} cores, jax {meta['versions']['jax']}, {meta['date']}",
+        f"{what} (median; bars: {_plots.spread_name(n, 'compiles')})\n"
+        f"{meta['device']}, {meta['cpu_count']} cores, jax {meta['versions']['jax']}, "
+        f"{meta['date']}",
     )
     _common.save_figure(fig, path, rect=(0, 0.07, 1, 1))
 

@@ -5,25 +5,15 @@ The claim under test: on TPU v5e, `checkpoint_dots` cuts peak activation memory
 ~40% at ~12% step-time cost for a transformer (bf16, batch 32, seq 2048, ~24
 layers, ~3B parameters on a v5e-8 slice with the parameters sharded).
 
-Without a TPU (the default on a CPU), each config of a small grid around that
-point is compiled for TPU v5e with libtpu (the `tpu` extra) under each policy —
-nothing runs — and reported per chip: XLA's temporary memory (for programs that
-do not fit, XLA refuses to compile and says how much they would need: that is
-reported), whether the whole fits in 16 GiB, and the FLOPs against `None`.
-
-On a TPU or GPU (or with `--run`), the seed setting itself runs on the machine's
-devices (FSDP over all of them, bf16): `None`, every policy and two schedules,
-each in its own process — measured peak memory and step time as ratios to
-`None`, each beside its AOT prediction on a TPU v5e. A variant that does not fit
-is a row that says so.
+Without a TPU, a grid of configs around it is compiled for TPU v5e (libtpu) and
+nothing runs; on a TPU or GPU (or with `--run`) the seed setting runs, one
+process per variant. AOT rows are written after every compile: an interrupted
+grid resumes unless `--fresh`.
 
     python benchmarks/seed_claim.py                  # AOT grid, no TPU (about an hour)
     python benchmarks/seed_claim.py --preset base 2x2
     python benchmarks/seed_claim.py --device tpu     # on a v5e-8: the real run
     python benchmarks/seed_claim.py --quick          # one tiny config (tests)
-
-AOT rows are written after every compile; with `--out`/`--update-results` an
-interrupted grid resumes where it stopped unless `--fresh`.
 """
 
 import argparse
@@ -38,8 +28,7 @@ from benchmarks import _common, _device, _measure, _models, _plots, _targets, ru
 # Each config: a preset (the seed setting, `_models.seed`, or one change to it)
 # and the v5e topology it is compiled for.
 GRID = {
-    # The claim's config: v5e-8, batch 32, seq 2048.
-    "base": (_models.seed(), "v5e:2x4"),
+    "base": (_models.seed(), "v5e:2x4"),  # the claim's config
     "2x2": (_models.seed(), "v5e:2x2"),
     "d2560": (_models.seed(d_model=2560), "v5e:2x4"),
     "d3072-3B": (_models.seed(d_model=3072), "v5e:2x4"),
@@ -48,16 +37,33 @@ GRID = {
     "12layers": (_models.seed(layers=12), "v5e:2x4"),
     "replicated": (_models.seed(shard_params=False), "v5e:2x4"),
 }
-QUICK = {
-    "tiny": (
-        _models.seed(batch=8, d_model=256, layers=2, seq=256, vocab=512),
-        "v5e:2x2",
-    )
-}
+TINY = _models.seed(batch=8, d_model=256, layers=2, seq=256, vocab=512)
+QUICK = {"tiny": (TINY, "v5e:2x2")}
 POLICIES = ("None", "dots", "nothing")
 BASE_POLICIES = ("None", "dots", "dots_no_batch", "nothing", "offload_dots_no_batch")
 REAL = ("None", "everything", "dots", "dots_no_batch", "nothing")
 REAL += ("offload_dots_no_batch", "every(4, dots_no_batch)", "recursive()")
+
+
+def _fits(r: dict) -> str:
+    return "yes" if r["fits"] else "no (XLA refuses)" if r.get("error") else "no"
+
+
+COLUMNS = {  # the table's header: a row's cell
+    "config": lambda r: r["group"],
+    "checkpoint": lambda r: r["checkpoint"],
+    "temp/chip": lambda r: _common.fmt_bytes(r.get("temp_bytes")),
+    "total/chip": lambda r: _common.fmt_bytes(r.get("total_bytes")),
+    "fits": _fits,
+    "temp/None": lambda r: _common.fmt_ratio(r.get("temp_ratio")),
+    "FLOPs/None": lambda r: _common.fmt_ratio(r.get("flops_ratio")),
+}
+RUN_COLUMNS = {  # after those, for a real run
+    "peak": lambda r: _common.fmt_bytes(r.get("peak_bytes")),
+    "AOT total": lambda r: _common.fmt_bytes(r.get("aot_total_bytes")),
+    "time/None": lambda r: _common.fmt_ratio(r.get("time_ratio")),
+    "MFU": lambda r: _common.fmt_pct(r.get("mfu")),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,33 +82,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _real(args: argparse.Namespace) -> bool:
-    return args.run or _device.resolve_device(args.device) != "cpu"
-
-
-def aot(args, grid, console) -> list[dict]:
-    """Compile each config for its v5e topology; resume rows already written."""
+def aot(args: argparse.Namespace, grid: dict, console: _common.Console) -> list[dict]:
+    """Compile each config for its v5e topology, writing the rows after each
+    compile; resume the rows already written unless `--fresh`."""
     path = args.out / "seed_claim.json"
-    old = (
-        [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
-    )
-    rows = [r for r in old if "group" in r]
+    fresh = args.fresh or not path.exists()
+    rows = [] if fresh else json.loads(path.read_text())["rows"]
+    rows = [r for r in rows if "group" in r]
     done = {(r["group"], r["checkpoint"]) for r in rows}
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
         specs = [s for s in specs if (name, s) not in done]
-        vs = _measure.variants(
+        for v in _measure.variants(
             name, preset, specs, target=topology, peers=False, quick=False
-        )
-        for v in vs:
-            console.print(
-                f"[bold]{name}[/] ({preset.describe()}, {topology}): {v.checkpoint} ..."
-            )
+        ):
+            what = f"{name} ({preset.describe()}, {topology}): {v.checkpoint}"
+            console.print(f"[bold]{what}[/] ...")
             rows.append(_measure.compile_aot(v, topology))
-            console.print(
-                f"    temp {_common.fmt_bytes(rows[-1]['temp_bytes'])}/chip, "
-                f"fits: {rows[-1]['fits']}"
-            )
+            temp = _common.fmt_bytes(rows[-1]["temp_bytes"])
+            console.print(f"    temp {temp}/chip, fits: {rows[-1]['fits']}")
             if _common.is_main():
                 _common.write_json(path, {"rows": rows})
     return rows
@@ -111,37 +109,33 @@ def aot(args, grid, console) -> list[dict]:
 def main(argv: list[str] | None = None) -> dict:
     args = _common.parse_args(_parser(), argv, "seed_claim", defer=_common.isolate)
     args.target = None
-    console = _common.Console()
+    real = args.run or _device.resolve_device(args.device) != "cpu"
+    console, t0 = _common.Console(), time.perf_counter()
     grid = QUICK if args.quick else GRID
-    if args.preset:
-        grid = {n: grid[n] for n in args.preset if n in grid}
-    t0 = time.perf_counter()
-    if _real(args):
+    grid = {n: grid[n] for n in args.preset if n in grid} if args.preset else grid
+    if real:
         name = "base" if "base" in grid else next(iter(grid))
-        preset = grid[name][0]
+        presets = {name: grid[name][0]}
+        specs = args.checkpoint or REAL
         variants = _measure.variants(
-            name, preset, args.checkpoint or REAL, target=None, peers=False, quick=False
+            name, presets[name], specs, target=None, peers=False, quick=False
         )
         if args.worker:
             return _measure.worker(args, variants)
-        rows, presets = run.measure(args, variants, console), {name: preset}
+        rows = run.measure(args, variants, console)
     else:
         rows, presets = aot(args, grid, console), {n: p for n, (p, _) in grid.items()}
     _measure.add_figures(rows)
     _measure.add_throughput(rows, presets)
+    # The AOT grid compiles each config for its own v5e slice.
+    where = {} if real else {"target": "v5e (each config's slice)"}
     data = {
-        "meta": _common.meta(
-            args,
-            rows[0],
-            seconds=time.perf_counter() - t0,
-            # The AOT grid compiles each config for its own v5e slice.
-            **({} if _real(args) else {"target": "v5e (each config's slice)"}),
-        ),
+        "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0, **where),
         "claim": __doc__.split("\n\n")[1],
         "presets": {
             n: {
                 "describe": p.describe(),
-                "topology": "this machine" if _real(args) else grid[n][1],
+                "topology": "this machine" if real else grid[n][1],
                 **dataclasses.asdict(p),
             }
             for n, p in presets.items()
@@ -149,42 +143,19 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "targets": _targets.evaluate(rows, presets),
     }
-    stem = "seed_claim" + "_quick" * args.quick + "_run" * _real(args)
+    stem = "seed_claim" + "_quick" * args.quick + "_run" * real
     path = _common.write(args, stem, data, plot)
-    show(console, data, _real(args))
+    show(console, data, real)
     console.print(f"results in {path}")
     return data
 
 
 def show(console: _common.Console, data: dict, real: bool) -> None:
-    where = (
-        f"{data['meta']['device']}, run"
-        if real
-        else "TPU v5e per chip, compiled, not run"
-    )
-    cols = ["config", "checkpoint", "temp/chip", "total/chip", "fits", "temp/None"]
-    cols += ["FLOPs/None"]
-    cols += ["peak", "AOT total", "time/None", "MFU"] if real else []
-    out = []
-    for r in data["rows"]:
-        cells = [
-            r["group"],
-            r["checkpoint"],
-            _common.fmt_bytes(r.get("temp_bytes")),
-            _common.fmt_bytes(r.get("total_bytes")),
-            "yes" if r["fits"] else "no (XLA refuses)" if r.get("error") else "no",
-            _common.fmt_ratio(r.get("temp_ratio")),
-            _common.fmt_ratio(r.get("flops_ratio")),
-        ]
-        if real:
-            cells += [
-                _common.fmt_bytes(r.get("peak_bytes")),
-                _common.fmt_bytes(r.get("aot_total_bytes")),
-                _common.fmt_ratio(r.get("time_ratio")),
-                _common.fmt_pct(r.get("mfu")),
-            ]
-        out.append(cells)
-    console.table(f"Seed claim [{where}]", cols, out, left=2)
+    where = "TPU v5e per chip, compiled, not run"
+    where = f"{data['meta']['device']}, run" if real else where
+    columns = COLUMNS | (RUN_COLUMNS if real else {})
+    rows = [[cell(r) for cell in columns.values()] for r in data["rows"]]
+    console.table(f"Seed claim [{where}]", list(columns), rows, left=2)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
     _common.show_targets(console, data["targets"])
@@ -200,32 +171,29 @@ def plot(data: dict, path: Path) -> None:
     rows = [r for r in data["rows"] if r.get("temp_bytes") is not None]
     configs = list(dict.fromkeys(r["group"] for r in rows))
     specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
-    colours = {s: f"C{i}" for i, s in enumerate(specs)}
     fig, ax = pyplot.subplots(figsize=(11, 5))
     width = 0.8 / max(1, len(specs))
     for j, s in enumerate(specs):
-        pts = [(configs.index(r["group"]), r) for r in rows if r["checkpoint"] == s]
+        mine = [r for r in rows if r["checkpoint"] == s]
         bars = ax.bar(
-            [i + j * width for i, _ in pts],
-            [r["temp_bytes"] / _common.GiB for _, r in pts],
+            [configs.index(r["group"]) + j * width for r in mine],
+            [r["temp_bytes"] / _common.GiB for r in mine],
             width,
-            color=colours[s],
+            color=f"C{j}",
             edgecolor="white",
             linewidth=0.5,
         )
-        for b, (_, r) in zip(bars, pts):
-            if not r["fits"]:
-                b.set_hatch("///")
-    ax.axhline(16, color="k", ls="--", lw=1)
+        for b, r in zip(bars, mine):
+            b.set_hatch("" if r["fits"] else "///")
+    line = ax.axhline(16, color="k", ls="--", lw=1, label="16 GiB, one v5e chip")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))], configs)
-    ax.set_ylabel("temp memory per chip (GiB)")
-    ax.set_ylim(bottom=0)
+    ax.set(ylabel="temp memory per chip (GiB)", ylim=(0, None))
     ax.grid(axis="y", alpha=0.3)
-    handles = [Patch(color=colours[s], label=s) for s in specs] + [
-        Patch(facecolor="white", edgecolor="0.3", hatch="///", label="does not fit"),
-        pyplot.Line2D([], [], color="k", ls="--", lw=1, label="16 GiB, one v5e chip"),
-    ]
-    ax.legend(handles=handles, fontsize=8.5, ncols=2)
+    handles = [Patch(color=f"C{j}", label=s) for j, s in enumerate(specs)]
+    hatched = Patch(
+        facecolor="white", edgecolor="0.3", hatch="///", label="does not fit"
+    )
+    ax.legend(handles=[*handles, hatched, line], fontsize=8.5, ncols=2)
     meta = data["meta"]
     how = "compiled for TPU v5e (not run)" if meta.get("target") else meta["device"]
     first, preset = next(iter(data["presets"].items()))
