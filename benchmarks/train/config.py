@@ -107,10 +107,12 @@ REAL |= {"min_lr_ratio": "[0, inf)", "weight_decay": "[0, inf)", "clip": "(0, in
 
 def _bound_problem(name: str, x: Any) -> str | None:
     """What is wrong with the value `x` of flag `name` (see the bounds), or `None`."""
-    if name in POSITIVE and x < 1:
-        return f"expected a positive integer. Got {str(x)!r}."
-    if name in NON_NEGATIVE and x < 0:
-        return f"expected an integer >= 0. Got {str(x)!r}."
+    if name in POSITIVE + NON_NEGATIVE:
+        parse = _device.positive_int if name in POSITIVE else _device.non_negative_int
+        try:
+            parse(str(x))
+        except argparse.ArgumentTypeError as e:
+            return str(e)
     if name == "seed" and x > SEED_MAX:
         return f"expected at most {SEED_MAX}. Got {x}."
     if name in REAL:

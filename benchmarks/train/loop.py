@@ -180,22 +180,19 @@ def describe(run: Run, state: TrainState) -> str:
 
 
 class StopRequest:
-    """From its making: the first SIGTERM or SIGINT asks the loop to finish its
-    step, save and exit 0; a second one ends the process at once. With several
-    processes, SIGTERM (and a SIGINT, passed on as one) goes to JAX's preemption
-    notifier, and every process stops after the same step."""
+    """From its making: the first SIGTERM or SIGINT asks the loop to stop after its
+    step, saved; a second one ends the process at once. With several processes,
+    SIGTERM (and SIGINT, passed on as one) goes to JAX's preemption notifier, and
+    every process stops after the same step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        signals = [signal.SIGINT]
-        if jax.process_count() == 1:
-            signals.append(signal.SIGTERM)
+        signals = [signal.SIGINT] + [signal.SIGTERM] * (jax.process_count() == 1)
         self.previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def uninstall(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
-        self.previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
         for s in self.previous:
@@ -228,11 +225,10 @@ def train(
         if writer is not None:
             writer.close()
     done, c, save_dir = run.first + len(losses), run.c, run.args.save_dir
+    where = "nothing saved (no --save-dir)"
     if saved := mgr is not None:
         mgr.wait_until_finished()
-    where = (
-        f"saved step {done} to {save_dir}" if saved else "nothing saved (no --save-dir)"
-    )
+        where = f"saved step {done} to {save_dir}"
     if stopped_by is None:
         say(f"step {done} of {c.steps}: {where}")
     else:
@@ -260,15 +256,11 @@ def _loop(run, state, mgr, stop, writer):
     started = tick = time.perf_counter()
     losses, since, timed, seconds = [], run.first, 0, 0.0
     final_eval = stopped_by = None
-    with _progress(args) as progress:
-        task = progress.add_task(
-            "compiling", total=c.steps, completed=run.first, loss="-"
-        )
+    with _progress(args) as bar:
+        task = bar.add_task("compiling", total=c.steps, completed=run.first, loss="-")
         for step in range(run.first, run.last):
-            tokens = _batch(run, run.corpus.train, (c.seed, 0, step))
-            loss, state = train_step(
-                (tokens, jnp.int32(step)), state, run.optimizer, run.placement
-            )
+            batch = (_batch(run, run.corpus.train, (c.seed, 0, step)), jnp.int32(step))
+            loss, state = train_step(batch, state, run.optimizer, run.placement)
             losses.append(loss)
             done = step + 1
             if step > run.first:
@@ -276,7 +268,7 @@ def _loop(run, state, mgr, stop, writer):
             else:  # compiled: the clock starts now
                 jax.block_until_ready(loss)
                 tick = time.perf_counter()
-                progress.update(task, description="train")
+                bar.update(task, description="train")
             stopping = stop.requested(done)
             logging = done == run.last or _every(done, args.log_every)
             logging = logging or _every(done, args.eval_every)
@@ -293,13 +285,13 @@ def _loop(run, state, mgr, stop, writer):
                 if writer is not None:
                     writer.write(row)
                 say(log_line(row))
-                progress.update(task, loss=f"{row['loss']:.4f}")
+                bar.update(task, loss=f"{row['loss']:.4f}")
                 since, timed, seconds = done, 0, 0.0
             if saving:
                 checkpointing.save_checkpoint(mgr, done, state, run.meta)
             if logging or saving:
                 tick = time.perf_counter()
-            progress.update(task, completed=done)
+            bar.update(task, completed=done)
             if stopping:
                 stopped_by = stop.name
                 break

@@ -17,13 +17,9 @@ TAGS = {
     "loss": "loss/train",
     "loss_avg": "loss/train_avg",
     "eval_loss": "loss/held_out",
-    "lr": "optimizer/lr",
-    "tokens_per_s": "speed/tokens_per_s",
-    "step_s": "speed/step_s",
-    "mfu": "speed/mfu",
-    "hfu": "speed/hfu",
-    "peak_bytes": "memory/peak_bytes",
 }
+TAGS |= {"lr": "optimizer/lr", "peak_bytes": "memory/peak_bytes"}
+TAGS |= {k: f"speed/{k}" for k in ("tokens_per_s", "step_s", "mfu", "hfu")}
 
 
 def say(text: str) -> None:
@@ -95,7 +91,7 @@ def plot_losses(metrics: Path, out: Path) -> None:
     pyplot = _common.plt()
     rows = read_metrics(metrics)
     evals = [r for r in rows if r.get("eval_loss") is not None]
-    fig, ax = pyplot.subplots(figsize=(7, 4), layout="constrained")
+    fig, ax = pyplot.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in rows], [r["loss_avg"] for r in rows], label="train")
     if evals:
         steps, losses = [r["step"] for r in evals], [r["eval_loss"] for r in evals]
@@ -103,5 +99,4 @@ def plot_losses(metrics: Path, out: Path) -> None:
     ax.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm.py")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.savefig(out, dpi=120)
-    pyplot.close(fig)
+    _common.save_figure(fig, out)
