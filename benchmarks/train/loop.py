@@ -65,8 +65,7 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
 
     args = config.parse_args(argv, doc or package_doc)
     platform = _device.select_device(args, config.USAGE)
-    # A new --save-dir is made once every flag is checked: a refused run writes
-    # nothing.
+    # A new --save-dir is made once every flag is checked (a refused run writes none).
     exists = args.save_dir is not None and args.save_dir.exists()
     mgr = checkpointing.open_manager(args.save_dir, args.keep) if exists else None
     stop = StopRequest()  # a signal before the first step stops the run after it
@@ -307,10 +306,8 @@ def _progress(args: Flags) -> rich.progress.Progress:
     columns = ("[bold]{task.description}", bar.BarColumn(), bar.MofNCompleteColumn())
     columns += (bar.TimeElapsedColumn(), bar.TimeRemainingColumn())
     disable = args.no_progress or not _device.is_main_process()
-    console = rich.console.Console()
-    return bar.Progress(
-        *columns, "loss {task.fields[loss]}", console=console, disable=disable
-    )
+    loss = "loss {task.fields[loss]}"
+    return bar.Progress(*columns, loss, console=rich.console.Console(), disable=disable)
 
 
 def _batch(run: Run, data, seed: tuple[int, ...]) -> jax.Array:
