@@ -1,34 +1,21 @@
 """Fit a batch, by the clock: `eqx_remat.plan(..., micro_batches=...,
 loss_chunks=...)` against every combination of a uniform checkpoint, a
-micro-batch count and a loss chunking, on the device it runs on.
+micro-batch count and a loss chunking, compiled and timed on the device it runs
+on; with `--target`, the pick compiled for TPU v5e beside MaxText's recipe. How
+(budgets, races, one clock): benchmarks/README.md.
 
     python benchmarks/batch_sweep.py            # transformer-s and transformer-v
     python benchmarks/batch_sweep.py --preset transformer-s --budgets 3
     python benchmarks/batch_sweep.py --target v5e:2x4      # seed-llama, compiled
     python benchmarks/batch_sweep.py --quick               # transformer-tiny (tests)
-
-Every combination (uniform checkpoints `None`, "dots", "dots_no_batch",
-"nothing", or those of `--checkpoint`; 1, 2 and 4 micro-batches, those that
-divide the batch; whole logits or chunks of a quarter of the sequence) is
-compiled and timed in interleaved rounds. At budgets spaced geometrically from
-the least memory of any combination to the whole batch's `None`, the plan's
-pick runs round-robin with the three fastest combinations that fit, and its
-time per global batch is its median per-round ratio to the fastest of them (its
-time and tokens/s: that one's in the combinations' rounds, times the ratio: one
-clock for every row). The loss is the zoo's `Transformer.loss` (chunked as
-`loss_chunk_size` says). Writes `batch_sweep-<device>.json` and a plot of
-tokens/s against the budget under `--out` (default: a new run directory).
-
-With `--target v5e:2x4` (default preset `seed-llama`), nothing runs: the
-plan's pick for the preset's global batch at one chip's 16 GiB, compiled for
-the slice, beside MaxText's recipe (full recomputation, `"nothing"`, at the
-largest per-chip batch that fits), in tokens/s per chip by the roofline.
 """
 
 import argparse
+import contextlib
 import functools
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +26,7 @@ import numpy as np
 import eqx_remat as er
 import zoo
 from benchmarks import _common, _measure, _models, _targets
+from benchmarks.plan_sweep import finish, of_kind
 
 
 UNIFORM = (None, "dots", "dots_no_batch", "nothing")
@@ -99,13 +87,13 @@ def _preset(name: str) -> _models.TransformerPreset:
     return preset
 
 
-def sweep_preset(args, name: str, console) -> list[dict[str, Any]]:
-    preset = _preset(name)
+def sweep_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
+    """Every combination compiled and timed (a "combination" row each), then a
+    "pick" row at each budget."""
     model, seq = preset.build(), preset.seq
     # `seq + 1` tokens per example: the loss predicts `seq` of them.
-    tokens = jax.random.randint(
-        jax.random.key(1), (preset.batch, seq + 1), 0, preset.vocab
-    )
+    shape = (preset.batch, seq + 1)
+    tokens = jax.random.randint(jax.random.key(1), shape, 0, preset.vocab)
     chunks = (None, max(seq // 4, 1))
     counts = tuple(k for k in MICRO_BATCHES if tokens.shape[0] % k == 0)
     uniform = UNIFORM
@@ -114,60 +102,49 @@ def sweep_preset(args, name: str, console) -> list[dict[str, Any]]:
     grid = list(itertools.product(uniform, counts, chunks))
     console.print(f"{name}: compiling {len(grid)} combinations")
     combos = [_Combo(model, tokens, c, k, ch) for c, k, ch in grid]
-    timings = _time(combos, args.repeats)
-    for combo, t in zip(combos, timings, strict=True):
+    for combo, t in zip(combos, _time(combos, args.repeats), strict=True):
         combo.seconds = t.seconds
     low = min(c.memory for c in combos)
-    high = next(
-        c.memory for c in combos if (c.checkpoint, c.k, c.chunk) == (None, 1, None)
-    )
+    high = combos[grid.index((None, 1, None))].memory
     budgets = np.geomspace(low, high, args.budgets).astype(int).tolist()
-    rows = [
-        {
-            "group": name,
-            "kind": "combination",
-            "checkpoint": repr(c.checkpoint),
-            "micro_batches": c.k,
-            "loss_chunk_size": c.chunk,
-            "memory_bytes": c.memory,
-            "time_s": c.seconds,
-            "tokens_per_s": tokens.shape[0] * seq / c.seconds,
-        }
-        for c in combos
-    ]
+    rows = []
+    for c in combos:
+        row = {"group": name, "kind": "combination", "checkpoint": repr(c.checkpoint)}
+        row |= {"micro_batches": c.k, "loss_chunk_size": c.chunk}
+        row |= {"memory_bytes": c.memory, "time_s": c.seconds}
+        rows.append(row | {"tokens_per_s": tokens.shape[0] * seq / c.seconds})
     er.clear_plan_cache()
     for i, budget in enumerate(budgets):
+        plain_s = _plain_plan(model, tokens, budget) if i == 0 else None
         way = (counts, chunks)
-        rows.append(_pick(args, name, model, tokens, way, budget, combos, i == 0))
+        rows.append(_pick(args, name, model, tokens, way, budget, combos, plain_s))
         console.print(_describe(rows[-1]))
     return rows
 
 
-def _pick(args, name, model, tokens, way, budget, combos, first) -> dict[str, Any]:
-    """Plan at `budget`, then race the pick with the three fastest fitting
-    combinations (the first budget also times a checkpoint-only plan afresh,
-    to compare planning times)."""
-    plain_s = None
-    if first:
-        er.clear_plan_cache()
-        start = time.perf_counter()
-        try:
-            er.plan(GRAD, model, tokens, budget_bytes=budget, progress=False)
-        except ValueError:
-            pass  # nothing fits the whole batch: the time is still the cost
-        plain_s = time.perf_counter() - start
-        er.clear_plan_cache()
+def _timed(f: Callable, *args, **kwargs) -> tuple[Any, float]:
+    """`f(*args, **kwargs)` and the seconds it took."""
     start = time.perf_counter()
-    r = er.plan(
-        GRAD,
-        model,
-        tokens,
-        budget_bytes=budget,
-        micro_batches=way[0],
-        loss_chunks=way[1],
-        progress=False,
-    )
-    plan_s = time.perf_counter() - start
+    return f(*args, **kwargs), time.perf_counter() - start
+
+
+def _plain_plan(model, tokens, budget: int) -> float:
+    """The seconds a checkpoint-only plan of `budget` takes, from an empty cache
+    (and one that does not fit still costs them)."""
+    er.clear_plan_cache()
+    start = time.perf_counter()
+    with contextlib.suppress(ValueError):
+        er.plan(GRAD, model, tokens, budget_bytes=budget, progress=False)
+    seconds = time.perf_counter() - start
+    er.clear_plan_cache()
+    return seconds
+
+
+def _pick(args, name, model, tokens, way, budget, combos, plain_s) -> dict[str, Any]:
+    """Plan at `budget`, then race the pick with the three fastest fitting
+    combinations: a "pick" row (`plain_s`: a checkpoint-only plan's seconds)."""
+    how = {"micro_batches": way[0], "loss_chunks": way[1], "progress": False}
+    r, plan_s = _timed(er.plan, GRAD, model, tokens, budget_bytes=budget, **how)
     fitting = sorted((c for c in combos if c.memory <= budget), key=lambda c: c.seconds)
     pick = _Combo(model, tokens, r.checkpoint, r.micro_batches, r.loss_chunk_size)
     timings = _time([pick, *fitting[:3]], args.repeats)
@@ -177,24 +154,14 @@ def _pick(args, name, model, tokens, way, budget, combos, first) -> dict[str, An
     # On the clock of the combinations' rounds, as every other row: the
     # fastest rival's time there, times the pick's ratio to it here.
     seconds = fitting[best].seconds * ratio
-    return {
-        "group": name,
-        "kind": "pick",
-        "budget_bytes": budget,
-        "checkpoint": str(r.checkpoint),
-        "micro_batches": r.micro_batches,
-        "loss_chunk_size": r.loss_chunk_size,
-        "memory_bytes": pick.memory,
-        "fits": pick.memory <= budget,
-        "time_s": seconds,
-        "tokens_per_s": tokens.shape[0] * (tokens.shape[1] - 1) / seconds,
-        "best_combination": fitting[best].name(),
-        "ratio": ratio,
-        "spread": max(t.spread for t in timings),
-        "plan_s": plan_s,
-        "plain_plan_s": plain_s,
-        "compiles": r.compiles,
-    }
+    row = {"group": name, "kind": "pick", "budget_bytes": budget}
+    row |= {"checkpoint": str(r.checkpoint), "micro_batches": r.micro_batches}
+    row |= {"loss_chunk_size": r.loss_chunk_size, "memory_bytes": pick.memory}
+    row |= {"fits": pick.memory <= budget, "time_s": seconds}
+    row["tokens_per_s"] = tokens.shape[0] * (tokens.shape[1] - 1) / seconds
+    row |= {"best_combination": fitting[best].name(), "ratio": ratio}
+    row |= {"spread": max(t.spread for t in timings), "plan_s": plan_s}
+    return row | {"plain_plan_s": plain_s, "compiles": r.compiles}
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -208,12 +175,11 @@ def _describe(row: dict[str, Any]) -> str:
     )
 
 
-def aot_preset(args, name: str, console) -> list[dict[str, Any]]:
-    """Compiled for `--target` (TPU v5e, per chip, nothing run): the plan's pick
-    for the preset's global batch at one chip's 16 GiB, beside MaxText's
-    recipe: full recomputation (`"nothing"`) at the largest per-chip batch
-    that fits (doubling from 1). Times are the roofline's."""
-    preset = _preset(name)
+def aot_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
+    """Compiled for `--target`, nothing run, times by the roofline: the plan's
+    pick for the preset's global batch at one chip's 16 GiB (an "aot-pick"
+    row), beside MaxText's recipe, `"nothing"` at each per-chip batch that
+    fits, doubling from 1 ("maxtext" rows)."""
     mesh = er.v5e_mesh(args.target)
     model = zoo.shard(preset.build(abstract=True), mesh, fsdp=preset.fsdp)
     axis = "data" if preset.attention == "flash" else None
@@ -222,70 +188,38 @@ def aot_preset(args, name: str, console) -> list[dict[str, Any]]:
     def fn(model, tokens):  # gradients kept sharded like the parameters
         return zoo.shard(grad(model, tokens), mesh, fsdp=preset.fsdp)
 
-    def tokens_of(batch: int) -> Any:
+    def plan(model, batch: int, **how) -> er.PlanResult:  # at 16 GiB per chip
         shape = jax.ShapeDtypeStruct((batch, preset.seq + 1), jax.numpy.int32)
-        return _measure.place_batch(shape, mesh)
+        how |= {"budget_bytes": _measure.V5E_HBM, "target": args.target}
+        tokens = _measure.place_batch(shape, mesh)
+        return er.plan(fn, model, tokens, progress=False, **how)
 
-    hbm, chips = _measure.V5E_HBM, mesh.size
+    chips, tokens = mesh.size, preset.batch * preset.seq
     per_chip = preset.batch // chips
     counts = [k for k in (1, 2, 4) if per_chip % k == 0]
-    rows = []
     with jax.set_mesh(mesh):
         console.print(f"{name}: planning micro-batches {counts} at 16 GiB per chip")
-        start = time.perf_counter()
-        r = er.plan(
-            fn,
-            model,
-            tokens_of(preset.batch),
-            budget_bytes=hbm,
-            target=args.target,
-            micro_batches=counts,
-            loss_chunks=(None, 512),
-            progress=False,
-        )
-        tokens = preset.batch * preset.seq
-        rows.append(
-            {
-                "group": name,
-                "kind": "aot-pick",
-                "checkpoint": str(r.checkpoint),
-                "micro_batches": r.micro_batches,
-                "loss_chunk_size": r.loss_chunk_size,
-                "per_chip_batch": per_chip,
-                "memory_bytes": r.entry.memory_bytes,
-                "time_s": r.entry.time_s,
-                "tokens_per_s_per_chip": tokens / r.entry.time_s / chips,
-                "plan_s": time.perf_counter() - start,
-                "compiles": r.compiles,
-            }
-        )
+        how = {"micro_batches": counts, "loss_chunks": (None, 512)}
+        r, plan_s = _timed(plan, model, preset.batch, **how)
+        row = {"group": name, "kind": "aot-pick", "checkpoint": str(r.checkpoint)}
+        row |= {"micro_batches": r.micro_batches, "loss_chunk_size": r.loss_chunk_size}
+        row |= {"per_chip_batch": per_chip, "memory_bytes": r.entry.memory_bytes}
+        row["time_s"] = r.entry.time_s
+        row["tokens_per_s_per_chip"] = tokens / r.entry.time_s / chips
+        rows = [row | {"plan_s": plan_s, "compiles": r.compiles}]
+        nothing = er.set_checkpoint(model, "nothing")
         for b in (1, 2, 4, 8, 16, 32):
             console.print(f"{name}: MaxText's recipe, per-chip batch {b}")
             try:
-                e = er.plan(
-                    fn,
-                    er.set_checkpoint(model, "nothing"),
-                    tokens_of(b * chips),
-                    budget_bytes=hbm,
-                    target=args.target,
-                    candidates=["nothing"],
-                    progress=False,
-                ).entry
+                e = plan(nothing, b * chips, candidates=["nothing"]).entry
             except ValueError as err:
                 if "fits" not in str(err):
                     raise
                 break
-            rows.append(
-                {
-                    "group": name,
-                    "kind": "maxtext",
-                    "checkpoint": "nothing",
-                    "per_chip_batch": b,
-                    "memory_bytes": e.memory_bytes,
-                    "time_s": e.time_s,
-                    "tokens_per_s_per_chip": b * preset.seq / e.time_s,
-                }
-            )
+            row = {"group": name, "kind": "maxtext", "checkpoint": "nothing"}
+            row |= {"per_chip_batch": b, "memory_bytes": e.memory_bytes}
+            row["time_s"] = e.time_s
+            rows.append(row | {"tokens_per_s_per_chip": b * preset.seq / e.time_s})
     for row in rows:
         console.print(
             f"  {row['kind']}: {row['checkpoint']} per-chip batch "
@@ -301,51 +235,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     default = ["transformer-s", "transformer-v"]
     if args.target or args.quick:
         default = ["seed-llama" if args.target else "transformer-tiny"]
-    names = args.preset or default
-    presets = {n: _preset(n) for n in names}
+    presets = {n: _preset(n) for n in args.preset or default}
     t0 = time.perf_counter()
     each = aot_preset if args.target else sweep_preset
-    rows = [r for n in names for r in each(args, n, console)]
+    rows = [r for n, p in presets.items() for r in each(args, n, p, console)]
     data = {
         "meta": _common.meta(args, seconds=time.perf_counter() - t0),
         "presets": {n: {"describe": p.describe()} for n, p in presets.items()},
         "rows": rows,
     }
-    data["targets"] = _targets.evaluate(rows, presets, _targets.BATCH_TARGETS)
-    tag = (args.target or args.platform).replace(":", "_")
-    path = _common.write(args, f"batch_sweep-{tag}", data, plot)
+    return finish(
+        args, console, data, presets, _targets.BATCH_TARGETS, plot, show, quick=False
+    )
+
+
+def show(console: _common.Console, data: dict[str, Any], where: str) -> None:
     _common.show_targets(console, data["targets"])
-    console.print(f"results in {path}")
-    return data
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
     """Tokens/s against the budget: the pick, and each uniform checkpoint at
-    its best micro-batch count and loss chunking that fits."""
-    groups = [g for g in data["presets"] if any(r["group"] == g for r in data["rows"])]
+    its best micro-batch count and loss chunking that fits; compiled for a
+    target, tokens/s per chip against the per-chip batch."""
     if any(r["kind"] not in ("combination", "pick") for r in data["rows"]):
         return _plot_aot(data, path)
+    groups = [g for g in data["presets"] if any(r["group"] == g for r in data["rows"])]
     fig, axes = _common.plt().subplots(
         1, len(groups), figsize=(6 * len(groups), 4), squeeze=False
     )
     for ax, group in zip(axes[0], groups, strict=True):
         rows = [r for r in data["rows"] if r["group"] == group]
-        picks = [r for r in rows if r["kind"] == "pick"]
+        picks, combos = of_kind(rows, "pick"), of_kind(rows, "combination")
         budgets = [r["budget_bytes"] / 2**20 for r in picks]
         ax.plot(budgets, [r["tokens_per_s"] for r in picks], "k-o", label="plan's pick")
-        combos = [r for r in rows if r["kind"] == "combination"]
         for c in dict.fromkeys(r["checkpoint"] for r in combos):
+            mine = [r for r in combos if r["checkpoint"] == c]
             best = [
                 max(
-                    (
-                        r["tokens_per_s"]
-                        for r in combos
-                        if r["checkpoint"] == c
-                        and r["memory_bytes"] <= p["budget_bytes"]
-                    ),
+                    (r["tokens_per_s"] for r in mine if r["memory_bytes"] <= budget),
                     default=np.nan,
                 )
-                for p in picks
+                for budget in (p["budget_bytes"] for p in picks)
             ]
             ax.plot(budgets, best, "--.", label=f"{c}, best micro-batches")
         ax.set(xscale="log", xlabel="budget (MiB)", ylabel="tokens/s", title=group)
@@ -357,23 +287,14 @@ def _plot_aot(data: dict[str, Any], path: Path) -> None:
     """Tokens/s per chip (roofline): the pick beside MaxText's recipe at each
     per-chip batch that fits."""
     fig, ax = _common.plt().subplots(figsize=(6, 4))
-    rows = data["rows"]
-    maxtext = [r for r in rows if r["kind"] == "maxtext"]
-    ax.plot(
-        [r["per_chip_batch"] for r in maxtext],
-        [r["tokens_per_s_per_chip"] for r in maxtext],
-        "--o",
-        label="MaxText's recipe: 'nothing'",
-    )
-    for r in rows:
-        if r["kind"] == "aot-pick":
-            ax.plot(
-                [r["per_chip_batch"]],
-                [r["tokens_per_s_per_chip"]],
-                "k*",
-                markersize=12,
-                label=f"plan: x{r['micro_batches']} chunk {r['loss_chunk_size']}",
-            )
+    maxtext = of_kind(data["rows"], "maxtext")
+    xs = [r["per_chip_batch"] for r in maxtext]
+    ys = [r["tokens_per_s_per_chip"] for r in maxtext]
+    ax.plot(xs, ys, "--o", label="MaxText's recipe: 'nothing'")
+    for r in of_kind(data["rows"], "aot-pick"):
+        label = f"plan: x{r['micro_batches']} chunk {r['loss_chunk_size']}"
+        xy = [r["per_chip_batch"]], [r["tokens_per_s_per_chip"]]
+        ax.plot(*xy, "k*", markersize=12, label=label)
     ax.set(xscale="log", xlabel="per-chip batch", ylabel="tokens/s per chip")
     ax.set_title(f"{data['meta'].get('target')}: 16 GiB per chip (roofline)")
     ax.legend(fontsize=7)
