@@ -46,8 +46,8 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", choices=DEVICES, default="auto", help=HELP["device"] + default
     )
-    help = HELP["distributed"] + " (default: off)"
-    parser.add_argument("--distributed", action="store_true", help=help)
+    off = HELP["distributed"] + " (default: off)"
+    parser.add_argument("--distributed", action="store_true", help=off)
     group = parser.add_argument_group(
         "multi-process (with --distributed; auto-detected on a TPU slice, Slurm, "
         "Open MPI)"
@@ -153,9 +153,13 @@ def _address(text: str) -> str:
 
 def _int_at_least(least: int, what: str):
     def parse(text: str) -> int:
-        if not text.strip().lstrip("+-").isdigit() or int(text) < least:
+        try:
+            n = int(text)
+        except ValueError:
+            n = least - 1
+        if n < least:
             raise argparse.ArgumentTypeError(f"expected {what}. Got {text!r}.")
-        return int(text)
+        return n
 
     return parse
 

@@ -277,16 +277,16 @@ def aot_beside(v: Variant) -> dict[str, Any]:
     if _device.device_kind() not in ("TPU v5 lite", "TPU v5e"):
         return {}
     target = f"v5e:{_TOPOLOGY.get(jax.device_count(), '2x2')}"
-    mesh = er.v5e_mesh(target)
 
-    def abstract(x: Any) -> jax.ShapeDtypeStruct:  # the same sharding, on `mesh`
-        spec = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, spec)
-        )
-
-    def build() -> tuple[Callable, Any]:
+    def build() -> tuple[Callable, Any]:  # inside the `try`: libtpu may fail
         fn, args = v.build()
+        mesh = er.v5e_mesh(target)
+
+        def abstract(x: Any) -> jax.ShapeDtypeStruct:  # the same sharding
+            spec = getattr(getattr(x, "sharding", None), "spec", PartitionSpec())
+            sharding = NamedSharding(mesh, spec)
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
         return fn, jax.tree.map(abstract, args)
 
     try:
