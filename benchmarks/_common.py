@@ -441,6 +441,11 @@ def write(
     return path
 
 
+def of_kind(rows: Sequence[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The rows whose `kind` is `kind` (the sweeps' rows of several kinds)."""
+    return [r for r in rows if r.get("kind") == kind]
+
+
 def fmt_bytes(n: int | None, digits: int = 2) -> str:
     return "n/a" if n is None else er.format_bytes(n, digits=digits)
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _models
+from ._common import of_kind
 
 
 Rows = Sequence[dict[str, Any]]
@@ -31,10 +32,6 @@ def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
         for r in rows
         if r["group"] == group and r["impl"] == "eqx_remat"
     }
-
-
-def _kind(rows: Rows, kind: str) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("kind") == kind]
 
 
 def _ratio(a: dict | None, b: dict | None, metric: str) -> float | None:
@@ -186,7 +183,7 @@ def _between(front: Rows, budget: int) -> bool:
 def between_uniform(rows: Rows, group: str, budget: int) -> bool:
     """Whether `budget` lies strictly between the memories of two neighbours on
     the frontier of the compiled uniform candidates (estimated times)."""
-    uniform = [r for r in _kind(rows, "uniform") if r["group"] == group]
+    uniform = [r for r in of_kind(rows, "uniform") if r["group"] == group]
     return _between(pareto([r for r in uniform if r["compiled"]], "time_s"), budget)
 
 
@@ -227,7 +224,7 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 def pick_fits(rows, group, preset):
     """The largest compiled memory of a pick / its budget (`inf`: one does
     not fit) is at most 1."""
-    if not (picks := _kind(rows, "pick")):
+    if not (picks := of_kind(rows, "pick")):
         return None
     worst = max(
         r["compiled_bytes"] / r["budget_bytes"] if r["fits"] else math.inf
@@ -243,7 +240,9 @@ def pick_fits(rows, group, preset):
 @_check
 def pick_vs_uniform(rows, group, preset, at_most=1.0 + 1e-9):
     """Every pick's estimated step time / the best fitting uniform candidate's."""
-    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_time_s") is not None]
+    picks = [
+        r for r in of_kind(rows, "pick") if r.get("best_uniform_time_s") is not None
+    ]
     if not picks:
         return None
     worst = max(
@@ -260,7 +259,7 @@ def predicted_within(rows, group, preset, rel=0.05):
     """The largest |predicted - compiled| / compiled memory of a pick."""
     picks = [
         r
-        for r in _kind(rows, "pick")
+        for r in of_kind(rows, "pick")
         if r.get("compiled_bytes") and r.get("predicted_bytes") is not None
     ]
     if not picks:
@@ -277,7 +276,7 @@ def predicted_within(rows, group, preset, rel=0.05):
 @_check
 def planning_cost(rows, group, preset, compiles=30, seconds=600.0):
     """Planning every budget takes at most `compiles` compiles and `seconds`."""
-    if not (runs := _kind(rows, "planning")):
+    if not (runs := of_kind(rows, "planning")):
         return None
     (r,) = runs
     worst = max(r["compiles"] / compiles, r["seconds"] / seconds)
@@ -307,7 +306,7 @@ def _share(name, metric, at_least, between, gains):
 def cheaper_between(rows, group, preset, at_least=0.5):
     """Estimated: the pick costs strictly less than the best fitting uniform
     candidate at `at_least` of the budgets `between_uniform`."""
-    if not (picks := _kind(rows, "pick")):
+    if not (picks := of_kind(rows, "pick")):
         return None
     between = [r for r in picks if between_uniform(rows, group, r["budget_bytes"])]
     gains = [
@@ -327,7 +326,7 @@ def cheaper_between(rows, group, preset, at_least=0.5):
 def clock_faster_between(rows, group, preset, at_least=0.5):
     """By the clock: the pick is strictly faster than the fastest fitting
     uniform checkpoint at `at_least` of the budgets between uniform points."""
-    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_measured_s")]
+    picks = [r for r in of_kind(rows, "pick") if r.get("best_uniform_measured_s")]
     if not picks:
         return None
     between = [r for r in picks if r.get("clock_between")]
@@ -354,7 +353,7 @@ def _raced(picks, ratios, at_most, value, rivals):
 @_check
 def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
     """By the clock, every budget: the pick / the fastest fitting uniform."""
-    picks = [r for r in _kind(rows, "pick") if r.get("best_uniform_measured_s")]
+    picks = [r for r in of_kind(rows, "pick") if r.get("best_uniform_measured_s")]
     if not picks:
         return None
     ratios = [clock_ratio(r) for r in picks]
@@ -366,7 +365,7 @@ def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
 def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
     """By the clock, every budget: the batch plan's pick fits, and its time /
     the fastest fitting (checkpoint x micro-batches x loss chunking)'s."""
-    if not (picks := _kind(rows, "pick")):
+    if not (picks := of_kind(rows, "pick")):
         return None
     ratios = [r["ratio"] for r in picks]
     value = max(ratios) if all(r["fits"] for r in picks) else math.inf
@@ -378,7 +377,7 @@ def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
 def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
     """Spearman's rank correlation of `key` (the planner's predicted time, or
     the roofline's) with the measured time, over every checkpoint timed."""
-    if not (timed := _kind(rows, "timed")):
+    if not (timed := of_kind(rows, "timed")):
         return None
     rho = spearman([r[key] for r in timed], [r["measured_s"] for r in timed])
     front = [r for r in timed if r["on_frontier"]]
@@ -400,7 +399,7 @@ def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
 @_check
 def batch_planning_cost(rows, group, preset, at_most=3.0):
     """Planning a batch / a checkpoint-only plan, both from an empty cache."""
-    if not (timed := [r for r in _kind(rows, "pick") if r.get("plain_plan_s")]):
+    if not (timed := [r for r in of_kind(rows, "pick") if r.get("plain_plan_s")]):
         return None
     r = timed[0]
     x = r["plan_s"] / r["plain_plan_s"]

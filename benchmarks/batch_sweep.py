@@ -26,7 +26,8 @@ import numpy as np
 import eqx_remat as er
 import zoo
 from benchmarks import _common, _measure, _models, _targets
-from benchmarks.plan_sweep import finish, of_kind
+from benchmarks._common import of_kind
+from benchmarks.plan_sweep import finish
 
 
 UNIFORM = (None, "dots", "dots_no_batch", "nothing")

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import numpy as np
 import eqx_remat as er
 import zoo
 from benchmarks import _common, _measure, _models, _targets
+from benchmarks._common import of_kind
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -344,10 +345,6 @@ def finish(args, console, data, presets, targets, plot, show, quick=True) -> dic
     show(console, data, _common.where(args, data))
     console.print(f"results in {path}")
     return data
-
-
-def of_kind(rows: Sequence[dict], kind: str) -> list[dict]:
-    return [r for r in rows if r["kind"] == kind]
 
 
 def show(console: _common.Console, data: dict, where: str) -> None:

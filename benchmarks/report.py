@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _common, _targets
-from benchmarks._common import fmt_bytes, fmt_ms, fmt_pct, fmt_ratio
+from benchmarks._common import fmt_bytes, fmt_ms, fmt_pct, fmt_ratio, of_kind
 
 
 MARK = {True: "met", False: "**not met**", None: "n/a"}
@@ -186,19 +186,15 @@ def _planning(data: dict, r: dict) -> str:
     )
 
 
-def _kind(data: dict, kind: str) -> list[dict]:
-    return [r for r in data["rows"] if r["kind"] == kind]
-
-
 def plan_sweep(data: dict) -> str:
     """The planning cost, each budget's pick beside the best uniform candidate
     that fits, the clock's figures, then the targets."""
     cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
     cols += ["best uniform that fits", "its est. time"]
-    picks = [_common.pick_cells(r, "`{}`") for r in _kind(data, "pick")]
-    parts = ["\n".join(_planning(data, r) for r in _kind(data, "planning"))]
+    picks = [_common.pick_cells(r, "`{}`") for r in of_kind(data["rows"], "pick")]
+    parts = ["\n".join(_planning(data, r) for r in of_kind(data["rows"], "planning"))]
     parts.append(_common.markdown_table(cols, picks))
-    if _kind(data, "timed"):
+    if of_kind(data["rows"], "timed"):
         parts.append(_clock(data))
     return "\n\n".join(parts + [targets(data)])
 
@@ -217,8 +213,12 @@ CLOCK = [
 def _clock(data: dict) -> str:
     """Each pick's measured time beside the fastest fitting uniform
     checkpoint's, then every checkpoint timed afresh, then the few rounds."""
-    picks = [r for r in _kind(data, "pick") if r.get("best_uniform_measured_s")]
-    timed = sorted(_kind(data, "timed"), key=lambda r: (r["group"], r["memory_bytes"]))
+    picks = [
+        r for r in of_kind(data["rows"], "pick") if r.get("best_uniform_measured_s")
+    ]
+    timed = sorted(
+        of_kind(data["rows"], "timed"), key=lambda r: (r["group"], r["memory_bytes"])
+    )
     points = [_common.timed_cells(r, "`{}`", " (est.)") for r in timed]
     return (
         "By the clock (every pick and uniform checkpoint timed afresh, "
@@ -226,7 +226,7 @@ def _clock(data: dict) -> str:
         + table(CLOCK, picks)
         + "\n\n"
         + _common.markdown_table(_common.TIMED_COLUMNS, points)
-        + few_rounds(_kind(data, "rounds"))
+        + few_rounds(of_kind(data["rows"], "rounds"))
     )
 
 
@@ -271,7 +271,7 @@ BATCH = [
 def batch_sweep(data: dict) -> str:
     """Per budget: the planner's pick, its tokens/s, its time against the
     fastest fitting combination's; then the targets."""
-    rows = table(BATCH, _kind(data, "pick"))
+    rows = table(BATCH, of_kind(data["rows"], "pick"))
     return "\n\n".join([_presets(data), rows, targets(data)])
 
 
