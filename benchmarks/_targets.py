@@ -417,34 +417,36 @@ PARAMS = (
     "chain-params-tiny",
     "chain-v5e-params",
 )
-_P, _T, _C = _models.Preset, _models.TransformerPreset, _models.ChainPreset
 TARGETS = (
-    (_T, vs_none, "dots", "temp_bytes", 0.60),
-    (_T, vs_none, "nothing", "temp_bytes", 0.30),
-    (_T, vs_none, "dots", "flops", 1.10),
-    (_T, vs_peer, "hand-written", "temp_bytes", 1.02),
-    (_T, vs_peer, "flax", "temp_bytes", 1.00),
-    (_T, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
-    (_T, vs_peer, "flax", "step_s", 1.05, None, NOISY),
-    (_C, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
-    (_C, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
-    (_C, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
-    (_C, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
-    (_P, every_checkpoint),
+    (_models.TransformerPreset, vs_none, "dots", "temp_bytes", 0.60),
+    (_models.TransformerPreset, vs_none, "nothing", "temp_bytes", 0.30),
+    (_models.TransformerPreset, vs_none, "dots", "flops", 1.10),
+    (_models.TransformerPreset, vs_peer, "hand-written", "temp_bytes", 1.02),
+    (_models.TransformerPreset, vs_peer, "flax", "temp_bytes", 1.00),
+    (_models.TransformerPreset, vs_peer, "hand-written", "step_s", 1.05, None, NOISY),
+    (_models.TransformerPreset, vs_peer, "flax", "step_s", 1.05, None, NOISY),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 0.85, "recursive"),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "recursive", NOISY),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "temp_bytes", 1.00, "binomial"),
+    (_models.ChainPreset, vs_peer, "eqxi.scan", "step_s", 1.00, "binomial", NOISY),
+    (_models.Preset, every_checkpoint),
     (PARAMS, every_checkpoint, 2),
 )
 PLAN_TARGETS = (
-    (_P, pick_fits),
-    (_P, pick_vs_uniform),
-    (_P, cheaper_between),
-    (_P, predicted_within),
-    (_P, planning_cost),
-    (_P, clock_pick_vs_uniform),
-    (_P, clock_faster_between),
-    (_P, rank_correlation),
-    (_P, rank_correlation, "roofline_s", 0.8),
+    (_models.Preset, pick_fits),
+    (_models.Preset, pick_vs_uniform),
+    (_models.Preset, cheaper_between),
+    (_models.Preset, predicted_within),
+    (_models.Preset, planning_cost),
+    (_models.Preset, clock_pick_vs_uniform),
+    (_models.Preset, clock_faster_between),
+    (_models.Preset, rank_correlation),
+    (_models.Preset, rank_correlation, "roofline_s", 0.8),
 )
-BATCH_TARGETS = ((_P, batch_pick_vs_combinations), (_P, batch_planning_cost))
+BATCH_TARGETS = (
+    (_models.Preset, batch_pick_vs_combinations),
+    (_models.Preset, batch_planning_cost),
+)
 
 
 def evaluate(

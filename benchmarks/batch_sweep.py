@@ -108,12 +108,19 @@ def sweep_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
     low = min(c.memory for c in combos)
     high = combos[grid.index((None, 1, None))].memory
     budgets = np.geomspace(low, high, args.budgets).astype(int).tolist()
-    rows = []
-    for c in combos:
-        row = {"group": name, "kind": "combination", "checkpoint": repr(c.checkpoint)}
-        row |= {"micro_batches": c.k, "loss_chunk_size": c.chunk}
-        row |= {"memory_bytes": c.memory, "time_s": c.seconds}
-        rows.append(row | {"tokens_per_s": tokens.shape[0] * seq / c.seconds})
+    rows = [
+        {
+            "group": name,
+            "kind": "combination",
+            "checkpoint": repr(c.checkpoint),
+            "micro_batches": c.k,
+            "loss_chunk_size": c.chunk,
+            "memory_bytes": c.memory,
+            "time_s": c.seconds,
+            "tokens_per_s": tokens.shape[0] * seq / c.seconds,
+        }
+        for c in combos
+    ]
     er.clear_plan_cache()
     for i, budget in enumerate(budgets):
         plain_s = _plain_plan(model, tokens, budget) if i == 0 else None
@@ -155,14 +162,24 @@ def _pick(args, name, model, tokens, way, budget, combos, plain_s) -> dict[str, 
     # On the clock of the combinations' rounds, as every other row: the
     # fastest rival's time there, times the pick's ratio to it here.
     seconds = fitting[best].seconds * ratio
-    row = {"group": name, "kind": "pick", "budget_bytes": budget}
-    row |= {"checkpoint": str(r.checkpoint), "micro_batches": r.micro_batches}
-    row |= {"loss_chunk_size": r.loss_chunk_size, "memory_bytes": pick.memory}
-    row |= {"fits": pick.memory <= budget, "time_s": seconds}
-    row["tokens_per_s"] = tokens.shape[0] * (tokens.shape[1] - 1) / seconds
-    row |= {"best_combination": fitting[best].name(), "ratio": ratio}
-    row |= {"spread": max(t.spread for t in timings), "plan_s": plan_s}
-    return row | {"plain_plan_s": plain_s, "compiles": r.compiles}
+    return {
+        "group": name,
+        "kind": "pick",
+        "budget_bytes": budget,
+        "checkpoint": str(r.checkpoint),
+        "micro_batches": r.micro_batches,
+        "loss_chunk_size": r.loss_chunk_size,
+        "memory_bytes": pick.memory,
+        "fits": pick.memory <= budget,
+        "time_s": seconds,
+        "tokens_per_s": tokens.shape[0] * (tokens.shape[1] - 1) / seconds,
+        "best_combination": fitting[best].name(),
+        "ratio": ratio,
+        "spread": max(t.spread for t in timings),
+        "plan_s": plan_s,
+        "plain_plan_s": plain_s,
+        "compiles": r.compiles,
+    }
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -202,12 +219,21 @@ def aot_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
         console.print(f"{name}: planning micro-batches {counts} at 16 GiB per chip")
         how = {"micro_batches": counts, "loss_chunks": (None, 512)}
         r, plan_s = _timed(plan, model, preset.batch, **how)
-        row = {"group": name, "kind": "aot-pick", "checkpoint": str(r.checkpoint)}
-        row |= {"micro_batches": r.micro_batches, "loss_chunk_size": r.loss_chunk_size}
-        row |= {"per_chip_batch": per_chip, "memory_bytes": r.entry.memory_bytes}
-        row["time_s"] = r.entry.time_s
-        row["tokens_per_s_per_chip"] = tokens / r.entry.time_s / chips
-        rows = [row | {"plan_s": plan_s, "compiles": r.compiles}]
+        rows = [
+            {
+                "group": name,
+                "kind": "aot-pick",
+                "checkpoint": str(r.checkpoint),
+                "micro_batches": r.micro_batches,
+                "loss_chunk_size": r.loss_chunk_size,
+                "per_chip_batch": per_chip,
+                "memory_bytes": r.entry.memory_bytes,
+                "time_s": r.entry.time_s,
+                "tokens_per_s_per_chip": tokens / r.entry.time_s / chips,
+                "plan_s": plan_s,
+                "compiles": r.compiles,
+            }
+        ]
         nothing = er.set_checkpoint(model, "nothing")
         for b in (1, 2, 4, 8, 16, 32):
             console.print(f"{name}: MaxText's recipe, per-chip batch {b}")
@@ -217,10 +243,17 @@ def aot_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
                 if "fits" not in str(err):
                     raise
                 break
-            row = {"group": name, "kind": "maxtext", "checkpoint": "nothing"}
-            row |= {"per_chip_batch": b, "memory_bytes": e.memory_bytes}
-            row["time_s"] = e.time_s
-            rows.append(row | {"tokens_per_s_per_chip": b * preset.seq / e.time_s})
+            rows.append(
+                {
+                    "group": name,
+                    "kind": "maxtext",
+                    "checkpoint": "nothing",
+                    "per_chip_batch": b,
+                    "memory_bytes": e.memory_bytes,
+                    "time_s": e.time_s,
+                    "tokens_per_s_per_chip": b * preset.seq / e.time_s,
+                }
+            )
     for row in rows:
         console.print(
             f"  {row['kind']}: {row['checkpoint']} per-chip batch "

@@ -108,11 +108,16 @@ def _plan_budgets(args, name, fn, model, batch, cap: int, console) -> tuple:
     # In the order planned: later calls predict with more compiles behind them.
     calls = ([] if cap in budgets else [top]) + results
     plans = [r for r in calls if r is not None]
-    row = {"group": name, "kind": "planning", "budgets": len(budgets)}
-    row |= {"calls": len(calls), "compiles": sum(r.compiles for r in plans)}
-    row["seconds"] = time.perf_counter() - t0
-    row["cpu_seconds"] = time.process_time() - cpu0  # every thread's: XLA's too
-    row["load_average"] = (load0 + os.getloadavg()[0]) / 2
+    row = {
+        "group": name,
+        "kind": "planning",
+        "budgets": len(budgets),
+        "calls": len(calls),
+        "compiles": sum(r.compiles for r in plans),
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - cpu0,  # every thread's: XLA's too
+        "load_average": (load0 + os.getloadavg()[0]) / 2,
+    }
     console.print(
         f"[bold]{name}[/]: planned {len(budgets)} budgets in {row['seconds']:.0f} s "
         f"({row['cpu_seconds']:.0f} s of CPU, load average {row['load_average']:.1f}), "
@@ -188,16 +193,24 @@ def clock_rows(args, name, fn, model, batch, plans, uniform, console) -> list[di
     # Each checkpoint's time: its median ratio, round by round, to the fastest.
     fastest = min(range(len(timings)), key=lambda i: timings[i].seconds)
     timings = er.internal.on_one_clock(timings, fastest)
-    rows = []
-    for (c, p), t, memory in zip(predicted.items(), timings, memories):
-        label = _common.checkpoint_label(c)
-        row = {"group": name, "kind": "timed", "checkpoint": label}
-        row |= {"uniform": not isinstance(c, er.ranges), "memory_bytes": memory}
-        row |= {"measured_s": t.seconds, "spread": t.spread, "times_s": list(t.times)}
-        row |= {"predicted_s": p.time_s, "predicted_measured": p.measured}
-        args_c = er.set_checkpoint((model, batch), c)
-        rows.append(row | {"roofline_s": er.internal.roofline_seconds(fn, *args_c)})
-    return rows
+    return [
+        {
+            "group": name,
+            "kind": "timed",
+            "checkpoint": _common.checkpoint_label(c),
+            "uniform": not isinstance(c, er.ranges),
+            "memory_bytes": memory,
+            "measured_s": t.seconds,
+            "spread": t.spread,
+            "times_s": list(t.times),
+            "predicted_s": p.time_s,
+            "predicted_measured": p.measured,
+            "roofline_s": er.internal.roofline_seconds(
+                fn, *er.set_checkpoint((model, batch), c)
+            ),
+        }
+        for (c, p), t, memory in zip(predicted.items(), timings, memories)
+    ]
 
 
 def few_rounds(name: str, timed: list[dict], ks=(2, 3, 5)) -> dict[str, Any]:
@@ -263,50 +276,69 @@ def _frontier(plans: list[er.PlanResult]) -> list[dict[str, Any]]:
                 or old.compiled_bytes is None
             ):
                 points[p.checkpoint] = p
-    rows = []
-    for p in points.values():
-        row = {"checkpoint": _common.checkpoint_label(p.checkpoint)}
-        row |= {
+    rows = [
+        {
+            "checkpoint": _common.checkpoint_label(p.checkpoint),
             "predicted_bytes": p.predicted_bytes,
             "compiled_bytes": p.compiled_bytes,
+            "memory_bytes": _common.point_memory(p),
+            "flops": p.flops,
+            "host_bytes": p.host_bytes,
+            "time_s": p.time_s,
         }
-        row |= {"memory_bytes": _common.point_memory(p), "flops": p.flops}
-        rows.append(row | {"host_bytes": p.host_bytes, "time_s": p.time_s})
+        for p in points.values()
+    ]
     return _targets.pareto(rows, "time_s")
 
 
 def _entry(e: er.PlanEntry, budget: int) -> dict[str, Any]:
     """A plan's entry: whether it fits `budget` when compiled, its cost."""
     compiled = e.report is not None
-    row = {"fits": compiled and e.memory_bytes <= budget, "flops": e.flops}
-    host = e.report.host_temp_bytes if compiled else 0
-    return row | {"host_bytes": host, "time_s": e.time_s}
+    return {
+        "fits": compiled and e.memory_bytes <= budget,
+        "flops": e.flops,
+        "host_bytes": e.report.host_temp_bytes if compiled else 0,
+        "time_s": e.time_s,
+    }
 
 
 def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
-    row = {"group": name, "kind": "uniform"}
-    row |= {"checkpoint": _common.checkpoint_label(e.checkpoint)}
-    row |= {"memory_bytes": e.memory_bytes, "compiled": e.report is not None}
-    return row | _entry(e, cap)
+    return {
+        "group": name,
+        "kind": "uniform",
+        "checkpoint": _common.checkpoint_label(e.checkpoint),
+        "memory_bytes": e.memory_bytes,
+        "compiled": e.report is not None,
+        **_entry(e, cap),
+    }
 
 
 def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     fitting = [e for e in uniform if e.report is not None and e.memory_bytes <= budget]
     best = min(fitting, key=lambda e: e.time_s, default=None)
-    row = {"group": name, "kind": "pick", "budget_bytes": budget}
-    row["best_uniform"] = best and _common.checkpoint_label(best.checkpoint)
-    row["best_uniform_time_s"] = best and best.time_s
+    row = {
+        "group": name,
+        "kind": "pick",
+        "budget_bytes": budget,
+        "best_uniform": None
+        if best is None
+        else _common.checkpoint_label(best.checkpoint),
+        "best_uniform_time_s": None if best is None else best.time_s,
+    }
     if result is None:
         return row | {"checkpoint": None, "fits": False}
     point = next(
         (p for p in result.frontier if p.checkpoint == result.checkpoint), None
     )
-    row["checkpoint"] = _common.checkpoint_label(result.checkpoint)
-    row["compiled_bytes"] = result.entry.memory_bytes
-    row["predicted_bytes"] = point and point.predicted_bytes
-    row |= _entry(result.entry, budget)
-    row |= {"compiles": result.compiles, "seconds": result.seconds}
-    return row | {"notes": list(result.notes)}
+    return row | {
+        "checkpoint": _common.checkpoint_label(result.checkpoint),
+        "compiled_bytes": result.entry.memory_bytes,
+        "predicted_bytes": None if point is None else point.predicted_bytes,
+        **_entry(result.entry, budget),
+        "compiles": result.compiles,
+        "seconds": result.seconds,
+        "notes": list(result.notes),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

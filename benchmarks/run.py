@@ -75,19 +75,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _parser(), argv, "run", defer=lambda a: not a.budget and _common.isolate(a)
     )
     console = _common.Console()
+    base = presets_of(args)
     if args.budget:
-        return plan_mode(args, presets_of(args), console)
+        return plan_mode(args, base, console)
     # Ours under each checkpoint, then the peers, of every preset.
     devices = 1 if args.deferred else _measure.mesh_for(args.target).size
-    presets = {n: p.on(devices) for n, p in presets_of(args).items()}
+    presets = {n: p.on(devices) for n, p in base.items()}
     accelerator = bool(args.target) or args.platform != "cpu"
     variants = []
     for name, p in presets.items():
-        specs = p.checkpoints(quick=args.quick, accelerator=accelerator)
         variants += _measure.variants(
             name,
             p,
-            args.checkpoint or specs,
+            args.checkpoint or p.checkpoints(quick=args.quick, accelerator=accelerator),
             target=args.target,
             peers=not args.no_peers,
             quick=args.quick,
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = measure(args, variants, console)
     if args.deferred:  # the measuring processes know how many devices there are
         devices = rows[0].get("device_count") or 1
-        presets = {n: p.on(devices) for n, p in presets_of(args).items()}
+        presets = {n: p.on(devices) for n, p in base.items()}
     _measure.add_figures(rows)
     _measure.add_throughput(rows, presets)
     data = {
@@ -331,11 +331,18 @@ def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> lis
     ]
     chosen = _common.checkpoint_label(res.checkpoint)
     return [
-        {"group": name, "checkpoint": label, "memory_bytes": memory, "flops": flops}
-        | {"fits": fits, "time_s": time_s, "chosen": label == chosen}
-        | {"budget_bytes": res.budget_bytes, "target": res.target}
+        {
+            "group": name,
+            "checkpoint": _common.checkpoint_label(c),
+            "memory_bytes": memory,
+            "flops": flops,
+            "fits": fits,
+            "time_s": time_s,
+            "chosen": _common.checkpoint_label(c) == chosen,
+            "budget_bytes": res.budget_bytes,
+            "target": res.target,
+        }
         for c, memory, flops, fits, time_s in entries
-        for label in [_common.checkpoint_label(c)]
     ]
 
 
