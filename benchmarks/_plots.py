@@ -114,16 +114,17 @@ def label_points(
     the axis limits are final."""
     from adjustText import adjust_text
 
-    groups: dict[tuple[float, float], list[str]] = {}
-    for x, y, text in points:
-        px = ax.transData.transform((x, y))
-        near = [
-            k for k in groups if np.abs(ax.transData.transform(k) - px).max() < _SAME_PX
-        ]
-        groups.setdefault(near[0] if near else (x, y), []).append(text)
+    pixels = ax.transData.transform([(x, y) for x, y, _ in points])
+    groups: list[tuple[Any, tuple[float, float], list[str]]] = []  # px, xy, names
+    for (x, y, text), px in zip(points, pixels):
+        near = [g for g in groups if np.abs(g[0] - px).max() < _SAME_PX]
+        if near:
+            near[0][2].append(text)
+        else:
+            groups.append((px, (x, y), [text]))
     texts = [
         ax.text(x, y, " = ".join(dict.fromkeys(names)), fontsize=fontsize)
-        for (x, y), names in groups.items()
+        for _, (x, y), names in groups
     ]
     xy = [(x, y) for x, y, _ in points] + list(others)
     adjust_text(
