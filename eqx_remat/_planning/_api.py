@@ -33,27 +33,16 @@ def plan(
     in_axes: Any = (None, 0),
 ) -> PlanResult:
     """The checkpoint that fits a memory budget and runs a step fastest: a byte
-    budget in, the checkpoint to train with out.
+    budget in, the checkpoint to train with out. How it solves is told once, in
+    the tutorial [*Fit a model in a budget*][how-the-planner-solves]; how it
+    chooses micro-batches and loss chunking, in
+    [*Fit a batch, not just a model*][which-combination].
 
     ```python
     result = eqx_remat.plan(eqx.filter_grad(loss), model, batch, budget_bytes="16GiB")
     print(result)  # the pick, and the frontier of memory against step time
     model = result.apply(model)
     ```
-
-    The pick is a uniform option (a policy, per-name decisions, `None`), a
-    whole-stack schedule, or an [`eqx_remat.ranges`][] mix of two per-layer
-    options over the layers of a stack. It is always compiled, and fits
-    `budget_bytes` when compiled. Its step time is the clock's where the
-    device is at hand (`measure`): the planner runs the programs it compiled
-    and ranks them by their measured times, predicts a mix's time from its
-    two options' times per layer, and runs the pick before returning it (a
-    mix that runs slower than the fastest uniform option that fits is not
-    returned). For a target compiled ahead of time, times are a roofline's
-    estimate: FLOPs at the chip's peak, the bytes each option moves through
-    device memory at its bandwidth, and offloaded bytes over the host link
-    ([`eqx_remat.internal.HARDWARE`][], with sources). How it solves is told
-    in the tutorial *Fit a model in a budget*.
 
     **Arguments:**
 
@@ -66,64 +55,65 @@ def plan(
       sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
       [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
     - `budget_bytes`: device memory available (per chip on a TPU target): an
-      int, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`. Arguments,
-      outputs and temporaries must add up to at most this. A budget over what
-      the device holds is planned for the device, with a note.
-    - `target`: `None` for the device at hand (the default backend), or
-      `"v5e"` / `"v5e:AxB"` to compile for TPU v5e without a TPU (see
-      [`eqx_remat.memory_report`][]).
-    - `candidates`: `None` to solve; or the checkpoints to compare, each
-      compiled (and timed, with `measure`).
-    - `measure`: time programs by running them. `None` (the default): where
-      the target is the device at hand and this is the only process (with
-      several, each would time on its own clock and could choose
-      differently: the roofline gives every process the same answer).
-      Timing runs each program after a warm-up, round-robin with the
-      others: rounds of every program (at least two) in half the time this
-      call's compiles took, then, in the other half, more (at most 21 in
-      all) of those not ruled out (over 3% slower than one needing no more
-      memory); a program's time is the mean of
-      its faster half of rounds. A program whose memory is over what the
-      device has free is never run.
-    - `progress`: what it does, on stderr: `True` a few lines (the stages,
-      counts and times), `"verbose"` every option priced and every compile,
-      `False` nothing.
-    - `micro_batches`: to plan the global batch too, the micro-batch counts
-      to compare (each must divide the batch; `fn` is then run as
+      int `>= 0`, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`
+      ([`eqx_remat.parse_bytes`][]). Arguments, outputs and temporaries must
+      add up to at most this. A budget over what one device holds is planned
+      for the device, with a note.
+    - `target`: `None` (the default) or the default backend's name (e.g.
+      `"cpu"`) for the device at hand; `"v5e"` / `"v5e:AxB"` to compile for
+      TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
+    - `candidates`: `None` (the default) to solve; or a non-empty sequence of
+      checkpoints to compare, each compiled (and timed, with `measure`).
+    - `measure`: `True` to time programs by running them, `False` to take a
+      roofline's estimate ([`eqx_remat.internal.HARDWARE`][]). `None` (the
+      default): `True` where the target is the device at hand and this is
+      the only process (with several, each would time on its own clock and
+      could choose differently: the roofline gives every process the same
+      answer). A program whose memory is over what the device has free is
+      never run; its time is estimated.
+    - `progress`: what it says on stderr: `True` (the default) a few lines
+      (the stages, counts and times), `"verbose"` every option priced and
+      every compile, `False` nothing.
+    - `micro_batches`: `None` (the default) to run the batch whole; or a
+      non-empty sequence of micro-batch counts to compare, ints `>= 1` that
+      each divide the batch. `fn` is then run as
       `eqx_remat.accumulate(fn, k, in_axes=in_axes)`, so it must be a
-      gradient function, not a whole training step). Times are per global
+      gradient function, not a whole training step. Times are per global
       batch.
-    - `loss_chunks`: the `loss_chunk_size`s of the model's loss head to
-      compare (`None`: whole logits; the arguments must hold a module with a
-      `loss_chunk_size` field, as `zoo.Transformer`).
-    - `in_axes`: the batch axes of `fn`'s arguments, as
-      [`eqx_remat.accumulate`][] takes them (default: `fn(model, batch)`).
-
-    With `micro_batches` or `loss_chunks`, the first combination (fewest
-    micro-batches, then the loss chunks in the order given) for which
-    something fits is solved in full; each later one compiles that pick and
-    up to two options that ran faster than it, where they are predicted to
-    fit; the four fastest of the combinations' bests run round-robin, and
-    the fastest is the pick (ahead of time, where the
-    roofline cannot see what a smaller micro-batch costs a chip: the fewest
-    micro-batches within 1% of its least estimate). `PlanResult.batches` lists
-    them; `result.apply(model)` sets the checkpoint and the loss chunking,
-    `result.step(fn)` splits the batch.
+    - `loss_chunks`: `None` (the default) to keep the model's loss head as it
+      is; or a non-empty sequence of `loss_chunk_size`s to compare, ints
+      `>= 1` or `None` (whole logits). The arguments must hold a module with
+      a `loss_chunk_size` field, as `zoo.Transformer`.
+    - `in_axes`: with `micro_batches`, the batch axes of `fn`'s arguments, as
+      [`eqx_remat.accumulate`][] takes them (default `(None, 0)`:
+      `fn(model, batch)`).
 
     **Returns:**
 
-    A [`eqx_remat.PlanResult`][]: the pick, its compiled entry, the frontier
-    (or the candidates' table), notes, counts and times. `print` it.
+    A [`eqx_remat.PlanResult`][] (`print` it): the pick, its compiled entry,
+    the frontier (with `candidates`, the candidates' table), notes, counts
+    and times. Solving, the pick is a uniform option (a policy, per-name
+    decisions, `None`), a whole-stack schedule, or an [`eqx_remat.ranges`][]
+    mix of two per-layer options over the layers of a stack; with
+    `candidates`, one of them. It is always compiled, and fits
+    `budget_bytes` compiled. `result.apply(model)` sets it (and the loss
+    chunking, with `loss_chunks`); with `micro_batches`, `result.step(fn)`
+    splits the batch; with either, `result.batches` lists the best of each
+    combination tried.
 
     **Raises:**
 
-    `ValueError` for a bad budget, `measure=True` with a target that cannot
-    run here, an invalid or empty list of candidates, arguments without a
-    `checkpoint` field, a function that differentiates no stack (when
-    solving), and when nothing fits (naming the smallest memory compiled and
-    its checkpoint). A checkpoint XLA refuses to compile because it does not
-    fit in one device (`RESOURCE_EXHAUSTED`) is not an error: it is recorded
-    as not fitting, with XLA's figure of what it needed.
+    `ValueError` for a bad `budget_bytes`, `progress`, `micro_batches` (one
+    that does not divide the batch too) or `loss_chunks`; an invalid or empty
+    list of `candidates`, or `candidates` with `micro_batches` or
+    `loss_chunks`; `measure=True` with a target compiled ahead of time or in
+    a process of several; arguments without a `checkpoint` field (or, with
+    `loss_chunks`, a `loss_chunk_size` field); a function that
+    differentiates no stack (when solving); and when nothing fits (naming
+    the smallest memory compiled and its checkpoint). A checkpoint XLA
+    refuses to compile because it does not fit in one device
+    (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
+    with XLA's figure of what it needed.
     """
     budget = parse_bytes(budget_bytes)
     if candidates is not None:

@@ -1,18 +1,8 @@
 """Planning a global batch: how many micro-batches, which loss chunking and which
 checkpoint run it fastest within the budget (`plan(..., micro_batches=...,
-loss_chunks=...)`).
-
-1. solve: the first combination (fewest micro-batches, then the loss chunkings
-   in the order given) for which something fits is solved in full, as `plan`
-   solves one function: its frontier, mixes and schedules;
-2. try: every later combination compiles the full solve's pick, then, fastest
-   first, up to two of the options the full solve found faster than its pick
-   that are predicted to fit (their memory there, scaled as the pick's
-   scaled); the fastest of what fits is that combination's best;
-3. race: on the device at hand, the four fastest bests run round-robin (each
-   combination was timed on a clock of its own: only the race puts them on
-   one), and the fastest in those rounds is the pick (ahead of time, the
-   fewest micro-batches within 1% of the roofline's least time).
+loss_chunks=...)`). The search is told once, in the tutorial *Fit a batch,
+not just a model* ("Which combination"); its stages are `_solve_first` (one
+combination in full), `_try` (each later one) and `_race` (the bests).
 
 Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 """

@@ -224,11 +224,9 @@ def on_one_clock(
       then moves no program's time: the ratios within each round are what
       is kept.
     - `by="faster_half"`: the ratio of the means of their faster halves of
-      rounds. The noise of a busy machine only ever adds time, and comes in
-      bursts that slow a few programs of a round, not all of it: with the
-      few rounds the planner can afford, the faster half ranks programs as
-      many rounds' medians do better than the paired ratio does (measured
-      by `benchmarks/plan_sweep.py`: "Few rounds" in `benchmarks/README.md`).
+      rounds, the planner's: with few rounds on a busy machine, it ranks
+      programs better than the paired ratio (why: the tutorial's
+      [How the planner solves][how-the-planner-solves], step 2).
 
     Each program's `times` are scaled as the pivot's are. A program that ran
     fewer rounds than the pivot (left out of a race) is held against the

@@ -135,7 +135,8 @@ class PlanEntry(NamedTuple):
       XLA refused to compile.
     - `error`: XLA's message for a candidate it refused to compile, else `None`.
     - `time_s`: its step time: measured on the device at hand (`measured`),
-      else the roofline's estimate (see [`eqx_remat.plan`][]).
+      else the roofline's estimate (see
+      [How the planner solves][how-the-planner-solves]).
     - `measured`: whether `time_s` was measured by running it.
     """
 
@@ -236,7 +237,8 @@ class PlanResult:
     - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
       found for each (micro-batches, loss chunking) combination that fits, as
       [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
-      that of the combination solved in full (see [`eqx_remat.plan`][]).
+      that of the combination solved in full (see
+      [Which combination][which-combination]).
     """
 
     checkpoint: Checkpoint

@@ -8,9 +8,8 @@ options are a base plus a per-layer term for each range:
     memory(mix) = base + Σ n_i · bytes_i        cost(mix) = Σ n_i · time_i
 
 so at a budget the optimum mixes at most two options, neighbours on the lower
-convex hull of the points `(bytes_i, time_i)` (a linear programme over the
-counts `n_i` has an optimal vertex with at most two non-zero counts, and the two
-are adjacent on the hull).
+convex hull of the points `(bytes_i, time_i)`: why, and how whole layers are
+chosen, is told in the tutorial *Fit a model in a budget*, step 3.
 """
 
 import dataclasses
