@@ -54,7 +54,7 @@ import jax.tree_util as jtu
 from jax import lax
 
 from .. import _jax_private
-from .._inspect._jaxpr import checkpoint_names, eval_jaxpr, trace, varying
+from .._inspect._jaxpr import checkpoint_names, eval_jaxpr, varying
 from .._policies._apply import checkpointed
 from .._policies._named import to_jax_policy
 from .._policies._values import NamePolicy, check_tags
@@ -144,16 +144,19 @@ def _is_arange(start: Any, length: int, depth: int) -> bool:
     return isinstance(start, int) and 0 <= start and start + length <= depth
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Layout:
-    """How to rebuild each layer's pullback from the residuals that
-    `Layers.save_segment` keeps: the pullback's tree structure, where each of
-    its leaves comes from, and which kept residuals depend on no input of the
-    layer (`fixed`: computed once for the segment, not stacked). Filled in while
-    the segment is traced; compared by identity."""
+    """How to rebuild a layer's pullback from the residuals that
+    `Layers.save_segment` keeps: the pullback's tree structure, and where each
+    of its leaves comes from (`kinds`: `("invariant", k)`, the `k`th parameter
+    or constant of the layer, read again; `("constant", value)`; `("kept", k)`,
+    the `k`th kept residual). `fixed`: which kept residuals depend on no input of
+    the layer (computed once for the segment, not stacked). A static value,
+    compared by identity."""
 
     tree: Any
-    kinds: list
-    fixed: list[bool]
+    kinds: tuple[tuple[str, Any], ...]
+    fixed: tuple[bool, ...] = ()
 
 
 @jtu.register_pytree_node_class
@@ -258,6 +261,12 @@ class Layers:
             self, depth=depth, _offset=self._offset + start, _policy=policy
         )
 
+    def _pads(self, start: Any, length: int, pad: bool) -> bool:
+        """Whether layers `start, ..., start + length - 1` must be run with a
+        check that each exists: `pad` was asked (see `run`) and what is static
+        does not show that they all do."""
+        return pad and not _is_arange(start, length, self.depth)
+
     def _at(self, i: Any) -> Any:
         """The index in the full stack of this stack's layer `i`."""
         return i if self._offset == 0 else self._offset + i
@@ -285,7 +294,7 @@ class Layers:
 
         The output of layer `start + length - 1`.
         """
-        pad = pad and not _is_arange(start, length, self.depth)
+        pad = self._pads(start, length, pad)
 
         def body(x, t):
             i = start + t
@@ -342,7 +351,7 @@ class Layers:
             _, vjp, _ = self._vjp(i, carry)
             return self._apply(i, vjp, cts)
 
-        if pad and not _is_arange(i, 1, self.depth):
+        if self._pads(i, 1, pad):
             return lax.cond(i < self.depth, real, lambda cts: cts, cts)
         return real(cts)
 
@@ -376,45 +385,28 @@ class Layers:
         `apply_segment` (a pytree of arrays, stacked over the `length` layers
         but for those kept once).
         """
-        pad = pad and not _is_arange(start, length, self.depth)
-        layout = _Layout()
-
-        def kept(i, x):
-            out, vjp, invariant = self._vjp(i, x)
-            leaves, layout.tree = jtu.tree_flatten(vjp)
-            # Residuals that are parameters or constants are loop-invariant
-            # (or a slice of the stack): leave them out of the kept residuals
-            # and read them again on the way back.
-            kinds, residuals = [], []
-            for leaf in leaves:
-                k = next((k for k, v in enumerate(invariant) if v is leaf), None)
-                if k is not None:
-                    kinds.append(("invariant", k))
-                elif not isinstance(leaf, jax.core.Tracer):
-                    kinds.append(("constant", leaf))
-                else:
-                    kinds.append(("kept", len(residuals)))
-                    residuals.append(leaf)
-            layout.kinds = kinds
-            return out, residuals
-
-        # Kept residuals that depend on neither the layer's index nor its input
-        # (an attention mask made from the sequence length, say) are the same
-        # for every layer: computed once, outside the loop, as JAX's scan
-        # hoists them, not stacked.
+        pad = self._pads(start, length, pad)
+        # One layer traced outside the loop gives the layout (static) and says
+        # which kept residuals depend on neither the layer's index nor its
+        # input (an attention mask made from the sequence length, say): those
+        # are the same for every layer, computed once, outside the loop, as
+        # JAX's scan hoists them, not stacked.
         i0 = jnp.asarray(start, dtype=jnp.int32)
-        one, flat, _ = trace(lambda i, x: kept(i, x)[1], i0, carry)
-        inputs = [True] * len(flat)
-        layout.fixed = [not v for v in varying(one.jaxpr, inputs)]
+        one, _, (_, layout) = eqx.filter_make_jaxpr(
+            lambda i, x: self._pullback(i, x)[1:]
+        )(i0, carry)
+        flat = [x for x in jtu.tree_leaves((i0, carry)) if eqx.is_array(x)]
+        once = [not v for v in varying(one.jaxpr, [True] * len(flat))]
+        layout = dataclasses.replace(layout, fixed=tuple(once))
         fixed = []
-        if any(layout.fixed):
-            only, used = _jax_private.dce_jaxpr(one.jaxpr, layout.fixed, True)
+        if any(once):
+            only, used = _jax_private.dce_jaxpr(one.jaxpr, once, True)
             args = [a for a, u in zip(flat, used) if u]
             fixed = eval_jaxpr(only, one.consts, args)
 
         def forward(i, x):
-            out, residuals = kept(i, x)
-            return out, [r for r, f in zip(residuals, layout.fixed) if not f]
+            out, residuals, _ = self._pullback(i, x)
+            return out, [r for r, f in zip(residuals, once) if not f]
 
         def fwd_body(x, t):
             i = start + t
@@ -431,6 +423,26 @@ class Layers:
         out, saved = lax.scan(fwd_body, carry, ts, unroll=self._unroll)
         return out, _Saved(saved, fixed, layout)
 
+    def _pullback(self, i: Any, x: Any) -> tuple[Any, list, _Layout]:
+        """Layer `i` at `x`: its output, the residuals its pullback keeps, and
+        the `_Layout` that rebuilds the pullback from them (`fixed` not yet
+        known). Residuals that are parameters or constants are loop-invariant
+        (or a slice of the stack): they are left out of the kept residuals and
+        read again on the way back."""
+        out, vjp, invariant = self._vjp(i, x)
+        leaves, tree = jtu.tree_flatten(vjp)
+        kinds, residuals = [], []
+        for leaf in leaves:
+            k = next((k for k, v in enumerate(invariant) if v is leaf), None)
+            if k is not None:
+                kinds.append(("invariant", k))
+            elif not isinstance(leaf, jax.core.Tracer):
+                kinds.append(("constant", leaf))
+            else:
+                kinds.append(("kept", len(residuals)))
+                residuals.append(leaf)
+        return out, residuals, _Layout(tree, tuple(kinds))
+
     def apply_segment(
         self, start: Any, length: int, saved: Any, cts: Any, *, pad: bool = False
     ) -> Any:
@@ -438,7 +450,7 @@ class Layers:
         `start + length - 1, ..., start`, from what `save_segment` returned as
         `saved` for the same layers. Returns the new `cts`. `pad`: as in
         `run`."""
-        pad = pad and not _is_arange(start, length, self.depth)
+        pad = self._pads(start, length, pad)
         layout, fixed, saved = saved.layout, saved.fixed, saved.arrays
 
         def backward(i, saved, cts):
