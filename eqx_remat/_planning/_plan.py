@@ -1324,8 +1324,8 @@ class _Planner:
         )
 
     def _race(self, pick: FrontierPoint) -> FrontierPoint:
-        """`pick` against its rivals, the uniform options that fit and were
-        timed within 3% of the fastest of them: the fastest (say so where it
+        """`pick` against its rivals, the options that fit, are not a mix and
+        were timed within 3% of the fastest of them: the fastest (say so where it
         is not the pick). Timings that close are within the noise of the
         rounds that ranked them, so where what is left of this call's
         compile time covers a warm-up and two rounds, the pick and as many
@@ -1383,7 +1383,7 @@ class _Planner:
         best, ratio = run[k], timings[0].seconds / timings[k].seconds
         self.say(
             f"{how}: {ratio:.3f}x the step time of {_name(best)}, the "
-            "fastest uniform option that fits"
+            "fastest option that fits and is not a mix"
         )
         if ratio < 1.0:
             self.timings[pick.checkpoint] = timings[0]
