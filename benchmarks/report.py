@@ -155,27 +155,6 @@ def compile_time(data: dict) -> str:
     )
 
 
-def plan_columns(arrow: str, fmt: str) -> list[Column]:
-    """`run.py --budget`'s table, markdown or console: `arrow` marks the pick,
-    `fmt` formats a checkpoint."""
-    return [
-        ("preset", get("group")),
-        ("", lambda r: arrow if r.get("chosen") else ""),
-        ("checkpoint", lambda r: fmt.format(r["checkpoint"])),
-        ("temp+args+out / chip", get("memory_bytes", fmt_bytes)),
-        ("FLOPs", get("flops", _common.fmt_flops)),
-        ("fits", yes()),
-    ]
-
-
-def plan_rows(rows: list[dict], arrow: str, fmt: str) -> list[list[str]]:
-    return [[cell(r) for _, cell in plan_columns(arrow, fmt)] for r in rows]
-
-
-def plan(data: dict) -> str:
-    return table(plan_columns("**→**", "`{}`"), data["rows"])
-
-
 def _planning(data: dict, r: dict) -> str:
     p = data["presets"][r["group"]]
     return (
@@ -300,7 +279,6 @@ SECTIONS = (
     ("Seed claim", "seed_claim", seed),
     ("Depth scaling", "depth_scaling", depth),
     ("Compile time", "compile_time", compile_time),
-    ("Planner", "plan-v5e", plan),
     ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
     ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
     ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),

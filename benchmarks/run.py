@@ -8,7 +8,6 @@ project's targets judged on them (benchmarks/README.md says how).
     python benchmarks/run.py --quick          # tiny, end to end (tests)
     python benchmarks/run.py --preset v5e-fits v5e-tight    # real runs on a v5e host
     python benchmarks/run.py --target v5e     # per-chip v5e memory, compiled, not run
-    python benchmarks/run.py --budget 16GiB --target v5e   # eqx_remat.plan's table
 """
 
 import argparse
@@ -17,21 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
-
-import eqx_remat as er
-from benchmarks import _common, _measure, _models, _plots, _targets, report
+from benchmarks import _common, _measure, _models, _plots, _targets
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _common.parser(__doc__, presets=list(_models.PRESETS), runs=True)
-    p.add_argument(
-        "--budget",
-        type=_common._checked(_common.parse_bytes, "budget"),
-        metavar="SIZE",
-        help="instead of the sweep: eqx_remat.plan's cheapest checkpoint within this "
-        "memory per device, e.g. 16GiB (default: off)",
-    )
     p.add_argument("--no-peers", action="store_true", help="only ours (default: off)")
     p.add_argument("--name", help="results file stem (default: sweep-<device>)")
     return p
@@ -71,13 +60,9 @@ def measure(args: argparse.Namespace, variants: list, console: _common.Console) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(
-        _parser(), argv, "run", defer=lambda a: not a.budget and _common.isolate(a)
-    )
+    args = _common.parse_args(_parser(), argv, "run", defer=_common.isolate)
     console = _common.Console()
     base = presets_of(args)
-    if args.budget:
-        return plan_mode(args, base, console)
     # Ours under each checkpoint, then the peers, of every preset.
     devices = 1 if args.deferred else _measure.mesh_for(args.target).size
     presets = {n: p.on(devices) for n, p in base.items()}
@@ -300,93 +285,6 @@ def plot(data: dict, path: Path) -> None:
     fig.tight_layout()
     for ax, (labelled, others) in zip(axes.flat, panels):
         _plots.label_points(ax, labelled, others)
-    _common.save_figure(fig, path)
-
-
-# --------------------------------------------------------------------------------------
-# --budget: the planner.
-
-
-def plan_one(args: argparse.Namespace, name: str, preset: _models.Preset) -> list[dict]:
-    """`eqx_remat.plan`'s rows for `preset`: with `--checkpoint`, its candidates'
-    table; else its frontier (memory compiled where it was, else predicted)."""
-    batch = preset.inputs(abstract=True)
-    if args.target:
-        batch = _measure.place_batch(batch, _measure.mesh_for(args.target))
-    cands = [_common.parse_checkpoint(s, preset.depth) for s in args.checkpoint or ()]
-    res = er.plan(
-        eqx.filter_grad(preset.loss),
-        preset.build(abstract=True),
-        batch,
-        budget_bytes=args.budget,
-        target=args.target,
-        candidates=cands or None,
-    )
-    entries = [
-        (e.checkpoint, e.memory_bytes, e.flops, e.fits, e.time_s) for e in res.table
-    ] or [
-        (p.checkpoint, memory, p.flops, memory <= res.budget_bytes, p.time_s)
-        for p in res.frontier
-        for memory in [_common.point_memory(p)]
-    ]
-    chosen = _common.checkpoint_label(res.checkpoint)
-    return [
-        {
-            "group": name,
-            "checkpoint": _common.checkpoint_label(c),
-            "memory_bytes": memory,
-            "flops": flops,
-            "fits": fits,
-            "time_s": time_s,
-            "chosen": _common.checkpoint_label(c) == chosen,
-            "budget_bytes": res.budget_bytes,
-            "target": res.target,
-        }
-        for c, memory, flops, fits, time_s in entries
-    ]
-
-
-def plan_mode(
-    args: argparse.Namespace, presets: dict, console: _common.Console
-) -> dict:
-    """`--budget`: eqx_remat.plan's table for each preset."""
-    rows = []
-    with console.progress(len(presets)) as step:
-        for name, preset in presets.items():
-            step(f"plan {name}")
-            try:
-                rows += plan_one(args, name, preset)
-            except ValueError as e:  # nothing fits
-                error = _common.first_line(e)
-                rows.append(dict(group=name, checkpoint=None, fits=False, error=error))
-    data = {
-        "meta": _common.meta(args),
-        "rows": rows,
-        "presets": {n: p.describe() for n, p in presets.items()},
-    }
-    stem = f"plan-{(args.target or args.platform).replace(':', '_')}"
-    path = _common.write(args, stem, data, plot_plan)
-    console.table(
-        f"Plan, budget {_common.fmt_bytes(args.budget)} [{_common.where(args, data)}]",
-        ("preset", "", "checkpoint", "memory", "FLOPs", "fits"),
-        report.plan_rows(rows, "→", "{}"),
-    )
-    console.print(f"results in {path}")
-    return data
-
-
-def plot_plan(data: dict, path: Path) -> None:
-    """Memory against FLOPs of each preset's options, each named."""
-    fig, ax = _common.plt().subplots(figsize=(7, 4.5))
-    rows = [r for r in data["rows"] if r.get("memory_bytes")]
-    for g in dict.fromkeys(r["group"] for r in rows):
-        pts = [r for r in rows if r["group"] == g]
-        xy = [(r["flops"], r["memory_bytes"] / _common.MiB) for r in pts]
-        ax.scatter(*zip(*xy), label=g)
-        for (x, y), r in zip(xy, pts):
-            ax.annotate(r["checkpoint"], (x, y), fontsize=7)
-    ax.set(xlabel="FLOPs", ylabel="memory (MiB)", yscale="log")
-    ax.legend(fontsize=7)
     _common.save_figure(fig, path)
 
 

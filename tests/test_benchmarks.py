@@ -149,7 +149,7 @@ def test_seed_claim_run_mode_on_cpu(tmp_path):
     "script, args, message",
     [
         ("run.py", ["--repeats", "-1"], "expected a positive integer"),
-        ("run.py", ["--budget", "16XB"], "such as '16GiB'"),
+        ("run.py", ["--memory-limit", "16XB"], "such as '16GiB'"),
         ("run.py", ["--checkpoint", "every(x)"], "expected an integer"),
         ("run.py", ["--checkpoint", "dot"], "every(k[, policy])"),
         ("run.py", ["--target", "v6e"], "v5e:AxB"),
@@ -161,7 +161,7 @@ def test_seed_claim_run_mode_on_cpu(tmp_path):
     ],
     ids=[
         "repeats",
-        "budget",
+        "memory-limit",
         "spec-arg",
         "spec-name",
         "target",
@@ -599,25 +599,6 @@ def test_run_quick_v5e(tmp_path):
     data = check_files(tmp_path, "sweep-v5e-quick")
     assert all(r["target"] == "v5e" and r["step_s"] is None for r in data["rows"])
     assert "compiled, not run" in stdout
-
-
-@pytest.mark.slow
-def test_run_budget_quick(tmp_path):
-    args = [
-        "--preset",
-        "chain-tiny",
-        "--budget",
-        "1MiB",
-        "--checkpoint",
-        "None",
-        "recursive()",
-        "--out",
-        str(tmp_path),
-    ]
-    run("run.py", *args)
-    rows = json.loads((tmp_path / "plan-cpu.json").read_text())["rows"]
-    assert {r["checkpoint"] for r in rows} == {"None", "recursive()"}
-    assert sum(r["chosen"] for r in rows) == 1
 
 
 @pytest.mark.heavy
