@@ -142,11 +142,6 @@ def checkpoint_label(c: er.Checkpoint) -> str:
     return repr(c)
 
 
-def point_memory(p: er.FrontierPoint) -> int:
-    """A frontier point's memory: compiled where it was compiled, else predicted."""
-    return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
-
-
 def _spec_type(spec: str) -> str:
     parse_checkpoint(spec, depth=16)  # syntax only: sqrt/log2 resolve per preset
     return spec

@@ -281,7 +281,9 @@ def _frontier(plans: list[er.PlanResult]) -> list[dict[str, Any]]:
             "checkpoint": _common.checkpoint_label(p.checkpoint),
             "predicted_bytes": p.predicted_bytes,
             "compiled_bytes": p.compiled_bytes,
-            "memory_bytes": _common.point_memory(p),
+            "memory_bytes": (
+                p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+            ),
             "flops": p.flops,
             "host_bytes": p.host_bytes,
             "time_s": p.time_s,
