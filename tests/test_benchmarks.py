@@ -606,12 +606,16 @@ def test_batch_sweep_runs_the_pick_beside_every_combination(tmp_path):
     """transformer-tiny (batch 2): every (uniform checkpoint x micro-batches x
     loss chunking) is compiled and timed; at each budget the plan's pick
     fits, is raced with the fastest fitting combinations, and the targets
-    are judged on it."""
+    are judged on it. Two of the four uniform checkpoints, the ends that set
+    the budgets (None, the heaviest, and "nothing"): the others add only
+    compiles."""
     args = ["--quick", "--budgets", "2", "--repeats", "2"]
+    args += ["--checkpoint", "None", "nothing"]
     run("batch_sweep.py", *args, "--out", str(tmp_path))
     data = check_files(tmp_path, "batch_sweep-cpu")
     combos = [r for r in data["rows"] if r["kind"] == "combination"]
-    assert len(combos) == 4 * 2 * 2  # 4 checkpoints x (1, 2) x (whole, chunked)
+    assert len(combos) == 2 * 2 * 2  # 2 checkpoints x (1, 2) x (whole, chunked)
+    assert {r["checkpoint"] for r in combos} == {"None", "'nothing'"}
     picks = [r for r in data["rows"] if r["kind"] == "pick"]
     assert len(picks) == 2
     for r in picks:
