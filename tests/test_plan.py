@@ -600,31 +600,35 @@ def _plan_compiled(result):
 
 
 @pytest.mark.heavy
-def test_measuring_compiles_every_option_and_runs_only_what_fits(fresh, monkeypatch):
+def test_measuring_compiles_every_option_and_runs_only_what_fits(
+    tiny_table, fresh, monkeypatch
+):
     runs = []
     real_call = _plan._Program.__call__
     monkeypatch.setattr(
         _plan._Program,
         "__call__",
-        lambda self: runs.append(self.record.checkpoint) or real_call(self),
+        lambda self: runs.append(self.record) or real_call(self),
     )
-    free = []
-    monkeypatch.setattr(_plan, "device_memory_bytes", lambda: free[0])
-    compiled = _tiny_planner()
-    for o in compiled.prices.options:
-        compiled.compile(o.checkpoint)
-    sizes = sorted(r.memory_bytes for r in compiled.compiled.values())
-    free.append(sizes[len(sizes) // 2])  # half of them fit what is free
-    er.clear_plan_cache()
+    compiled = []
+    real_compile = _plan.compile_checkpoint
+    monkeypatch.setattr(
+        _plan,
+        "compile_checkpoint",
+        lambda *a, **k: compiled.append(real_compile(*a, **k)) or compiled[-1],
+    )
+    # What is free: the middle of the uniform options' compiled memory (the
+    # programs the plan compiles are the same ones: the same function and
+    # arguments), so that some of them fit it and some do not.
+    sizes = sorted(e.memory_bytes for e in tiny_table)
+    free = sizes[len(sizes) // 2]
+    monkeypatch.setattr(_plan, "device_memory_bytes", lambda: free)
+    options = _tiny_planner().prices.options  # traced, nothing compiled
     result = er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=False)
-    assert result.compiles >= len(compiled.prices.options)
-    ran = set(runs)
-    assert ran and all(
-        compiled.compiled[c].memory_bytes <= free[0]
-        for c in ran
-        if c in compiled.compiled
-    )
-    too_large = [c for c, r in compiled.compiled.items() if r.memory_bytes > free[0]]
+    assert result.compiles >= len(options)
+    assert runs and all(r.memory_bytes <= free for r in runs)
+    ran = {r.checkpoint for r in runs}
+    too_large = [r.checkpoint for r in compiled if r.memory_bytes > free]
     assert too_large and not ran & set(too_large)
     assert result.timed_seconds > 0
 
