@@ -729,7 +729,8 @@ def test_timing_takes_as_long_as_this_calls_compiles_allow(
     # The rounds are bounded by this call's compile time less the warm-up (a
     # warm-up longer than the compiles leaves the two rounds every program
     # runs), at most 21, said in the progress lines with the time it took and
-    # the compiles'.
+    # the compiles'. The uniform options as candidates: timed by the same
+    # rounds as a plan that solves, after 4 compiles instead of every option's.
     asked = []
 
     def clock(programs, *, rounds, warmup=True, **race):
@@ -738,7 +739,9 @@ def test_timing_takes_as_long_as_this_calls_compiles_allow(
 
     monkeypatch.setattr(_plan, "time_interleaved", clock)
     monkeypatch.setattr(_plan, "warm_up", lambda programs: warm_s * len(programs))
-    er.plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress=True)
+    er.plan(
+        TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", candidates=UNIFORM, progress=True
+    )
     rounds, seconds = asked[0]
     assert rounds == 21
     # What the compiles took (a few seconds), less the warm-up.
