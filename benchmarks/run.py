@@ -22,7 +22,9 @@ from benchmarks import _common, _measure, _models, _plots, _targets
 def _parser() -> argparse.ArgumentParser:
     p = _common.parser(__doc__, presets=list(_models.PRESETS), runs=True)
     p.add_argument("--no-peers", action="store_true", help="only ours (default: off)")
-    p.add_argument("--name", help="results file stem (default: sweep-<device>)")
+    p.add_argument(
+        "--name", metavar="STEM", help="results file stem (default: sweep-<device>)"
+    )
     return p
 
 
