@@ -156,8 +156,8 @@ def _int_at_least(least: int, what: str):
         try:
             n = int(text)
         except ValueError:
-            n = least - 1
-        if n < least:
+            n = None
+        if n is None or n < least:
             raise argparse.ArgumentTypeError(f"expected {what}. Got {text!r}.")
         return n
 
