@@ -1,8 +1,18 @@
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from eqx_remat._inspect._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
+
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="needs libtpu (the `tpu` extra: pip install 'eqx-remat[tpu]') to "
+    "compile for TPU v5e",
+)
 
 
 def temp_bytes(fn, *args) -> int:

@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import csv
 import dataclasses
-import importlib.util
 import io
 import json
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from helpers import needs_libtpu
 
 import eqx_remat as er
 import zoo
@@ -36,10 +36,6 @@ from benchmarks.train import config
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None,
-    reason="needs libtpu (the `tpu` extra) to compile for TPU v5e",
-)
 DEVICE_FIELDS = {"device_kind", "peak_bytes", "step_s", "mfu", "hfu"}
 
 

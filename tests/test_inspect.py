@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -17,6 +16,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_libtpu
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
@@ -29,10 +29,6 @@ from eqx_remat.internal import compiled_report, format_flops
 S = jax.ShapeDtypeStruct
 f32, bf16 = jnp.float32, jnp.bfloat16
 
-HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(
-    not HAS_LIBTPU, reason="needs libtpu: pip install 'eqx-remat[tpu]'"
-)
 
 # On TPU v5e, XLA keeps intermediates that fit in on-chip VMEM, and temp bytes
 # count HBM only: tiny test programs would report 0. This libtpu flag puts
