@@ -53,7 +53,8 @@ class Stacked(eqx.Module, Generic[_M]):
     The layers are stacked once, when the `Stacked` is built: a training step
     that receives the model reads them in place, and traces one layer whatever
     their number. (A list passed to `scan_layers` is traced layer by layer,
-    and on the CPU, checkpointed, is copied into a stack on every step: see
+    and on the CPU of jaxlib 0.10, checkpointed, is copied into a stack on
+    every step: see
     [`eqx_remat.StackedListWarning`][].)
 
     **Attributes:**

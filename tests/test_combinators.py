@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import pytest
-from helpers import count_primitive, temp_bytes
+from helpers import count_primitive, needs_libtpu, temp_bytes
 
 import eqx_remat as er
 from eqx_remat import _combinators
@@ -31,6 +31,9 @@ class Block(eqx.Module):
 
 
 KEY = jax.random.key(0)
+# Where XLA runs a checkpoint in straight-line code as none (the CPU of jaxlib
+# 0.10), a checkpointed list is stacked and scanned, and says so.
+STACKS = jax.default_backend() == "cpu" and not _combinators.cpu_keeps_checkpoints()
 
 
 def blocks(depth=5, width=8, key=KEY):
@@ -58,9 +61,8 @@ APPLY = {
 def test_list_of_blocks_matches_the_python_loop(ck, apply, container):
     bs, x = container(blocks()), jnp.linspace(-1.0, 1.0, 8)
     loss = lambda bs, x, f: jnp.sum(f(bs, x) ** 2)
-    # On the CPU, a checkpointed list is stacked, and says so (see below).
-    stacked = ck is not None and apply != "Stacked"
-    with _warns_stacked() if stacked else contextlib.nullcontext():
+    stacked = ck is not None and apply != "Stacked" and STACKS
+    with _warns_stacked() if stacked else _no_stacked_warning():
         out = APPLY[apply](bs, x, ck)
         f = lambda bs, x: APPLY[apply](bs, x, ck)
         grads = jax.grad(loss, argnums=(0, 1))(bs, x, f)
@@ -77,7 +79,7 @@ def test_list_of_blocks_with_per_layer_inputs():
     for b, t in zip(bs, ts):
         want = b(want, t)
     assert eqx.tree_equal(er.scan_layers(bs, x, ts), want, rtol=1e-5, atol=1e-6)
-    with _warns_stacked():
+    with _warns_stacked() if STACKS else _no_stacked_warning():
         got = er.scan_layers(bs, x, ts, checkpoint="dots")
     assert eqx.tree_equal(got, want, rtol=1e-5, atol=1e-6)
     assert eqx.tree_equal(
@@ -99,6 +101,13 @@ def _warns_stacked():
     )
 
 
+@contextlib.contextmanager
+def _no_stacked_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", er.StackedListWarning)
+        yield
+
+
 IN_PLACE = [
     None,
     "dots",
@@ -118,11 +127,11 @@ IN_PLACE = [
 
 @pytest.mark.parametrize("ck", IN_PLACE, ids=str)
 def test_a_list_in_place_matches_the_python_loop(ck):
-    """The in-place path (what runs off the CPU; here called directly): equal
-    outputs and gradients to the Python loop, per-layer inputs included, under
-    `jit`, for every policy and schedule."""
-    bs, x = blocks(), jnp.linspace(-1.0, 1.0, 8)
-    ts = jnp.linspace(0.9, 1.1, len(bs))
+    """The in-place path (here called directly): equal outputs and gradients to
+    the Python loop, per-layer inputs included, under `jit`, for every policy
+    and schedule. In float64, where a wrong gradient cannot hide in rounding:
+    in float32 a checkpoint that acts changes XLA's fusions, and on a GPU the
+    gradients then differ from the loop's by up to 9e-5 (relative)."""
 
     def looped(bs, x, ts):
         for b, t in zip(bs, ts):
@@ -132,9 +141,14 @@ def test_a_list_in_place_matches_the_python_loop(ck):
     def in_place(bs, x, ts):
         return jnp.sum(_combinators._scan_list(bs, x, ts, ck) ** 2)
 
-    got = jax.jit(jax.value_and_grad(in_place, argnums=(0, 1)))(bs, x, ts)
-    want = jax.value_and_grad(looped, argnums=(0, 1))(bs, x, ts)
-    assert eqx.tree_equal(got, want, rtol=1e-5, atol=1e-6)
+    f64 = lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a
+    with jax.enable_x64(True):
+        bs = jtu.tree_map(f64, blocks())
+        x, ts = jnp.linspace(-1.0, 1.0, 8), jnp.linspace(0.9, 1.1, len(bs))
+        got = jax.jit(jax.value_and_grad(in_place, argnums=(0, 1)))(bs, x, ts)
+        want = jax.value_and_grad(looped, argnums=(0, 1))(bs, x, ts)
+        assert x.dtype == jnp.float64
+        assert eqx.tree_equal(got, want, rtol=1e-12, atol=1e-14)
 
 
 def _temps(bs, x, ck, target=None):
@@ -187,25 +201,31 @@ def test_a_list_without_checkpoint_costs_less_than_its_stack():
 @pytest.mark.parametrize(
     "ck", ["dots", pytest.param(er.every(2), marks=pytest.mark.heavy)]
 )
-def test_a_checkpointed_list_on_the_cpu_is_stacked_and_says_so(ck):
-    """On the CPU, checkpoints in straight-line code do nothing (XLA's CPU
-    pipeline removes the optimisation barriers that keep a recomputation apart
-    from the forward pass), so a checkpointed list is stacked, with a warning:
-    it compiles to what stacking by hand does (±2%), the checkpoint acts (less
-    than the list without one), and no branch per block is kept."""
+def test_a_checkpointed_list_is_stacked_where_checkpoints_do_nothing(ck):
+    """Where checkpoints in straight-line code do nothing (the CPU of jaxlib
+    0.10: its pipeline removes the optimisation barriers that keep a
+    recomputation apart from the forward pass), a checkpointed list is
+    stacked, with a warning: it compiles to what stacking by hand does (±2%).
+    Elsewhere it runs in place, silently, in less than stacking by hand. No
+    branch per block is kept either way."""
     bs, x = blocks(depth=6, width=64), jnp.ones(64)
-    with _warns_stacked():
+    with _warns_stacked() if STACKS else _no_stacked_warning():
         in_place, by_hand, _ = _temps(bs, x, ck)
-    assert abs(in_place - by_hand) <= 0.02 * by_hand, (in_place, by_hand)
+    if STACKS:
+        assert abs(in_place - by_hand) <= 0.02 * by_hand, (in_place, by_hand)
+    else:
+        assert in_place < by_hand, (in_place, by_hand)
     grad = jax.grad(lambda bs, x: jnp.sum(er.chain(bs, checkpoint=ck)(x) ** 2))
-    with _warns_stacked():
+    with _warns_stacked() if STACKS else _no_stacked_warning():
         jaxpr = jax.make_jaxpr(grad)(bs, x)
     assert count_primitive(jaxpr.jaxpr, "cond", weighted=False) == 0
 
 
-def test_checkpoints_in_straight_line_code_do_nothing_on_the_cpu():
+def test_checkpoints_in_straight_line_code_act_where_the_barriers_stay():
     """The XLA behaviour the rule above rests on: eight layers checkpointed one
-    by one, unrolled, compile to the temp memory of no checkpoint at all."""
+    by one, unrolled, compile to the temp memory of no checkpoint at all where
+    the compiler drops the checkpoints' barriers (`cpu_keeps_checkpoints`),
+    and to less where it keeps them (jaxlib 0.11's CPU, and GPUs)."""
 
     def layer(w, x):
         return jnp.tanh(jnp.sin(x @ w) * 2.0 + 1.0)
@@ -218,9 +238,11 @@ def test_checkpoints_in_straight_line_code_do_nothing_on_the_cpu():
     ws, x = [jnp.ones((64, 64))] * 8, jnp.ones((512, 64))
     plain = temp_bytes(jax.grad(lambda ws, x: loss(ws, x, False)), ws, x)
     remat = temp_bytes(jax.grad(lambda ws, x: loss(ws, x, True)), ws, x)
-    assert remat == plain > 8 * x.nbytes
+    assert plain > 8 * x.nbytes
+    assert remat == plain if STACKS else remat < plain, (remat, plain)
 
 
+@needs_libtpu
 @pytest.mark.heavy
 @pytest.mark.parametrize(
     "ck",
@@ -249,6 +271,7 @@ def test_a_list_in_place_on_v5e_costs_at_most_its_stack_and_one_layer(ck):
     assert in_place + layer < by_hand, (in_place, by_hand)
 
 
+@needs_libtpu
 def test_a_schedule_of_your_own_is_stacked_off_the_cpu_and_says_so():
     """A schedule without `unrolled` cannot run a list in place: compiled for
     v5e, the list is stacked, with the warning that names it."""
