@@ -235,10 +235,10 @@ def scan_layers(
       a checkpointed list on the CPU of jaxlib 0.10, where XLA runs
       checkpoints in straight-line code as none (in a loop, they act; jaxlib
       0.11's CPU keeps them), and a schedule of your own without `unrolled`.
-      Stacking copies the parameters, and the
-      gradient is stacked too before it is split per layer: up to twice the
-      layers' parameters in temporary memory, which dominates for wide
-      layers on a small batch. Holding the layers stacked
+      Stacking copies the parameters, and the gradient is stacked too
+      before it is split per layer: up to twice the layers' parameters in
+      temporary memory, which dominates for wide layers on a small batch.
+      Holding the layers stacked
       (`eqx_remat.Stacked([...])`, built once) avoids both, and traces one
       layer whatever `D`.
       Each layer is called as `layer(carry)` or `layer(carry, x)`.
@@ -311,12 +311,11 @@ def stacking_lists() -> Iterator[None]:
 def cpu_keeps_checkpoints() -> bool:
     """Whether XLA's CPU compiler keeps a checkpoint in straight-line code.
 
-    jaxlib 0.10.2's CPU pipeline removes the optimisation barriers that keep a
-    recomputation apart from the forward pass, so a `jax.checkpoint` outside a
-    loop runs as none (in a loop, the loop keeps them apart); with jaxlib
-    0.11.2 it acts: eight checkpointed layers need 44% less temp memory than
-    without the checkpoints (`tests/test_combinators.py` holds this rule
-    against the compiler it runs on). Versions between were not tried."""
+    jaxlib 0.10.2's runs a `jax.checkpoint` outside a loop as none: eight
+    layers checkpointed one by one compile to the temp memory of no
+    checkpoint (in a loop, checkpoints act). jaxlib 0.11.2's keeps it: the
+    same eight layers need 44% less. `tests/test_combinators.py` holds this
+    rule against the compiler it runs on; versions between were not tried."""
     return jax.__version_info__ >= (0, 11)
 
 

@@ -54,8 +54,7 @@ class Stacked(eqx.Module, Generic[_M]):
     that receives the model reads them in place, and traces one layer whatever
     their number. (A list passed to `scan_layers` is traced layer by layer,
     and on the CPU of jaxlib 0.10, checkpointed, is copied into a stack on
-    every step: see
-    [`eqx_remat.StackedListWarning`][].)
+    every step: see [`eqx_remat.StackedListWarning`][].)
 
     **Attributes:**
 

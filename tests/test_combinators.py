@@ -203,9 +203,8 @@ def test_a_list_without_checkpoint_costs_less_than_its_stack():
 )
 def test_a_checkpointed_list_is_stacked_where_checkpoints_do_nothing(ck):
     """Where checkpoints in straight-line code do nothing (the CPU of jaxlib
-    0.10: its pipeline removes the optimisation barriers that keep a
-    recomputation apart from the forward pass), a checkpointed list is
-    stacked, with a warning: it compiles to what stacking by hand does (±2%).
+    0.10), a checkpointed list is stacked, with a warning: it compiles to
+    what stacking by hand does (±2%).
     Elsewhere it runs in place, silently, in less than stacking by hand. No
     branch per block is kept either way."""
     bs, x = blocks(depth=6, width=64), jnp.ones(64)
@@ -221,11 +220,11 @@ def test_a_checkpointed_list_is_stacked_where_checkpoints_do_nothing(ck):
     assert count_primitive(jaxpr.jaxpr, "cond", weighted=False) == 0
 
 
-def test_checkpoints_in_straight_line_code_act_where_the_barriers_stay():
+def test_checkpoints_in_straight_line_code_act_where_the_rule_says():
     """The XLA behaviour the rule above rests on: eight layers checkpointed one
-    by one, unrolled, compile to the temp memory of no checkpoint at all where
-    the compiler drops the checkpoints' barriers (`cpu_keeps_checkpoints`),
-    and to less where it keeps them (jaxlib 0.11's CPU, and GPUs)."""
+    by one, unrolled, compile to the temp memory of no checkpoint at all on
+    the CPU of jaxlib 0.10 (`cpu_keeps_checkpoints`), and to less elsewhere
+    (jaxlib 0.11.2's CPU, an H200)."""
 
     def layer(w, x):
         return jnp.tanh(jnp.sin(x @ w) * 2.0 + 1.0)
