@@ -62,7 +62,7 @@ def test_list_of_blocks_matches_the_python_loop(ck, apply, container):
     bs, x = container(blocks()), jnp.linspace(-1.0, 1.0, 8)
     loss = lambda bs, x, f: jnp.sum(f(bs, x) ** 2)
     stacked = ck is not None and apply != "Stacked" and STACKS
-    with _warns_stacked() if stacked else _no_stacked_warning():
+    with _stacked_says_so(stacked):
         out = APPLY[apply](bs, x, ck)
         f = lambda bs, x: APPLY[apply](bs, x, ck)
         grads = jax.grad(loss, argnums=(0, 1))(bs, x, f)
@@ -79,7 +79,7 @@ def test_list_of_blocks_with_per_layer_inputs():
     for b, t in zip(bs, ts):
         want = b(want, t)
     assert eqx.tree_equal(er.scan_layers(bs, x, ts), want, rtol=1e-5, atol=1e-6)
-    with _warns_stacked() if STACKS else _no_stacked_warning():
+    with _stacked_says_so():
         got = er.scan_layers(bs, x, ts, checkpoint="dots")
     assert eqx.tree_equal(got, want, rtol=1e-5, atol=1e-6)
     assert eqx.tree_equal(
@@ -93,19 +93,22 @@ def _stack_by_hand(bs):
     return eqx.combine(stacked, eqx.filter(bs[0], eqx.is_array, inverse=True))
 
 
-def _warns_stacked():
-    return pytest.warns(
-        er.StackedListWarning,
-        match=r"on the cpu, XLA runs a checkpoint on a list of layers as none, so "
-        r"the list of \d+ layers is stacked .* eqx_remat\.Stacked\((layers|fns)\)",
-    )
-
-
 @contextlib.contextmanager
-def _no_stacked_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", er.StackedListWarning)
-        yield
+def _stacked_says_so(stacked: bool = STACKS):
+    """Where the list is `stacked`, the `StackedListWarning` that says so;
+    elsewhere, none (raised as an error)."""
+    if stacked:
+        with pytest.warns(
+            er.StackedListWarning,
+            match=r"on the cpu, XLA runs a checkpoint on a list of layers as none, "
+            r"so the list of \d+ layers is stacked .* "
+            r"eqx_remat\.Stacked\((layers|fns)\)",
+        ):
+            yield
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", er.StackedListWarning)
+            yield
 
 
 IN_PLACE = [
@@ -208,14 +211,14 @@ def test_a_checkpointed_list_is_stacked_where_checkpoints_do_nothing(ck):
     Elsewhere it runs in place, silently, in less than stacking by hand. No
     branch per block is kept either way."""
     bs, x = blocks(depth=6, width=64), jnp.ones(64)
-    with _warns_stacked() if STACKS else _no_stacked_warning():
+    with _stacked_says_so():
         in_place, by_hand, _ = _temps(bs, x, ck)
     if STACKS:
         assert abs(in_place - by_hand) <= 0.02 * by_hand, (in_place, by_hand)
     else:
         assert in_place < by_hand, (in_place, by_hand)
     grad = jax.grad(lambda bs, x: jnp.sum(er.chain(bs, checkpoint=ck)(x) ** 2))
-    with _warns_stacked() if STACKS else _no_stacked_warning():
+    with _stacked_says_so():
         jaxpr = jax.make_jaxpr(grad)(bs, x)
     assert count_primitive(jaxpr.jaxpr, "cond", weighted=False) == 0
 
