@@ -22,15 +22,14 @@ from ._inspect._residuals import (
     print_residuals as print_residuals,
     residuals as residuals,
 )
-from ._planning._api import plan as plan
-from ._planning._plan import (
-    DEFAULT_CANDIDATES as DEFAULT_CANDIDATES,
+from ._planning._api import parse_bytes as parse_bytes, plan as plan
+from ._planning._cache import clear_plan_cache as clear_plan_cache
+from ._planning._plan import DEFAULT_CANDIDATES as DEFAULT_CANDIDATES
+from ._planning._report import (
     BatchOption as BatchOption,
     FrontierPoint as FrontierPoint,
     PlanEntry as PlanEntry,
     PlanResult as PlanResult,
-    clear_plan_cache as clear_plan_cache,
-    parse_bytes as parse_bytes,
 )
 from ._policies._named import POLICIES as POLICIES, policy as policy
 from ._policies._values import (

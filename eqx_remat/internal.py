@@ -18,16 +18,14 @@ from ._planning._clock import (
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
+from ._planning._compiled import needed_bytes as needed_bytes
 from ._planning._hardware import (
     HARDWARE as HARDWARE,
     Hardware as Hardware,
     cpu_hardware as cpu_hardware,
     hardware as hardware,
 )
-from ._planning._plan import (
-    needed_bytes as needed_bytes,
-    roofline_seconds as roofline_seconds,
-)
+from ._planning._plan import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
     check_checkpoint as check_checkpoint,
     map_loss_chunk_sizes as map_loss_chunk_sizes,

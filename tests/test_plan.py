@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import eqx_remat as er
-from eqx_remat._planning import _hardware, _plan, _solve
+from eqx_remat._planning import _api, _cache, _compiled, _hardware, _plan, _solve
 from eqx_remat._schedules._binomial import optimal_evaluations
 from eqx_remat.internal import Hardware, Timing
 
@@ -38,7 +38,7 @@ def _deterministic(monkeypatch):
 @pytest.fixture
 def fresh(monkeypatch):
     """A planner that remembers nothing of earlier tests."""
-    monkeypatch.setattr(_plan, "CACHE", _plan.PlanCache())
+    monkeypatch.setattr(_cache, "CACHE", _cache.PlanCache())
 
 
 class Layer(eqx.Module):
@@ -151,9 +151,9 @@ def test_table_is_what_the_instruments_say(table):
 
 def test_compilations_are_cached(table, monkeypatch):
     calls = []
-    real = _plan._compile
+    real = _compiled._compile
     monkeypatch.setattr(
-        _plan, "_compile", lambda *a, **k: calls.append(1) or real(*a, **k)
+        _compiled, "_compile", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     _plan_for("1GiB")
     _plan_for(12345678, CANDIDATES[:2])
@@ -184,7 +184,7 @@ def test_without_measuring_times_are_the_roofline(table, fresh):
     # its FLOPs and the bytes it moves, at the (here fixed) CPU figures.
     runs = []
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(_plan._Program, "__call__", lambda self: runs.append(1))
+    monkeypatch.setattr(_compiled._Program, "__call__", lambda self: runs.append(1))
     try:
         result = _plan_for("1TiB", measure=False)
     finally:
@@ -225,8 +225,8 @@ def test_without_measuring_times_are_the_roofline(table, fresh):
     ],
 )
 def test_budget_parsing(text, expected):
-    assert _plan.parse_bytes(text) == expected
-    assert _plan.parse_bytes(np.int64(4096)) == 4096
+    assert _api.parse_bytes(text) == expected
+    assert _api.parse_bytes(np.int64(4096)) == 4096
 
 
 @pytest.mark.parametrize(
@@ -285,7 +285,7 @@ def test_v5e_target():
 def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on(monkeypatch):
     # On TPU v5e, XLA refuses to compile a program larger than one chip's HBM
     # (RESOURCE_EXHAUSTED). Forced here for one candidate, on the CPU.
-    real = _plan._compile
+    real = _compiled._compile
     message = (
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
         "for HLO temporaries (16.00G) exceeds available HBM (15.75G)."
@@ -296,7 +296,7 @@ def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on(monkeypatch):
             raise jax.errors.JaxRuntimeError(message)
         return real(fn, args, target, runnable)
 
-    monkeypatch.setattr(_plan, "_compile", compile_)
+    monkeypatch.setattr(_compiled, "_compile", compile_)
     grad = eqx.filter_grad(lambda model, x: jnp.sum(model(x) ** 2))  # uncached
     result = er.plan(grad, MODEL, X, budget_bytes="1TiB", candidates=CANDIDATES)
     assert [e.checkpoint for e in result.table] == list(CANDIDATES)
@@ -325,7 +325,7 @@ def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on(monkeypatch):
     ],
 )
 def test_xla_figure_of_what_was_needed(message, needed):
-    got = _plan.needed_bytes(message)
+    got = _compiled.needed_bytes(message)
     assert got == (None if needed is None else int(needed))
 
 
@@ -604,9 +604,9 @@ def test_measuring_compiles_every_option_and_runs_only_what_fits(
     tiny_table, fresh, monkeypatch
 ):
     runs = []
-    real_call = _plan._Program.__call__
+    real_call = _compiled._Program.__call__
     monkeypatch.setattr(
-        _plan._Program,
+        _compiled._Program,
         "__call__",
         lambda self: runs.append(self.record) or real_call(self),
     )

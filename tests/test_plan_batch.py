@@ -10,7 +10,7 @@ from helpers import check_close
 
 import eqx_remat as er
 import zoo
-from eqx_remat._planning import _batch, _hardware, _plan
+from eqx_remat._planning import _batch, _cache, _hardware, _plan
 from eqx_remat.internal import Hardware, Timing
 
 
@@ -22,19 +22,18 @@ def _fake_clock(programs, *, rounds, warmup=True, **race):
     ]
 
 
-def _deterministic_on(m: pytest.MonkeyPatch, cache: _plan.PlanCache) -> None:
+def _deterministic_on(m: pytest.MonkeyPatch, cache: _cache.PlanCache) -> None:
     m.setattr(_plan, "time_interleaved", _fake_clock)
     m.setattr(_batch, "time_interleaved", _fake_clock)
     m.setattr(
         _hardware, "cpu_hardware", lambda: Hardware("cpu", 1e10, 1e10, None, None, "")
     )
-    m.setattr(_plan, "CACHE", cache)
-    m.setattr(_batch, "CACHE", cache)
+    m.setattr(_cache, "CACHE", cache)
 
 
 @pytest.fixture(autouse=True)
 def _deterministic(monkeypatch):
-    _deterministic_on(monkeypatch, _plan.PlanCache())
+    _deterministic_on(monkeypatch, _cache.PlanCache())
 
 
 MODEL = zoo.Transformer(64, 16, 16, 2, 2, key=jax.random.key(0))
@@ -104,7 +103,7 @@ def roomy():
     batch's `None` (where every combination fits something), from an empty
     cache, and that cache. Planned once, read by two tests: neither changes
     them (a test that plans again plans on a copy of the cache)."""
-    cache = _plan.PlanCache()
+    cache = _cache.PlanCache()
     with pytest.MonkeyPatch.context() as m:
         _deterministic_on(m, cache)
         budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
@@ -161,10 +160,9 @@ def test_a_combination_timed_slow_on_its_own_clock_still_races(roomy, monkeypatc
     # per-combination timings are taken from there (the timings through
     # `_Planner.time`, which slows them as above); the race of the slowed
     # order is not there, and is run afresh.
-    again = _plan.PlanCache()
+    again = _cache.PlanCache()
     again._entries.update(cache._entries)
-    monkeypatch.setattr(_plan, "CACHE", again)
-    monkeypatch.setattr(_batch, "CACHE", again)
+    monkeypatch.setattr(_cache, "CACHE", again)
     r = er.plan(GRAD, MODEL, TOKENS, budget_bytes=budget, progress=False, **ROOMY)
     assert slowed
     assert (r.micro_batches, r.loss_chunk_size) == way

@@ -2,6 +2,7 @@
 then solves one function (`_plan`) or a global batch's combinations of
 micro-batches and loss chunking (`_batch`)."""
 
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, SupportsIndex
@@ -16,8 +17,10 @@ from .._inspect._memory import (
 )
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
 from .._util import split_args
+from .._validate import check_int
 from ._batch import combinations, plan_batches
-from ._plan import PlanResult, _Planner, _Progress, parse_bytes
+from ._plan import _Planner, _Progress
+from ._report import PlanResult
 
 
 def plan(
@@ -174,3 +177,55 @@ def plan(
         if candidates is not None:
             return planner.enumerate(candidates)
         return planner.solve()
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
+    """A number of bytes from an integer or a string: the parser behind
+    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
+
+    **Arguments:**
+
+    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
+      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
+      `KB`/`MB`/`GB`/`TB`, case-insensitive).
+    - `name`: what to call the value in an error message.
+
+    **Returns:**
+
+    The number of bytes, an `int`.
+
+    **Raises:**
+
+    `ValueError` naming `name`, with examples of what is accepted.
+    """
+    if not isinstance(value, str):
+        try:
+            return check_int("plan", name, value, 0)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be an int >= 0 or a string such as '16GiB'. "
+                f"Got {value!r} of type {type(value).__name__}."
+            ) from None
+    match = _BYTES.fullmatch(value)
+    unit = match and match.group(2).lower()
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"{name} must be an int or a string such as '16GiB', '512MiB' or "
+            f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
+        )
+    return int(float(match.group(1)) * _UNITS[unit])

@@ -17,17 +17,11 @@ from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._validate import check_int
+from . import _cache
 from ._clock import on_one_clock, time_interleaved, warm_up
-from ._plan import (
-    CACHE,
-    BatchOption,
-    Compiled,
-    NothingFits,
-    PlanResult,
-    _name,
-    _Planner,
-    _Progress,
-)
+from ._compiled import Compiled
+from ._plan import _Planner, _Progress
+from ._report import BatchOption, NothingFits, PlanResult, _name
 
 
 class _Way(NamedTuple):
@@ -170,7 +164,7 @@ def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any):
     so that later plans find what this one compiled), arguments whose
     `loss_chunk_size` fields are `c`."""
     if k > 1:
-        fn = CACHE.get(
+        fn = _cache.CACHE.get(
             fn,
             ("accumulate", id(fn), k, repr(in_axes)),
             lambda: accumulate(fn, k, in_axes=in_axes),
@@ -290,7 +284,7 @@ def _race(bests: list[_Best], solved: _Way) -> _Best:
         )
         return out
 
-    timings = CACHE.get(solved.planner.fn, key, measure)
+    timings = _cache.CACHE.get(solved.planner.fn, key, measure)
     timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     solved.planner.say(

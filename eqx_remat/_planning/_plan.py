@@ -2,64 +2,45 @@
 fastest, by the clock where the device is at hand.
 
 The planner is stages over values (the algorithm is told once, in the tutorial
-*Fit a model in a budget*):
+*Fit a model in a budget*); `_Planner`, here, runs them for one call:
 
-1. price: trace the function once per per-layer option (`Prices`, frozen,
-   cached per function, argument shapes and target);
-2. confirm: compile what the choice depends on and, on the device at hand, run
-   it (`Compiled`, one typed record per program, and measured `Timing`s);
-3. choose: the cheapest mix of two options predicted to fit (`best_mix`, pure),
-   from the memory the compiles taught and the times the clock (or the
-   roofline) gives;
-4. report: a `PlanResult`, whose entries' `fits` are derived from the budget
-   the plan ended with.
+1. price: trace the function once per per-layer option (`Prices`, here,
+   frozen, cached per function, argument shapes and target);
+2. confirm: compile what the choice depends on (`_compiled.Compiled`, one
+   typed record per program) and, on the device at hand, run it (`_clock`'s
+   measured `Timing`s);
+3. choose: the cheapest mix of two options predicted to fit
+   (`_solve.best_mix`, pure), from the memory the compiles taught and the
+   times the clock (or the roofline) gives;
+4. report: a `_report.PlanResult`, whose entries' `fits` are derived from the
+   budget the plan ended with.
+
+What a call learns is kept for the next in `_cache.CACHE`.
 """
 
-import collections
 import dataclasses
 import math
-import re
 import statistics
 import sys
-import textwrap
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, NoReturn, SupportsIndex
+from typing import Any
 
 import jax
-import jax.tree_util as jtu
 import numpy as np
 
-from .._accumulate import accumulate
 from .._inspect._flops import count_flops
-from .._inspect._memory import (
-    MemoryReport,
-    ReplicatedArgumentsWarning,
-    _v5e,
-    compiled_report,
-    memory_report,
-    traced_for,
-)
+from .._inspect._memory import ReplicatedArgumentsWarning, _v5e, traced_for
 from .._policies._values import save_names
 from .._schedules._binomial import binomial
-from .._schedules._checkpoint import (
-    Checkpoint,
-    map_checkpoints,
-    map_loss_chunk_sizes,
-    set_checkpoint,
-)
+from .._schedules._checkpoint import Checkpoint, map_checkpoints, set_checkpoint
 from .._schedules._engine import Schedule
 from .._schedules._ranges import ranges
 from .._schedules._uniform import every, nested, recursive
-from .._util import (
-    format_bytes,
-    format_flops,
-    is_array_like,
-    split_args,
-    traceable,
-)
-from .._validate import check_int
+from .._util import format_bytes, format_flops, split_args
+from . import _cache
+from ._cache import _key
 from ._clock import (
     Timing,
     concrete,
@@ -69,7 +50,18 @@ from ._clock import (
     time_interleaved,
     warm_up,
 )
+from ._compiled import Compiled, _Program, compile_checkpoint
 from ._hardware import hardware
+from ._report import (
+    FrontierPoint,
+    PlanEntry,
+    PlanResult,
+    _bytes,
+    _format_memory,
+    _format_time,
+    _name,
+    _raise_nothing_fits,
+)
 from ._solve import (
     Mix,
     Option,
@@ -113,321 +105,9 @@ make sense at the stack's depth: `every(k)` and `binomial(s)` below it); pass
 instead."""
 
 
-class PlanEntry(NamedTuple):
-    """One compiled checkpoint: a row of a [`eqx_remat.PlanResult`][]'s `table`
-    (the candidates given to [`eqx_remat.plan`][]) or its `entry` (the pick).
-
-    **Attributes:**
-
-    - `checkpoint`: the candidate (a policy name, policy or schedule, or `None`).
-    - `memory_bytes`: device memory it needs: arguments + outputs + temporaries
-      of the compiled function (per chip on a TPU target). Host memory that
-      offloading uses is not counted. For a candidate that XLA refused to
-      compile because it does not fit in one device (`RESOURCE_EXHAUSTED`),
-      XLA's own figure of what it needed (its temporaries: a lower bound), or
-      `None` where XLA's message gives none.
-    - `flops`: FLOPs of the function, loop trip counts and recomputation
-      included: [`eqx_remat.count_flops`][], exact for every schedule.
-    - `fits`: whether `memory_bytes <= budget_bytes` (always `False` for a
-      candidate XLA refused to compile), against the budget the plan ended
-      with.
-    - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
-      XLA refused to compile.
-    - `error`: XLA's message for a candidate it refused to compile, else `None`.
-    - `time_s`: its step time: measured on the device at hand (`measured`),
-      else the roofline's estimate (see
-      [How the planner solves][how-the-planner-solves]).
-    - `measured`: whether `time_s` was measured by running it.
-    """
-
-    checkpoint: Checkpoint
-    memory_bytes: int | None
-    flops: int
-    fits: bool
-    report: MemoryReport | None
-    error: str | None = None
-    time_s: float = 0.0
-    measured: bool = False
-
-
-class FrontierPoint(NamedTuple):
-    """One point of the Pareto frontier of a [`eqx_remat.PlanResult`][]: no
-    other point found needs less memory and less time.
-
-    **Attributes:**
-
-    - `checkpoint`: the checkpoint (a uniform option, a schedule, or a
-      `eqx_remat.ranges` mix of two options).
-    - `predicted_bytes`: device memory per chip that the planner's model
-      predicts (arguments + outputs + temporaries, as `memory_bytes`).
-    - `compiled_bytes`: what compiling it gave, or `None` where it was not
-      compiled.
-    - `flops`: the function's FLOPs under it (exact for uniform options,
-      schedules and compiled mixes, [`eqx_remat.count_flops`][]; summed per
-      layer for another mix).
-    - `host_bytes`: bytes per chip it offloads to host memory.
-    - `time_s`: its step time on one chip: measured, or estimated (a mix from
-      its two options' times per layer; else the roofline).
-    - `measured`: whether `time_s` was measured by running it.
-    """
-
-    checkpoint: Checkpoint
-    predicted_bytes: int
-    compiled_bytes: int | None
-    flops: int
-    host_bytes: int
-    time_s: float
-    measured: bool = False
-
-
-class BatchOption(NamedTuple):
-    """One way to run the global batch that [`eqx_remat.plan`][] compared when
-    given `micro_batches=` or `loss_chunks=`: a row of a
-    [`eqx_remat.PlanResult`][]'s `batches`.
-
-    **Attributes:**
-
-    - `micro_batches`: how many micro-batches the batch is split into
-      ([`eqx_remat.accumulate`][]).
-    - `loss_chunk_size`: the `loss_chunk_size` of the model's loss head
-      (`None`: whole logits; see `zoo.cross_entropy`).
-    - `checkpoint`: the fastest checkpoint found that fits, this way.
-    - `memory_bytes`: its compiled memory (the whole global batch's step).
-    - `time_s`: its time per global batch: measured, or the roofline's.
-    - `measured`: whether `time_s` was measured by running it.
-    """
-
-    micro_batches: int
-    loss_chunk_size: int | None
-    checkpoint: Checkpoint
-    memory_bytes: int
-    time_s: float
-    measured: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanResult:
-    """What [`eqx_remat.plan`][] found.
-
-    **Attributes:**
-
-    - `checkpoint`: the pick: the least step time among what fits the budget.
-    - `entry`: its [`eqx_remat.PlanEntry`][] (it is always compiled).
-    - `table`: with `candidates=`, every candidate's entry in the order given;
-      else `()`.
-    - `budget_bytes`: the budget, in bytes (less than asked where the device
-      holds less: `notes` says so).
-    - `target`: what was compiled for (`"cpu"`, `"gpu"`, `"v5e:2x2"`, ...).
-    - `frontier`: the Pareto frontier of memory and step time that the
-      planner found, least memory first, as [`eqx_remat.FrontierPoint`][]s
-      (`()` with `candidates=`).
-    - `notes`: what the planner wants you to know: stacks it could not mix,
-      picks that did not fit when compiled or ran slower than a uniform
-      option, and what it did instead.
-    - `compiles`: how many functions it compiled (compilations cached from an
-      earlier call are not counted).
-    - `seconds`: how long it took.
-    - `timed_seconds`: how much of it was spent running programs to time them.
-    - `micro_batches`: how many micro-batches to split the batch into (1
-      unless planned with `micro_batches=`): `step` applies it.
-    - `loss_chunk_size`: the loss head's chunking the plan ran with (planned
-      with `loss_chunks=`, else the model's own; `None` where the model has
-      none): `apply` sets it where it was planned.
-    - `in_axes`: the batch axes `plan` was given, for `step`.
-    - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
-      found for each (micro-batches, loss chunking) combination that fits, as
-      [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
-      that of the combination solved in full (see
-      [Which combination][which-combination]).
-    """
-
-    checkpoint: Checkpoint
-    entry: PlanEntry
-    table: tuple[PlanEntry, ...]
-    budget_bytes: int
-    target: str
-    frontier: tuple[FrontierPoint, ...] = ()
-    notes: tuple[str, ...] = ()
-    compiles: int = 0
-    seconds: float = 0.0
-    timed_seconds: float = 0.0
-    micro_batches: int = 1
-    loss_chunk_size: int | None = None
-    in_axes: Any = (None, 0)
-    batches: tuple[BatchOption, ...] = ()
-
-    def apply(self, tree: Any) -> Any:
-        """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
-        (e.g. the model) using the chosen checkpoint; planned with
-        `loss_chunks=`, with `loss_chunk_size` set too
-        (`zoo.set_loss_chunk_size`)."""
-        tree = set_checkpoint(tree, self.checkpoint)
-        if self.batches and map_loss_chunk_sizes(tree, lambda c: c)[1]:
-            tree = map_loss_chunk_sizes(tree, lambda _: self.loss_chunk_size)[0]
-        return tree
-
-    def step(self, grad_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`grad_fn` run over `micro_batches` micro-batches:
-        `eqx_remat.accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)`
-        (the gradient function the plan was made for, or one like it)."""
-        return accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)
-
-    def __str__(self) -> str:
-        checkpoints = [self.checkpoint, *(p.checkpoint for p in self.frontier)]
-        checkpoints += [b.checkpoint for b in self.batches]
-        checkpoints += [e.checkpoint for e in self.table]
-        return _fit(checkpoints, self._render)
-
-    def _render(self, names: "_Names") -> str:
-        e = self.entry
-        batch = ""
-        if self.batches:
-            batch = (
-                f", micro_batches={self.micro_batches}, "
-                f"loss_chunk_size={self.loss_chunk_size}"
-            )
-        lines = [
-            f"plan for a budget of {format_bytes(self.budget_bytes)} "
-            f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
-        ]
-        how = "measured" if e.measured else "estimated"
-        lines.append(
-            f"  {format_bytes(e.memory_bytes or 0)} compiled, "
-            f"{format_flops(e.flops)} FLOPs, {_format_time(e.time_s)} per step "
-            f"({how})"
-        )
-        lines += [_wrap(f"note: {n}", "  ", "    ") for n in self.notes]
-        if self.batches:
-            lines += ["batches (per global batch):", _batch_table(self, names)]
-        if self.frontier:
-            lines += [
-                "frontier:",
-                _frontier_table(self.frontier, self.checkpoint, names),
-            ]
-        if self.table:
-            lines.append(_table(self.table, self.entry, names))
-        legend = names.legend()
-        if legend:
-            lines += ["where:"] + [_wrap(line, "  ", "    ") for line in legend]
-        return "\n".join(lines)
-
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
-
-
-def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
-    """A number of bytes from an integer or a string: the parser behind
-    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
-
-    **Arguments:**
-
-    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
-      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
-      `KB`/`MB`/`GB`/`TB`, case-insensitive).
-    - `name`: what to call the value in an error message.
-
-    **Returns:**
-
-    The number of bytes, an `int`.
-
-    **Raises:**
-
-    `ValueError` naming `name`, with examples of what is accepted.
-    """
-    if not isinstance(value, str):
-        try:
-            return check_int("plan", name, value, 0)
-        except ValueError:
-            raise ValueError(
-                f"{name} must be an int >= 0 or a string such as '16GiB'. "
-                f"Got {value!r} of type {type(value).__name__}."
-            ) from None
-    match = _BYTES.fullmatch(value)
-    unit = match and match.group(2).lower()
-    if match is None or unit not in _UNITS:
-        raise ValueError(
-            f"{name} must be an int or a string such as '16GiB', '512MiB' or "
-            f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
-# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
-# 17.5G of 15.75G hbm".
-_NEEDED = (
-    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
-)
-# And what it says one device has.
-_AVAILABLE = (
-    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
-)
-_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
-    for pattern in patterns:
-        match = pattern.search(message)
-        if match is not None:
-            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
-    return None
-
-
-def needed_bytes(message: str) -> int | None:
-    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
-    (the error `memory_report` raises when a program does not fit in one
-    device), or `None` where the message gives no figure."""
-    return _xla_bytes(message, _NEEDED)
-
-
 # A call compiles at most this many mixes that do not fit, then chooses among
 # uniform options (each compile of a large model on TPU v5e takes minutes).
 _MIX_TRIES = 6
-
-
-class Compiled(NamedTuple):
-    """One program the planner compiled: a typed record of what XLA said.
-
-    - `checkpoint`: the checkpoint it was compiled under.
-    - `report`: its memory, or `None` where XLA refused it (`error` says why).
-    - `error`: XLA's RESOURCE_EXHAUSTED message, else `None`.
-    - `flops`: its FLOPs ([`eqx_remat.count_flops`][]).
-    - `compile_s`: how long compiling it took.
-    - `executable`: the compiled program, where it can run here (the planner's
-      target is the device at hand), else `None`.
-    """
-
-    checkpoint: Checkpoint
-    report: MemoryReport | None
-    error: str | None
-    flops: int
-    compile_s: float
-    executable: Any = None
-
-    @property
-    def memory_bytes(self) -> int | None:
-        """Compiled memory, or what XLA said it needed (`None` if nothing)."""
-        if self.report is not None:
-            return self.report.total_bytes
-        return needed_bytes(self.error or "")
-
-    @property
-    def host_bytes(self) -> int:
-        return 0 if self.report is None else self.report.host_temp_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,123 +138,6 @@ class Prices:
             if o.checkpoint == c:
                 return o
         return None
-
-
-class PlanCache:
-    """What [`eqx_remat.plan`][] remembers between calls: compiled programs,
-    what tracing priced, the memory of compiled mixes and measured step
-    times, each keyed by the function (its identity: functions need not be
-    hashable), the shapes, dtypes and shardings of the arguments, and the
-    target. Planning the same function for another budget compiles, traces
-    and times only what is new. `eqx_remat.clear_plan_cache()` empties it
-    (e.g. after the machine's load changed, to time afresh)."""
-
-    def __init__(self, size: int = 512):
-        self.size = size
-        self._entries: collections.OrderedDict = collections.OrderedDict()
-
-    def get(self, fn: Callable, key: Any, compute: Callable[[], Any]) -> Any:
-        """`compute()`, or what it gave for `fn` and `key` before."""
-        if key is None:
-            return compute()
-        hit = self._entries.get(key)
-        if hit is not None and hit[0] is fn:  # holding `fn` keeps its id unique
-            self._entries.move_to_end(key)
-            return hit[1]
-        value = compute()
-        self.put(fn, key, value)
-        return value
-
-    def put(self, fn: Callable, key: Any, value: Any) -> None:
-        """Remember `value` for `fn` and `key`, in place of what was there."""
-        if key is not None:
-            self._entries[key] = fn, value
-            self._entries.move_to_end(key)
-            if len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-
-    def has(self, fn: Callable, key: Any) -> bool:
-        hit = self._entries.get(key)
-        return hit is not None and hit[0] is fn
-
-    def clear(self) -> None:
-        """Forget everything."""
-        self._entries.clear()
-
-
-CACHE = PlanCache()
-
-
-def clear_plan_cache() -> None:
-    """Empty what [`eqx_remat.plan`][] remembers between calls (compiled
-    programs, prices, the memory of compiled mixes, measured step times), so
-    that the next call compiles, traces and times afresh."""
-    CACHE.clear()
-
-
-def _key(fn: Callable, args: tuple, target: Any) -> Any:
-    """The cache key of `fn(*args)` compiled for `target`, or `None` where the
-    static arguments are not hashable."""
-    leaves, treedef = jtu.tree_flatten(args)
-    avals = []
-    for x in leaves:
-        if is_array_like(x):
-            sharding = getattr(x, "sharding", None)
-            avals.append(("array", np.shape(x), str(x.dtype), sharding))
-        else:
-            avals.append(("static", x))
-    key = (id(fn), treedef, tuple(avals), target)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def compile_checkpoint(
-    fn: Callable, args: tuple, c: Checkpoint, target: str | None, *, runnable: bool
-) -> Compiled:
-    """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
-    `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
-    keep the executable (the target is the device at hand)."""
-    args = set_checkpoint(args, c)
-    start = time.perf_counter()
-    try:
-        report, executable = _compile(fn, args, target, runnable)
-    except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        seconds = time.perf_counter() - start
-        return Compiled(c, None, str(e), int(count_flops(fn, *args)), seconds)
-    seconds = time.perf_counter() - start
-    return Compiled(c, report, None, int(report.flops), seconds, executable)
-
-
-def _compile(
-    fn: Callable, args: tuple, target: str | None, runnable: bool
-) -> tuple[MemoryReport, Any]:
-    """`(report, executable)`: `memory_report`'s compile, keeping the
-    executable where it can run here (else `None`)."""
-    if not runnable:
-        return memory_report(fn, *args, target=target), None
-    # Lowered on the arguments as given (their shardings included), as
-    # `memory_report` lowers them.
-    f, _ = traceable(fn, args)
-    executable = jax.jit(f).lower(split_args(args)[0]).compile()
-    flops = count_flops(fn, *args)
-    report = compiled_report(executable, flops=flops, target=jax.default_backend())
-    return report, executable
-
-
-class _Program(NamedTuple):
-    """One step of a compiled checkpoint, ready to run on the planner's
-    inputs: `program()` runs it."""
-
-    record: Compiled
-    inputs: Any
-
-    def __call__(self) -> Any:
-        return self.record.executable(self.inputs)
 
 
 class _Progress:
@@ -629,7 +192,7 @@ class _Planner:
         self.fresh_s = 0.0
         # Compiled mixes' memory, `ranges((D - n, light), (n, heavy))`: shared
         # by later calls for the same function (what compiling them taught).
-        self.mixes: dict[ranges, int] = CACHE.get(fn, self._k("mixes"), dict)
+        self.mixes: dict[ranges, int] = _cache.CACHE.get(fn, self._k("mixes"), dict)
         # Arrays to run programs on, made once (at the first timing).
         self.inputs: list[Any] = []
         # Where one device holds less than the budget, the budget is that.
@@ -658,7 +221,7 @@ class _Planner:
         # Stage 1, when solving: what tracing tells, priced once.
         self.prices: Prices | None = None
         if solving:
-            self.prices = CACHE.get(fn, self._k("prices"), self._price)
+            self.prices = _cache.CACHE.get(fn, self._k("prices"), self._price)
         self.per = 1 if self.prices is None else self.prices.per
 
     def _k(self, *what: Any) -> Any:
@@ -674,8 +237,8 @@ class _Planner:
         """Compile `c` (or take it from the cache): its record."""
         if c in self.compiled:
             return self.compiled[c]
-        fresh = not CACHE.has(self.fn, self._k("compiled", c))
-        record = CACHE.get(
+        fresh = not _cache.CACHE.has(self.fn, self._k("compiled", c))
+        record = _cache.CACHE.get(
             self.fn,
             self._k("compiled", c),
             lambda: compile_checkpoint(
@@ -699,7 +262,7 @@ class _Planner:
         return record
 
     def _on_xla_limit(self, record: Compiled) -> None:
-        available = _xla_bytes(record.error or "", _AVAILABLE)
+        available = record.available_bytes
         if available is not None and available < self.budget:
             self.note(
                 f"the budget, {format_bytes(self.budget)}, is more than one "
@@ -739,8 +302,8 @@ class _Planner:
             if c in self.timings or not self.runnable(c):
                 continue
             key = self._k("time", c)
-            if CACHE.has(self.fn, key):
-                self.timings[c] = CACHE.get(self.fn, key, lambda: None)
+            if _cache.CACHE.has(self.fn, key):
+                self.timings[c] = _cache.CACHE.get(self.fn, key, lambda: None)
             else:
                 new.append(c)
         if not new:
@@ -774,7 +337,7 @@ class _Planner:
         for c, t in zip(new, timings):
             self.timings[c] = t
             if self.key is not None:
-                CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
+                _cache.CACHE.get(self.fn, self._k("time", c), lambda t=t: t)
         ran_all = sum(t.rounds == most for t in timings[: len(new)])
         least = min(t.rounds for t in timings[: len(new)])
         rounds = f"{most}" if least == most else f"{least} to {most}"
@@ -1181,12 +744,12 @@ class _Planner:
         o = None if self.prices is None else self.prices.option(c)
         if o is not None:
             return self.scale() * o.time * self.per
-        depths = CACHE.get(
+        depths = _cache.CACHE.get(
             self.fn,
             self._k("depths"),
             lambda: frozenset(stack_depths(self.fn, self.args)),
         )
-        device, host, flops, moved, _ = CACHE.get(
+        device, host, flops, moved, _ = _cache.CACHE.get(
             self.fn,
             self._k("price", c),
             lambda: price(self.fn, self.args, c, depths),
@@ -1294,8 +857,8 @@ class _Planner:
         raced = [
             c
             for c in self.mixes
-            if CACHE.has(self.fn, self._k("time", c))
-            and CACHE.has(self.fn, self._k("compiled", c))
+            if _cache.CACHE.has(self.fn, self._k("time", c))
+            and _cache.CACHE.has(self.fn, self._k("compiled", c))
         ]
         for c in raced:
             self.compile(c)
@@ -1367,15 +930,15 @@ class _Planner:
             n = max(n, 1)
         run = [pick.checkpoint, *rivals[: max(n, 1)]]
         key = self._k("race", tuple(run))
-        if n or CACHE.has(self.fn, key):
-            timings = CACHE.get(self.fn, key, lambda: self._time_race(run))
+        if n or _cache.CACHE.has(self.fn, key):
+            timings = _cache.CACHE.get(self.fn, key, lambda: self._time_race(run))
             how = "raced the pick"
             # On the plan's clock: where the race ran more rounds than timed a
             # program before, its time is the race's, for later calls too.
             for c, t in zip(run, timings):
                 if c not in self.timings or t.rounds >= self.timings[c].rounds:
                     self.timings[c] = t
-                    CACHE.put(self.fn, self._k("time", c), t)
+                    _cache.CACHE.put(self.fn, self._k("time", c), t)
         else:
             timings = [self.timings[c] for c in run]
             how = "no time left to race the pick (the plan's rounds decide)"
@@ -1541,171 +1104,6 @@ def _pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
                 out.pop()
             out.append(p)
     return out
-
-
-class NothingFits(ValueError):
-    """No candidate fits the budget (a `ValueError`, as `plan` documents)."""
-
-
-def _raise_nothing_fits(
-    table: Sequence[PlanEntry], budget: int, target: str
-) -> NoReturn:
-    def render(names: _Names) -> str:
-        legend = [_wrap(line, "", "    ") for line in names.legend()]
-        return "\n".join([_table(table, None, names), *legend])
-
-    listed = _fit([e.checkpoint for e in table], render)
-    measured = [e for e in table if e.report is not None]
-    if not measured:
-        raise NothingFits(
-            f"No candidate fits in budget_bytes={format_bytes(budget)} "
-            f"[{target}]: XLA refused to compile every one of them "
-            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n" + listed
-        )
-    best = min(measured, key=lambda e: e.memory_bytes or 0)
-    smallest = best.memory_bytes or 0  # compiled: never None
-    raise NothingFits(
-        f"No candidate fits in budget_bytes={format_bytes(budget)} "
-        f"[{target}]. The smallest achievable memory is "
-        f"{format_bytes(smallest)} ({smallest} bytes), with "
-        f"checkpoint={_name(best.checkpoint)}.\n" + listed
-    )
-
-
-def _name(c: Checkpoint) -> str:
-    return repr(c) if c is None or isinstance(c, str) else str(c)
-
-
-_COLUMNS = 100
-
-
-class _Names:
-    """Checkpoint names for tables: in full, or, for those longer than
-    `longest` characters, short aliases (`P1`, `P2`, ...) with a legend; a
-    `ranges` mix is named by its parts."""
-
-    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float | int):
-        self.alias: dict[Checkpoint, str] = {}
-        for c in checkpoints:
-            parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
-            for p in parts:
-                if len(_name(p)) > longest and p not in self.alias:
-                    self.alias[p] = f"P{len(self.alias) + 1}"
-
-    def short(self, c: Checkpoint) -> str:
-        if isinstance(c, ranges):
-            inner = ", ".join(f"({n}, {self.short(p)})" for n, p in c.parts)
-            return f"ranges({inner})"
-        return self.alias.get(c, _name(c))
-
-    def legend(self) -> list[str]:
-        return [f"{a} = {_name(c)}" for c, a in self.alias.items()]
-
-
-def _fit(checkpoints: Sequence[Checkpoint], render: Callable[[_Names], str]) -> str:
-    """`render(names)` with names in full where that fits `_COLUMNS`, else
-    with the longest ones aliased, fewer first."""
-    text = ""
-    for longest in (math.inf, 48, 36, 24, 0):
-        text = render(_Names(checkpoints, longest))
-        if max(map(len, text.splitlines())) <= _COLUMNS:
-            break
-    return text
-
-
-def _wrap(text: str, indent: str, subsequent: str) -> str:
-    return textwrap.fill(
-        text,
-        _COLUMNS,
-        initial_indent=indent,
-        subsequent_indent=subsequent,
-        break_on_hyphens=False,
-    )
-
-
-def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) -> str:
-    base = min(e.flops for e in table) or 1
-    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
-    for e in table:
-        rows.append(
-            (
-                "*" if chosen is not None and e.checkpoint == chosen.checkpoint else "",
-                names.short(e.checkpoint),
-                _format_memory(e),
-                format_flops(e.flops),
-                f"{e.flops / base:.2f}x",
-                _format_time(e.time_s) + ("" if e.measured else " (est.)"),
-                "yes" if e.fits else "no",
-            )
-        )
-    return _columns(rows)
-
-
-def _frontier_table(
-    points: Sequence[FrontierPoint], chosen: Checkpoint, names: _Names
-) -> str:
-    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
-    for p in points:
-        rows.append(
-            (
-                "*" if p.checkpoint == chosen else "",
-                names.short(p.checkpoint),
-                _bytes(p.predicted_bytes),
-                "-" if p.compiled_bytes is None else _bytes(p.compiled_bytes),
-                format_flops(p.flops),
-                _bytes(p.host_bytes) if p.host_bytes else "-",
-                _format_time(p.time_s) + ("" if p.measured else " (est.)"),
-            )
-        )
-    return _columns(rows)
-
-
-def _batch_table(result: PlanResult, names: _Names) -> str:
-    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
-    for b in result.batches:
-        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == (
-            result.micro_batches,
-            result.loss_chunk_size,
-            result.checkpoint,
-        )
-        rows.append(
-            (
-                "*" if chosen else "",
-                str(b.micro_batches),
-                str(b.loss_chunk_size),
-                names.short(b.checkpoint),
-                _bytes(b.memory_bytes),
-                _format_time(b.time_s) + ("" if b.measured else " (est.)"),
-            )
-        )
-    return _columns(rows)
-
-
-def _columns(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
-    )
-
-
-def _bytes(n: Real) -> str:
-    """A predicted or compiled size: never below zero."""
-    return format_bytes(max(int(n), 0))
-
-
-def _format_time(seconds: float) -> str:
-    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
-
-
-def _format_memory(e: PlanEntry | Compiled) -> str:
-    if e.memory_bytes is None:
-        return "too large (XLA)"
-    if e.report is not None:
-        return format_bytes(e.memory_bytes)
-    return f">= {format_bytes(e.memory_bytes)} (XLA)"
 
 
 def roofline_seconds(

@@ -1,0 +1,126 @@
+"""Compiling a checkpoint for the planner (stage 2 of `_plan`): one typed record
+per program, XLA's RESOURCE_EXHAUSTED kept as what it says, not raised."""
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from .._inspect._flops import count_flops
+from .._inspect._memory import MemoryReport, compiled_report, memory_report
+from .._schedules._checkpoint import Checkpoint, set_checkpoint
+from .._util import split_args, traceable
+
+
+# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
+# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
+# 17.5G of 15.75G hbm".
+_NEEDED = (
+    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
+)
+# And what it says one device has.
+_AVAILABLE = (
+    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
+)
+_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
+    for pattern in patterns:
+        match = pattern.search(message)
+        if match is not None:
+            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
+    return None
+
+
+def needed_bytes(message: str) -> int | None:
+    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
+    (the error `memory_report` raises when a program does not fit in one
+    device), or `None` where the message gives no figure."""
+    return _xla_bytes(message, _NEEDED)
+
+
+class Compiled(NamedTuple):
+    """One program the planner compiled: a typed record of what XLA said.
+
+    - `checkpoint`: the checkpoint it was compiled under.
+    - `report`: its memory, or `None` where XLA refused it (`error` says why).
+    - `error`: XLA's RESOURCE_EXHAUSTED message, else `None`.
+    - `flops`: its FLOPs ([`eqx_remat.count_flops`][]).
+    - `compile_s`: how long compiling it took.
+    - `executable`: the compiled program, where it can run here (the planner's
+      target is the device at hand), else `None`.
+    """
+
+    checkpoint: Checkpoint
+    report: MemoryReport | None
+    error: str | None
+    flops: int
+    compile_s: float
+    executable: Any = None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Compiled memory, or what XLA said it needed (`None` if nothing)."""
+        if self.report is not None:
+            return self.report.total_bytes
+        return needed_bytes(self.error or "")
+
+    @property
+    def available_bytes(self) -> int | None:
+        """What XLA's error says one device holds (`None` if nothing)."""
+        return _xla_bytes(self.error or "", _AVAILABLE)
+
+    @property
+    def host_bytes(self) -> int:
+        return 0 if self.report is None else self.report.host_temp_bytes
+
+
+def compile_checkpoint(
+    fn: Callable, args: tuple, c: Checkpoint, target: str | None, *, runnable: bool
+) -> Compiled:
+    """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
+    `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
+    keep the executable (the target is the device at hand)."""
+    args = set_checkpoint(args, c)
+    start = time.perf_counter()
+    try:
+        report, executable = _compile(fn, args, target, runnable)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        seconds = time.perf_counter() - start
+        return Compiled(c, None, str(e), int(count_flops(fn, *args)), seconds)
+    seconds = time.perf_counter() - start
+    return Compiled(c, report, None, int(report.flops), seconds, executable)
+
+
+def _compile(
+    fn: Callable, args: tuple, target: str | None, runnable: bool
+) -> tuple[MemoryReport, Any]:
+    """`(report, executable)`: `memory_report`'s compile, keeping the
+    executable where it can run here (else `None`)."""
+    if not runnable:
+        return memory_report(fn, *args, target=target), None
+    # Lowered on the arguments as given (their shardings included), as
+    # `memory_report` lowers them.
+    f, _ = traceable(fn, args)
+    executable = jax.jit(f).lower(split_args(args)[0]).compile()
+    flops = count_flops(fn, *args)
+    report = compiled_report(executable, flops=flops, target=jax.default_backend())
+    return report, executable
+
+
+class _Program(NamedTuple):
+    """One step of a compiled checkpoint, ready to run on the planner's
+    inputs: `program()` runs it."""
+
+    record: Compiled
+    inputs: Any
+
+    def __call__(self) -> Any:
+        return self.record.executable(self.inputs)

@@ -1,0 +1,381 @@
+"""What `eqx_remat.plan` returns (stage 4 of `_plan`): `PlanResult`, its entries,
+frontier points and batch options, how they print, and the error when nothing
+fits."""
+
+import dataclasses
+import math
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, NoReturn
+
+from .._accumulate import accumulate
+from .._inspect._memory import MemoryReport
+from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes, set_checkpoint
+from .._schedules._ranges import ranges
+from .._util import format_bytes, format_flops
+from ._compiled import Compiled
+from ._solve import Real
+
+
+class PlanEntry(NamedTuple):
+    """One compiled checkpoint: a row of a [`eqx_remat.PlanResult`][]'s `table`
+    (the candidates given to [`eqx_remat.plan`][]) or its `entry` (the pick).
+
+    **Attributes:**
+
+    - `checkpoint`: the candidate (a policy name, policy or schedule, or `None`).
+    - `memory_bytes`: device memory it needs: arguments + outputs + temporaries
+      of the compiled function (per chip on a TPU target). Host memory that
+      offloading uses is not counted. For a candidate that XLA refused to
+      compile because it does not fit in one device (`RESOURCE_EXHAUSTED`),
+      XLA's own figure of what it needed (its temporaries: a lower bound), or
+      `None` where XLA's message gives none.
+    - `flops`: FLOPs of the function, loop trip counts and recomputation
+      included: [`eqx_remat.count_flops`][], exact for every schedule.
+    - `fits`: whether `memory_bytes <= budget_bytes` (always `False` for a
+      candidate XLA refused to compile), against the budget the plan ended
+      with.
+    - `report`: the full [`eqx_remat.MemoryReport`][], or `None` for a candidate
+      XLA refused to compile.
+    - `error`: XLA's message for a candidate it refused to compile, else `None`.
+    - `time_s`: its step time: measured on the device at hand (`measured`),
+      else the roofline's estimate (see
+      [How the planner solves][how-the-planner-solves]).
+    - `measured`: whether `time_s` was measured by running it.
+    """
+
+    checkpoint: Checkpoint
+    memory_bytes: int | None
+    flops: int
+    fits: bool
+    report: MemoryReport | None
+    error: str | None = None
+    time_s: float = 0.0
+    measured: bool = False
+
+
+class FrontierPoint(NamedTuple):
+    """One point of the Pareto frontier of a [`eqx_remat.PlanResult`][]: no
+    other point found needs less memory and less time.
+
+    **Attributes:**
+
+    - `checkpoint`: the checkpoint (a uniform option, a schedule, or a
+      `eqx_remat.ranges` mix of two options).
+    - `predicted_bytes`: device memory per chip that the planner's model
+      predicts (arguments + outputs + temporaries, as `memory_bytes`).
+    - `compiled_bytes`: what compiling it gave, or `None` where it was not
+      compiled.
+    - `flops`: the function's FLOPs under it (exact for uniform options,
+      schedules and compiled mixes, [`eqx_remat.count_flops`][]; summed per
+      layer for another mix).
+    - `host_bytes`: bytes per chip it offloads to host memory.
+    - `time_s`: its step time on one chip: measured, or estimated (a mix from
+      its two options' times per layer; else the roofline).
+    - `measured`: whether `time_s` was measured by running it.
+    """
+
+    checkpoint: Checkpoint
+    predicted_bytes: int
+    compiled_bytes: int | None
+    flops: int
+    host_bytes: int
+    time_s: float
+    measured: bool = False
+
+
+class BatchOption(NamedTuple):
+    """One way to run the global batch that [`eqx_remat.plan`][] compared when
+    given `micro_batches=` or `loss_chunks=`: a row of a
+    [`eqx_remat.PlanResult`][]'s `batches`.
+
+    **Attributes:**
+
+    - `micro_batches`: how many micro-batches the batch is split into
+      ([`eqx_remat.accumulate`][]).
+    - `loss_chunk_size`: the `loss_chunk_size` of the model's loss head
+      (`None`: whole logits; see `zoo.cross_entropy`).
+    - `checkpoint`: the fastest checkpoint found that fits, this way.
+    - `memory_bytes`: its compiled memory (the whole global batch's step).
+    - `time_s`: its time per global batch: measured, or the roofline's.
+    - `measured`: whether `time_s` was measured by running it.
+    """
+
+    micro_batches: int
+    loss_chunk_size: int | None
+    checkpoint: Checkpoint
+    memory_bytes: int
+    time_s: float
+    measured: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    """What [`eqx_remat.plan`][] found.
+
+    **Attributes:**
+
+    - `checkpoint`: the pick: the least step time among what fits the budget.
+    - `entry`: its [`eqx_remat.PlanEntry`][] (it is always compiled).
+    - `table`: with `candidates=`, every candidate's entry in the order given;
+      else `()`.
+    - `budget_bytes`: the budget, in bytes (less than asked where the device
+      holds less: `notes` says so).
+    - `target`: what was compiled for (`"cpu"`, `"gpu"`, `"v5e:2x2"`, ...).
+    - `frontier`: the Pareto frontier of memory and step time that the
+      planner found, least memory first, as [`eqx_remat.FrontierPoint`][]s
+      (`()` with `candidates=`).
+    - `notes`: what the planner wants you to know: stacks it could not mix,
+      picks that did not fit when compiled or ran slower than a uniform
+      option, and what it did instead.
+    - `compiles`: how many functions it compiled (compilations cached from an
+      earlier call are not counted).
+    - `seconds`: how long it took.
+    - `timed_seconds`: how much of it was spent running programs to time them.
+    - `micro_batches`: how many micro-batches to split the batch into (1
+      unless planned with `micro_batches=`): `step` applies it.
+    - `loss_chunk_size`: the loss head's chunking the plan ran with (planned
+      with `loss_chunks=`, else the model's own; `None` where the model has
+      none): `apply` sets it where it was planned.
+    - `in_axes`: the batch axes `plan` was given, for `step`.
+    - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
+      found for each (micro-batches, loss chunking) combination that fits, as
+      [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
+      that of the combination solved in full (see
+      [Which combination][which-combination]).
+    """
+
+    checkpoint: Checkpoint
+    entry: PlanEntry
+    table: tuple[PlanEntry, ...]
+    budget_bytes: int
+    target: str
+    frontier: tuple[FrontierPoint, ...] = ()
+    notes: tuple[str, ...] = ()
+    compiles: int = 0
+    seconds: float = 0.0
+    timed_seconds: float = 0.0
+    micro_batches: int = 1
+    loss_chunk_size: int | None = None
+    in_axes: Any = (None, 0)
+    batches: tuple[BatchOption, ...] = ()
+
+    def apply(self, tree: Any) -> Any:
+        """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
+        (e.g. the model) using the chosen checkpoint; planned with
+        `loss_chunks=`, with `loss_chunk_size` set too
+        (`zoo.set_loss_chunk_size`)."""
+        tree = set_checkpoint(tree, self.checkpoint)
+        if self.batches and map_loss_chunk_sizes(tree, lambda c: c)[1]:
+            tree = map_loss_chunk_sizes(tree, lambda _: self.loss_chunk_size)[0]
+        return tree
+
+    def step(self, grad_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`grad_fn` run over `micro_batches` micro-batches:
+        `eqx_remat.accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)`
+        (the gradient function the plan was made for, or one like it)."""
+        return accumulate(grad_fn, self.micro_batches, in_axes=self.in_axes)
+
+    def __str__(self) -> str:
+        checkpoints = [self.checkpoint, *(p.checkpoint for p in self.frontier)]
+        checkpoints += [b.checkpoint for b in self.batches]
+        checkpoints += [e.checkpoint for e in self.table]
+        return _fit(checkpoints, self._render)
+
+    def _render(self, names: "_Names") -> str:
+        e = self.entry
+        batch = ""
+        if self.batches:
+            batch = (
+                f", micro_batches={self.micro_batches}, "
+                f"loss_chunk_size={self.loss_chunk_size}"
+            )
+        lines = [
+            f"plan for a budget of {format_bytes(self.budget_bytes)} "
+            f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
+        ]
+        how = "measured" if e.measured else "estimated"
+        lines.append(
+            f"  {format_bytes(e.memory_bytes or 0)} compiled, "
+            f"{format_flops(e.flops)} FLOPs, {_format_time(e.time_s)} per step "
+            f"({how})"
+        )
+        lines += [_wrap(f"note: {n}", "  ", "    ") for n in self.notes]
+        if self.batches:
+            lines += ["batches (per global batch):", _batch_table(self, names)]
+        if self.frontier:
+            lines += [
+                "frontier:",
+                _frontier_table(self.frontier, self.checkpoint, names),
+            ]
+        if self.table:
+            lines.append(_table(self.table, self.entry, names))
+        legend = names.legend()
+        if legend:
+            lines += ["where:"] + [_wrap(line, "  ", "    ") for line in legend]
+        return "\n".join(lines)
+
+
+class NothingFits(ValueError):
+    """No candidate fits the budget (a `ValueError`, as `plan` documents)."""
+
+
+def _raise_nothing_fits(
+    table: Sequence[PlanEntry], budget: int, target: str
+) -> NoReturn:
+    def render(names: _Names) -> str:
+        legend = [_wrap(line, "", "    ") for line in names.legend()]
+        return "\n".join([_table(table, None, names), *legend])
+
+    listed = _fit([e.checkpoint for e in table], render)
+    measured = [e for e in table if e.report is not None]
+    if not measured:
+        raise NothingFits(
+            f"No candidate fits in budget_bytes={format_bytes(budget)} "
+            f"[{target}]: XLA refused to compile every one of them "
+            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n" + listed
+        )
+    best = min(measured, key=lambda e: e.memory_bytes or 0)
+    smallest = best.memory_bytes or 0  # compiled: never None
+    raise NothingFits(
+        f"No candidate fits in budget_bytes={format_bytes(budget)} "
+        f"[{target}]. The smallest achievable memory is "
+        f"{format_bytes(smallest)} ({smallest} bytes), with "
+        f"checkpoint={_name(best.checkpoint)}.\n" + listed
+    )
+
+
+def _name(c: Checkpoint) -> str:
+    return repr(c) if c is None or isinstance(c, str) else str(c)
+
+
+_COLUMNS = 100
+
+
+class _Names:
+    """Checkpoint names for tables: in full, or, for those longer than
+    `longest` characters, short aliases (`P1`, `P2`, ...) with a legend; a
+    `ranges` mix is named by its parts."""
+
+    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float | int):
+        self.alias: dict[Checkpoint, str] = {}
+        for c in checkpoints:
+            parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+            for p in parts:
+                if len(_name(p)) > longest and p not in self.alias:
+                    self.alias[p] = f"P{len(self.alias) + 1}"
+
+    def short(self, c: Checkpoint) -> str:
+        if isinstance(c, ranges):
+            inner = ", ".join(f"({n}, {self.short(p)})" for n, p in c.parts)
+            return f"ranges({inner})"
+        return self.alias.get(c, _name(c))
+
+    def legend(self) -> list[str]:
+        return [f"{a} = {_name(c)}" for c, a in self.alias.items()]
+
+
+def _fit(checkpoints: Sequence[Checkpoint], render: Callable[[_Names], str]) -> str:
+    """`render(names)` with names in full where that fits `_COLUMNS`, else
+    with the longest ones aliased, fewer first."""
+    text = ""
+    for longest in (math.inf, 48, 36, 24, 0):
+        text = render(_Names(checkpoints, longest))
+        if max(map(len, text.splitlines())) <= _COLUMNS:
+            break
+    return text
+
+
+def _wrap(text: str, indent: str, subsequent: str) -> str:
+    return textwrap.fill(
+        text,
+        _COLUMNS,
+        initial_indent=indent,
+        subsequent_indent=subsequent,
+        break_on_hyphens=False,
+    )
+
+
+def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) -> str:
+    base = min(e.flops for e in table) or 1
+    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
+    for e in table:
+        rows.append(
+            (
+                "*" if chosen is not None and e.checkpoint == chosen.checkpoint else "",
+                names.short(e.checkpoint),
+                _format_memory(e),
+                format_flops(e.flops),
+                f"{e.flops / base:.2f}x",
+                _format_time(e.time_s) + ("" if e.measured else " (est.)"),
+                "yes" if e.fits else "no",
+            )
+        )
+    return _columns(rows)
+
+
+def _frontier_table(
+    points: Sequence[FrontierPoint], chosen: Checkpoint, names: _Names
+) -> str:
+    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
+    for p in points:
+        rows.append(
+            (
+                "*" if p.checkpoint == chosen else "",
+                names.short(p.checkpoint),
+                _bytes(p.predicted_bytes),
+                "-" if p.compiled_bytes is None else _bytes(p.compiled_bytes),
+                format_flops(p.flops),
+                _bytes(p.host_bytes) if p.host_bytes else "-",
+                _format_time(p.time_s) + ("" if p.measured else " (est.)"),
+            )
+        )
+    return _columns(rows)
+
+
+def _batch_table(result: PlanResult, names: _Names) -> str:
+    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
+    for b in result.batches:
+        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == (
+            result.micro_batches,
+            result.loss_chunk_size,
+            result.checkpoint,
+        )
+        rows.append(
+            (
+                "*" if chosen else "",
+                str(b.micro_batches),
+                str(b.loss_chunk_size),
+                names.short(b.checkpoint),
+                _bytes(b.memory_bytes),
+                _format_time(b.time_s) + ("" if b.measured else " (est.)"),
+            )
+        )
+    return _columns(rows)
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
+    )
+
+
+def _bytes(n: Real) -> str:
+    """A predicted or compiled size: never below zero."""
+    return format_bytes(max(int(n), 0))
+
+
+def _format_time(seconds: float) -> str:
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _format_memory(e: PlanEntry | Compiled) -> str:
+    if e.memory_bytes is None:
+        return "too large (XLA)"
+    if e.report is not None:
+        return format_bytes(e.memory_bytes)
+    return f">= {format_bytes(e.memory_bytes)} (XLA)"
