@@ -1,4 +1,5 @@
 import math
+from typing import Any
 
 import equinox as eqx
 import equinox.internal as eqxi
@@ -97,6 +98,33 @@ def test_chain_gradients(depth, ck):
     g = jax.grad(loss, argnums=(0, 1))(x, w, ck)
     g_ref = jax.grad(loss, argnums=(0, 1))(x, w, None)
     assert eqx.tree_equal(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+class _Scale(eqx.Module):
+    s: Any
+
+    def __call__(self, x):
+        return jnp.sin(self.s * x)
+
+
+@pytest.mark.parametrize(
+    "ck",
+    [er.every(2), er.recursive(), er.binomial(1), er.ranges((1, "dots"), (2, None))],
+    ids=str,
+)
+def test_chain_differentiates_a_python_float_it_closes_over(ck):
+    # `jax.grad` of a Python float traces it, and a custom_vjp then sees a
+    # float: its gradient must still flow (it was 0 under every schedule).
+    x = jnp.array([0.3, -0.2, 0.5])
+
+    def loss(s, ck):
+        closures = [lambda v: jnp.sin(s * v), lambda v: v * v, lambda v: s + v]
+        modules = [_Scale(s), jnp.cos, _Scale(2 * s)]
+        return sum(jnp.sum(er.chain(f, checkpoint=ck)(x)) for f in (closures, modules))
+
+    want = float(jax.grad(loss)(1.3, None))
+    assert abs(want) > 0.1
+    assert float(jax.grad(loss)(1.3, ck)) == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -686,6 +686,9 @@ def remat_scan(
     """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
     `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
+    # A Python float the layers close over, traced by `jax.grad`, would reach
+    # the backward pass as a float, which `_is_diff` does not differentiate.
+    consts = jtu.tree_map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, consts)
     schedule.check_depth(depth)
     _check_inner_names(step, consts, stacked, carry, schedule)
     if _innermost_is_vmap():
