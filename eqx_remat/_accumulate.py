@@ -179,6 +179,12 @@ def _broadcast_axes(in_axes: Any, args: tuple) -> tuple:
                 f"{_FN}: in_axes[{i}] must be an int, None or a pytree prefix of "
                 f"argument {i}. Got {axis!r}: {e}"
             ) from None
+        leaves = jtu.tree_leaves(full)  # None (not split) is no leaf
+        if any(isinstance(a, bool) or not isinstance(a, int) for a in leaves):
+            raise ValueError(
+                f"{_FN}: in_axes[{i}] must be an int, None or a pytree prefix of "
+                f"argument {i} holding ints and None. Got {axis!r}."
+            )
         out.append(full)
     return tuple(out)
 

@@ -197,6 +197,10 @@ def test_errors_name_the_argument():
         eqx_remat.accumulate(GRAD, 2, in_axes=None)(MLP, x, y)
     with pytest.raises(ValueError, match="gives axis 2 for the array of shape"):
         eqx_remat.accumulate(GRAD, 2, in_axes=(None, 2, 0))(MLP, x, y)
+    # Not ints: a float, a string, a bool (an int to Python, read as axis 1).
+    for bad in (0.0, "0", True):
+        with pytest.raises(ValueError, match=r"in_axes\[1\] must be an int, None or"):
+            eqx_remat.accumulate(GRAD, 2, in_axes=(None, bad, 0))(MLP, x, y)
 
 
 def _lm_loss(model, tokens):

@@ -142,3 +142,9 @@ def test_errors_name_the_argument():
     head = zoo.Dense(8, 16, key=key)
     with pytest.raises(ValueError, match="cross_entropy: chunk_size must be"):
         zoo.cross_entropy(head, jnp.ones((4, 8)), jnp.zeros(4, jnp.int32), chunk_size=0)
+    # A head that does not give one row of logits per position (broadcast
+    # against the targets, it would give a loss of the wrong rows).
+    with pytest.raises(ValueError, match=r"head to map .* logits of shape \(1, 16\)"):
+        zoo.cross_entropy(
+            lambda h: head(h)[:1], jnp.ones((4, 8)), jnp.zeros(4, jnp.int32)
+        )

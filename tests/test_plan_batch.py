@@ -202,6 +202,18 @@ def test_bad_batch_arguments_are_named(kwargs, match):
         er.plan(GRAD, MODEL, TOKENS, budget_bytes="1GiB", progress=False, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs", [dict(micro_batches=2), dict(loss_chunks=16), dict(candidates="dots")]
+)
+def test_a_bare_value_is_not_taken_for_a_list(kwargs):
+    # As users call it: the test suite's type-check hook (jaxtyping + beartype)
+    # would catch the first two by their hints before `plan`'s own check.
+    plan = getattr(er.plan, "__wrapped__", er.plan)
+    ((name, value),) = kwargs.items()
+    with pytest.raises(ValueError, match=f"{name} to be a sequence.* Got {value!r}"):
+        plan(GRAD, MODEL, TOKENS, budget_bytes="1GiB", progress=False, **kwargs)
+
+
 def test_loss_chunks_need_a_loss_head():
     mlp = zoo.MLP(4, 8, 4, 2, key=jax.random.key(0))
     grad = eqx.filter_grad(lambda m, x: jnp.sum(jax.vmap(m)(x)))

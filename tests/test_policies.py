@@ -62,6 +62,11 @@ def test_offload_names_checks_spaces():
     )
     with pytest.raises(ValueError, match="dst must be a memory-space name"):
         er.offload_names("a", dst=3)
+    # JAX would read a misspelt space as "device", and offload nothing.
+    with pytest.raises(ValueError, match="dst must be .* Got 'pinned'"):
+        er.offload_names("a", dst="pinned")
+    with pytest.raises(ValueError, match="src must be .* Got 'host'"):
+        er.save_and_offload_names(offload="a", src="host")
 
 
 def test_rebuilt_policy_does_not_recompile():

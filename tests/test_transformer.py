@@ -381,6 +381,16 @@ def test_bad_tokens():
         eqx.filter_eval_shape(model, jnp.zeros((2, 5), jnp.int32))
 
 
+def test_dropout_takes_any_real_scalar():
+    # NumPy's and JAX's scalars too (np.float32(0.1) was refused as not in [0, 1)).
+    for rate in (np.float32(0.1), jnp.float32(0.1), 0.1):
+        model = zoo.Transformer(16, 8, 8, 2, 1, dropout=rate, key=jax.random.key(0))
+        assert type(model.dropout) is float and model.dropout == pytest.approx(0.1)
+    for bad in ("0.1", np.array([0.1])):
+        with raises_bad_input(r"dropout must be in \[0, 1\)", param="dropout"):
+            zoo.Transformer(16, 8, 8, 2, 1, dropout=bad, key=jax.random.key(0))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

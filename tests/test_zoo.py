@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import temp_bytes
+from helpers import raises_bad_input, temp_bytes
 from hypothesis import given
 from zoo_helpers import build, quick_jit
 
@@ -398,6 +398,11 @@ def test_zoo_models_state_the_contract():
         Tiny("dotz", 1)
     with pytest.raises(ValueError, match=r"Tiny: unroll must be an int >= 1\. Got 0"):
         Tiny(None, 0)
+
+
+def test_mlp_activation_must_be_callable():
+    with raises_bad_input("activation must be a callable", param="activation"):
+        zoo.MLP(2, 2, 4, 1, activation="relu", key=jax.random.key(0))  # pyright: ignore[reportArgumentType]
 
 
 def test_mlp_bad_input():

@@ -20,6 +20,11 @@ _T = TypeVar("_T")
 
 def _token_losses(logits: Array, targets: Array) -> Array:
     """`logsumexp(logits) - logits[target]` per row, in at least float32."""
+    if logits.ndim != 2 or logits.shape[0] != targets.shape[0]:
+        raise ValueError(
+            "zoo.cross_entropy expected head to map (rows, d_model) to (rows, "
+            f"vocab). Got logits of shape {logits.shape} for {targets.shape[0]} rows."
+        )
     logits = logits.astype(wide(logits.dtype))
     target = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
     return jax.nn.logsumexp(logits, axis=-1) - target

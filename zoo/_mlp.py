@@ -92,6 +92,11 @@ class MLP(AbstractModel):
         out_size = check_int("MLP", "out_size", out_size, 1)
         width_size = check_int("MLP", "width_size", width_size, 1)
         depth = check_int("MLP", "depth", depth, 1)
+        if not callable(activation):
+            raise ValueError(
+                "MLP: activation must be a callable, e.g. jax.nn.relu. Got "
+                f"{activation!r}."
+            )
         kin, khidden, kout = jr.split(key, 3)
         self.layer_in = eqx.nn.Linear(in_size, width_size, key=kin)
         self.hidden = eqx_remat.stack(

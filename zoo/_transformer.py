@@ -1,7 +1,7 @@
 """The decoder-only Transformer: its block, the model and its `llama` constructor."""
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, SupportsIndex
+from typing import Any, ClassVar, Literal, SupportsFloat, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -257,7 +257,7 @@ class Transformer(AbstractModel):
         num_layers: SupportsIndex,
         *,
         d_ff: SupportsIndex | None = None,
-        dropout: float = 0.0,
+        dropout: SupportsFloat = 0.0,
         dtype: Any = None,
         attention: Attention = "xla",
         norm: Norm = "layer",
@@ -606,11 +606,9 @@ def _check_heads(
 
 
 def _check_dropout(cls: str, dropout: Any) -> float:
-    if (
-        isinstance(dropout, bool)
-        or not isinstance(dropout, (int, float))
-        or not 0 <= dropout < 1
-    ):
+    # A real number: Python's, NumPy's or a concrete JAX scalar.
+    real = np.ndim(dropout) == 0 and np.isrealobj(dropout)
+    if isinstance(dropout, (bool, str, bytes)) or not real or not 0 <= dropout < 1:
         raise ValueError(f"{cls}: dropout must be in [0, 1). Got {dropout!r}.")
     return float(dropout)
 

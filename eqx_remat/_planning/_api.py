@@ -4,7 +4,7 @@ micro-batches and loss chunking (`_batch`)."""
 
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, SupportsIndex
 
 import jax
@@ -21,6 +21,13 @@ from .._validate import check_int
 from ._batch import combinations, plan_batches
 from ._plan import _Planner, _Progress
 from ._report import PlanResult
+
+
+_EXAMPLES = {
+    "candidates": "[None, 'dots', eqx_remat.every(4)]",
+    "micro_batches": "(1, 2, 4)",
+    "loss_chunks": "(None, 512)",
+}
 
 
 def plan(
@@ -119,6 +126,17 @@ def plan(
     with XLA's figure of what it needed.
     """
     budget = parse_bytes(budget_bytes)
+    lists = {"candidates": candidates, "micro_batches": micro_batches}
+    lists |= {"loss_chunks": loss_chunks}
+    for name, value in lists.items():
+        # A bare name or number is not a list of them (nor its letters).
+        if value is not None and (
+            isinstance(value, (str, bytes)) or not isinstance(value, Iterable)
+        ):
+            raise ValueError(
+                f"plan expected {name} to be a sequence, e.g. {_EXAMPLES[name]}. "
+                f"Got {value!r}."
+            )
     if candidates is not None:
         candidates = tuple(candidates)
         if not candidates:

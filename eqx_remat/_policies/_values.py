@@ -157,8 +157,10 @@ class offload_names(NamePolicy):
     **Arguments:**
 
     - `*names`: the `checkpoint_name` tags to offload.
-    - `src`: the memory space the values are computed in. Default `"device"`.
-    - `dst`: where they are kept until the backward pass. Default `"pinned_host"`.
+    - `src`: the memory space the values are computed in, `"device"` (the
+      default) or `"pinned_host"`.
+    - `dst`: where they are kept until the backward pass, `"pinned_host"`
+      (the default) or `"device"`.
     """
 
     names: frozenset[str]
@@ -225,10 +227,10 @@ class save_and_offload_names(NamePolicy):
     - `save`: the tags to save, a tuple of names (or one name as a string).
     - `offload`: the tags to offload, likewise. No name may be in both, and at
       least one name must be given.
-    - `src`: the memory space the offloaded values are computed in. Default
-      `"device"`.
-    - `dst`: where they are kept until the backward pass. Default
-      `"pinned_host"`.
+    - `src`: the memory space the offloaded values are computed in,
+      `"device"` (the default) or `"pinned_host"`.
+    - `dst`: where they are kept until the backward pass, `"pinned_host"`
+      (the default) or `"device"`.
     """
 
     save: frozenset[str]
@@ -350,10 +352,12 @@ class Offloading:
 
 def _check_spaces(fn: str, src: Any, dst: Any) -> None:
     for arg, value in (("src", src), ("dst", dst)):
-        if not isinstance(value, str):
+        # JAX reads any other name as "device": a misspelt "pinned_host" would
+        # offload nothing.
+        if not isinstance(value, str) or value not in ("device", "pinned_host"):
             raise ValueError(
-                f"{fn}: {arg} must be a memory-space name like "
-                f"'device' or 'pinned_host'. Got {value!r}."
+                f"{fn}: {arg} must be a memory-space name, 'device' or "
+                f"'pinned_host'. Got {value!r}."
             )
 
 
