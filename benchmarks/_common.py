@@ -16,6 +16,7 @@ import platform
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,10 @@ def parse_bytes(text: str) -> int:
 def _target_type(text: str) -> str:
     if er.internal.v5e_shape(text) is None:
         raise ValueError(f"expected v5e or v5e:AxB (e.g. v5e:2x4). Got {text!r}.")
+    try:
+        er.v5e_mesh(text)  # a slice libtpu knows, before any work
+    except ImportError as e:
+        raise ValueError(str(e)) from None
     return text
 
 
@@ -254,7 +259,9 @@ def parser(
     if repeats is not None:
         int_flag(p, "--repeats", repeats, "timed steps per variant, after one warm-up")
     p.add_argument(
-        "--quick", action="store_true", help="tiny presets, end to end (default: off)"
+        "--quick",
+        action="store_true",
+        help="tiny presets, end to end; flags given keep their values (default: off)",
     )
     _device.add_device_args(p)
     if runs:
@@ -292,21 +299,51 @@ def isolate(args: argparse.Namespace) -> bool:
     return args.isolate == "always" or (args.isolate == "auto" and accel)
 
 
+# Flags that act only where steps run: an error where nothing runs.
+RUN_ONLY = ("repeats", "memory_limit", "isolate")
+_UNSET = object()
+
+
 def parse_args(
     p: argparse.ArgumentParser,
     argv: Sequence[str] | None,
     script: str,
     defer: Callable[[argparse.Namespace], bool] = lambda args: False,
+    *,
+    quick: dict[str, Any] | None = None,
+    check: Callable[[argparse.Namespace], str | None] = lambda args: None,
+    compiles_only: Callable[[argparse.Namespace], str | None] | None = None,
+    run_only: Sequence[str] = RUN_ONLY,
 ) -> argparse.Namespace:
     """Parse and check every flag, pick the device (only name it where
-    `defer(args)`: one process per measurement), settle `args.out`."""
+    `defer(args)`: one process per measurement), settle `args.out`. With
+    `--quick`, the flags of `quick` not given take its values; `check(args)`
+    says what else is wrong (e.g. a checkpoint for a preset's depth). Where
+    `compiles_only(args)` gives a reason (default: `--target`), a flag of
+    `run_only` given is an error: nothing runs."""
     args = p.parse_args(argv)
+    blank = argparse.Namespace(**dict.fromkeys(vars(args), _UNSET))
+    given = {k for k, v in vars(p.parse_args(argv, blank)).items() if v is not _UNSET}
+    for k, v in (quick or {}).items() if args.quick else ():
+        setattr(args, k, getattr(args, k) if k in given else v)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.script = script
     if args.out is not None and args.update_results:
         p.error("--out and --update-results exclude each other.")
+    if compiles_only is None:
+        why = "with --target (compiled ahead of time)" * bool(
+            getattr(args, "target", None)
+        )
+    else:
+        why = compiles_only(args)
+    flags = {a.dest: a.option_strings[-1] for a in p._actions if a.option_strings}
+    for k in run_only:
+        if why and k in given:
+            p.error(f"{flags[k]} has no effect {why}: nothing runs.")
     args.deferred = defer(args)
     args.platform = _device.select_device(args, p, initialise=not args.deferred)
+    if problem := check(args):
+        p.error(problem)
     if args.deferred:
         there = {"tpu": _device._has_tpu, "cuda": _device._has_gpu}.get(args.platform)
         if args.device != "auto" and there is not None and not there():
@@ -319,7 +356,42 @@ def parse_args(
         args.out = RESULTS
     elif args.out is None:
         args.out = run_dir(script)
+    if problem := writable_problem(args.out):
+        p.error(f"--out {args.out}: cannot write there: {problem}")
     return args
+
+
+def depth_problem(specs: Sequence[str] | None, depths: dict[str, int]) -> str | None:
+    """Why a `--checkpoint` spec cannot checkpoint a stack it would run on
+    (`depths`: a name for each stack, its depth), or `None`."""
+    for spec in specs or ():
+        for name, depth in depths.items():
+            try:
+                c = parse_checkpoint(spec, depth)
+                if isinstance(c, er.Schedule):
+                    c.check_depth(depth)
+            except ValueError as e:
+                return f"--checkpoint {spec} on {name} ({depth} layers): {e}"
+    return None
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why `path` cannot be a directory to write in, or `None`: tried (the missing
+    directories made, a file written), then what was made removed again."""
+    made = []
+    try:
+        for parent in [*reversed(path.absolute().parents), path.absolute()]:
+            if not parent.exists():
+                parent.mkdir()
+                made.append(parent)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return str(e.strerror or e)
+    finally:
+        for d in reversed(made):
+            d.rmdir()
+    return None
 
 
 def run_dir(script: str) -> Path:

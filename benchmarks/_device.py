@@ -59,8 +59,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-timeout",
         metavar="SECONDS",
         type=positive_int,
-        default=100,
-        help=HELP["heartbeat_timeout"] + default,
+        help=HELP["heartbeat_timeout"] + " (default: 100)",
     )
 
 
@@ -115,7 +114,7 @@ def select_device(
     if getattr(args, "distributed", False):
         initialize_distributed(args, parser, platform)
     else:
-        for flag in _DISTRIBUTED:
+        for flag in (*_DISTRIBUTED, "heartbeat_timeout"):
             if getattr(args, flag, None) is not None:
                 name = "--" + flag.replace("_", "-")
                 parser.error(f"argument {name}: needs --distributed.")
@@ -206,7 +205,7 @@ def distributed_settings(
         host = address.rpartition(":")[0].strip("[]")
         if host == "localhost" or host.startswith("127.") or host == "::1":
             values["coordinator_bind_address"] = address
-    values["heartbeat_timeout_seconds"] = getattr(args, "heartbeat_timeout", 100)
+    values["heartbeat_timeout_seconds"] = getattr(args, "heartbeat_timeout", 0) or 100
     return values
 
 

@@ -139,7 +139,7 @@ def compile_variant(
     t0 = time.perf_counter()
     try:
         compiled = jax.jit(fn).lower(*args).compile()
-    except Exception as e:  # XLA refuses what does not fit in device memory
+    except jax.errors.JaxRuntimeError as e:  # XLA refuses what does not fit
         return {**row, "fits": False, "error": _common.first_line(e)}, None, None
     row["compile_s"] = time.perf_counter() - t0
     flops = er.count_flops(fn, *args)

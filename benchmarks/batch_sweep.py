@@ -81,8 +81,8 @@ def _time(programs, rounds: int) -> list[er.internal.Timing]:
 def _preset(name: str) -> _models.TransformerPreset:
     preset = _models.PRESETS[name]
     if not isinstance(preset, _models.TransformerPreset):
-        raise SystemExit(
-            f"batch_sweep.py: --preset {name}: expected a zoo.Transformer preset "
+        _parser().error(
+            f"--preset {name}: expected a zoo.Transformer preset "
             "(its loss head is what loss chunking splits)."
         )
     return preset
@@ -263,13 +263,29 @@ def aot_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(_parser(), argv, "batch_sweep")
-    console = _common.Console()
-    default = ["transformer-s", "transformer-v"]
+# With --target, the pick is compiled beside MaxText's recipe for seed-llama.
+RUN_ONLY = ("repeats", "checkpoint", "budgets", "quick")
+
+
+def _names(args) -> list[str]:
+    if args.preset:
+        return args.preset
     if args.target or args.quick:
-        default = ["seed-llama" if args.target else "transformer-tiny"]
-    presets = {n: _preset(n) for n in args.preset or default}
+        return ["seed-llama" if args.target else "transformer-tiny"]
+    return ["transformer-s", "transformer-v"]
+
+
+def _depth_problem(args) -> str | None:
+    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in _names(args)}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _common.parse_args(
+        _parser(), argv, "batch_sweep", check=_depth_problem, run_only=RUN_ONLY
+    )
+    console = _common.Console()
+    presets = {n: _preset(n) for n in _names(args)}
     t0 = time.perf_counter()
     each = aot_preset if args.target else sweep_preset
     rows = [r for n, p in presets.items() for r in each(args, n, p, console)]

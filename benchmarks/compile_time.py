@@ -25,10 +25,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = _common.parse_args(_parser(), argv, "compile_time")
+    quick = {"depths": [2, 8], "checkpoint": ["None"], "repeats": 1, "d_model": 32}
+    args = _common.parse_args(
+        _parser(), argv, "compile_time", quick=quick, check=depth_scaling.depth_problem
+    )
     specs = args.checkpoint or CHECKPOINTS
-    if args.quick:
-        args.depths, specs, args.repeats, args.d_model = [2, 8], ["None"], 1, 32
     seq, batch = (16, 2) if args.quick else (128, 4)
 
     def preset(n: int) -> _models.TransformerPreset:

@@ -105,10 +105,17 @@ def slope(rows: list[dict], spec: str, lo: int) -> float | None:
     return float(np.polyfit(*np.log(np.array(pts, dtype=float)).T, 1)[0])
 
 
+def depth_problem(args) -> str | None:
+    """`--checkpoint` at each of `--depths`."""
+    depths = {f"--depths {n}": n for n in args.depths}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    args = _common.parse_args(_parser(), argv, "depth_scaling")
-    if args.quick:
-        args.depths, args.width, args.batch, args.repeats = [16, 64], 8, 2, 1
+    quick = {"depths": [16, 64], "width": 8, "batch": 2, "repeats": 1}
+    args = _common.parse_args(
+        _parser(), argv, "depth_scaling", quick=quick, check=depth_problem
+    )
     quick = ["None", "nested(2)", "recursive()"]
     specs = list(args.checkpoint or (quick if args.quick else CHECKPOINTS))
     specs += [] if args.no_peers else [None]

@@ -343,11 +343,25 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(_parser(), argv, "plan_sweep")
-    console = _common.Console()
+RUN_ONLY = (*_common.RUN_ONLY, "clock")  # --target: nothing is timed
+
+
+def _names(args) -> list[str]:
     default = "seed-llama" if args.target else "transformer-s"
-    names = args.preset or ["transformer-tiny" if args.quick else default]
+    return args.preset or ["transformer-tiny" if args.quick else default]
+
+
+def _depth_problem(args) -> str | None:
+    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in _names(args)}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _common.parse_args(
+        _parser(), argv, "plan_sweep", check=_depth_problem, run_only=RUN_ONLY
+    )
+    console = _common.Console()
+    names = _names(args)
     devices = _measure.mesh_for(args.target).size if args.target else 1
     presets = {n: _models.PRESETS[n].on(devices) for n in names}
     t0 = time.perf_counter()

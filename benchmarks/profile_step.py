@@ -76,7 +76,7 @@ def _loss(model: eqx.Module, tokens: jax.Array) -> jax.Array:
 def _compile(preset: _models.TransformerPreset, spec: str) -> tuple[dict, tuple]:
     """The gradient step under `spec`, compiled, and what is known without running
     it: a row, and `(compiled, its arguments)`."""
-    model = preset.make(_common.parse_checkpoint(spec), jax.random.key(0))
+    model = preset.make(_common.parse_checkpoint(spec, preset.depth), jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     tokens = preset.inputs()
 
@@ -180,12 +180,20 @@ def _profile(compiled, args: tuple, steps: int) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
+def _problem(args) -> str | None:
+    if args.d_model % (heads := _models.TransformerPreset.heads):
+        what = f"must be divisible by {heads}, the number of heads"
+        return f"argument --d-model: {what}. Got {args.d_model}."
+    return _common.depth_problem(args.checkpoint, {"--layers": args.layers})
+
+
 def main(argv: list[str] | None = None) -> None:
     if XPROF_FLAG not in os.environ.get("XLA_FLAGS", ""):  # before JAX's backend
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XPROF_FLAG}"
-    args = _common.parse_args(_parser(), argv, "profile_step")
-    if args.quick:
-        args.d_model, args.seq, args.layers, args.repeats, args.steps = 32, 16, 2, 2, 1
+    quick = {"d_model": 32, "seq": 16, "layers": 2, "repeats": 2, "steps": 1}
+    args = _common.parse_args(
+        _parser(), argv, "profile_step", quick=quick, check=_problem
+    )
     preset = _models.TransformerPreset(
         batch=args.batch, seq=args.seq, d_model=args.d_model, layers=args.layers
     )

@@ -9,6 +9,7 @@ JSON files the other scripts wrote.
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -342,10 +343,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not args.results.is_dir():
         p.error(f"--results {args.results}: no such directory.")
+    if not any(args.results.glob("*.json")):
+        p.error(f"--results {args.results}: no results files (*.json) in it.")
     for title, name, fn in SECTIONS:
         path = args.results / f"{name}.json"
-        if path.exists():
-            data = json.loads(path.read_text())
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if data and "meta" not in data:  # rows written as they come, not finished
+            partial = "partial (an interrupted run's rows): rerun its command"
+            print(f"skipped {path}: {partial} to finish it.", file=sys.stderr)
+        elif data:
             print(f"### {title}\n\n{provenance(data)}\n\n{fn(data)}\n")
     text = summary(args.results)
     print(f"### Summary\n\n{text}")

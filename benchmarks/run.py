@@ -42,6 +42,11 @@ def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
     return {n: _models.PRESETS[n] for n in names}
 
 
+def _depth_problem(args: argparse.Namespace) -> str | None:
+    depths = {f"--preset {n}": p.depth for n, p in presets_of(args).items()}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
 def measure(args: argparse.Namespace, variants: list, console: _common.Console) -> list:
     """One row per variant: compiled for `--target`, or each in its own process
     (`--isolate`), or timed round-robin here."""
@@ -62,7 +67,9 @@ def measure(args: argparse.Namespace, variants: list, console: _common.Console) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(_parser(), argv, "run", defer=_common.isolate)
+    args = _common.parse_args(
+        _parser(), argv, "run", defer=_common.isolate, check=_depth_problem
+    )
     console = _common.Console()
     base = presets_of(args)
     # Ours under each checkpoint, then the peers, of every preset.

@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--run",
         action="store_true",
-        help="run the seed setting on this machine's device, even a CPU "
-        "(default: only on a TPU or GPU)",
+        help="run the seed setting (or each --preset) on this machine's device, "
+        "even a CPU (default: only on a TPU or GPU)",
     )
     p.add_argument(
         "--fresh",
@@ -106,25 +106,53 @@ def aot(args: argparse.Namespace, grid: dict, console: _common.Console) -> list[
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = _common.parse_args(_parser(), argv, "seed_claim", defer=_common.isolate)
-    args.target = None
-    real = args.run or _device.resolve_device(args.device) != "cpu"
-    console, t0 = _common.Console(), time.perf_counter()
+def _real(args: argparse.Namespace) -> bool:
+    return args.run or _device.resolve_device(args.device) != "cpu"
+
+
+def _grid(args: argparse.Namespace) -> dict:
+    """The presets given; else the grid, or for a real run the seed setting."""
     grid = QUICK if args.quick else GRID
-    grid = {n: grid[n] for n in args.preset if n in grid} if args.preset else grid
-    if real:
-        name = "base" if "base" in grid else next(iter(grid))
-        presets = {name: grid[name][0]}
-        specs = args.checkpoint or REAL
-        variants = _measure.variants(
-            name, presets[name], specs, target=None, peers=False, quick=False
+    return {n: grid[n] for n in args.preset or list(grid)[: 1 if _real(args) else None]}
+
+
+def _problem(args: argparse.Namespace) -> str | None:
+    if args.quick and args.preset:
+        return (
+            f"argument --preset: --quick measures its own grid, which holds only "
+            f"{', '.join(QUICK)}: leave out --preset or --quick."
         )
+    depths = {f"--preset {n}": p.depth for n, (p, _) in _grid(args).items()}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _common.parse_args(
+        _parser(),
+        argv,
+        "seed_claim",
+        defer=_common.isolate,
+        check=_problem,
+        compiles_only=lambda a: None if _real(a) else "without --run (AOT for v5e)",
+    )
+    args.target = None
+    real, grid = _real(args), _grid(args)
+    console, t0 = _common.Console(), time.perf_counter()
+    presets = {n: preset for n, (preset, _) in grid.items()}
+    if real:
+        specs = args.checkpoint or REAL
+        variants = [
+            v
+            for n, preset in presets.items()
+            for v in _measure.variants(
+                n, preset, specs, target=None, peers=False, quick=False
+            )
+        ]
         if args.worker:
             return _measure.worker(args, variants)
         rows = run.measure(args, variants, console)
     else:
-        rows, presets = aot(args, grid, console), {n: p for n, (p, _) in grid.items()}
+        rows = aot(args, grid, console)
     _measure.add_figures(rows)
     _measure.add_throughput(rows, presets)
     # The AOT grid compiles each config for its own v5e slice.

@@ -175,6 +175,151 @@ def test_bad_flags_exit_2_before_any_work(tmp_path, script, args, message):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("profile_step", ["--quick", "--d-model", "30"], "argument --d-model: must "
+         "be divisible by 4, the number of heads. Got 30."),
+        ("seed_claim", ["--quick", "--preset", "2x2"], "argument --preset: --quick "
+         "measures its own grid, which holds only tiny: leave out --preset or"),
+        ("batch_sweep", ["--preset", "chain-tiny"], "--preset chain-tiny: expected "
+         "a zoo.Transformer preset"),
+        ("run", ["--heartbeat-timeout", "1"], "argument --heartbeat-timeout: needs "
+         "--distributed."),
+        ("seed_claim", ["--heartbeat-timeout", "1"], "argument --heartbeat-timeout: "
+         "needs --distributed."),
+        # A checkpoint that cannot checkpoint the stack it would run on.
+        ("run", ["--preset", "transformer-tiny", "--checkpoint", "ranges(4:dots)"],
+         "--checkpoint ranges(4:dots) on --preset transformer-tiny (2 layers): "
+         "ranges expected counts that add up to the depth"),
+        ("compile_time", ["--quick", "--checkpoint", "ranges(3:dots)"],
+         "--checkpoint ranges(3:dots) on --depths 2 (2 layers)"),
+        ("profile_step", ["--quick", "--checkpoint", "every:sqrt", "ranges(3:dots)"],
+         "--checkpoint ranges(3:dots) on --layers (2 layers)"),
+        # Flags that act where steps run, where nothing runs.
+        ("seed_claim", ["--quick", "--memory-limit", "1KiB"],
+         "--memory-limit has no effect without --run (AOT for v5e): nothing runs."),
+        pytest.param("run", ["--quick", "--target", "v5e", "--repeats", "9"],
+                     "--repeats has no effect with --target", marks=needs_libtpu),
+        pytest.param("plan_sweep", ["--target", "v5e", "--no-clock"],
+                     "--no-clock has no effect with --target", marks=needs_libtpu),
+        pytest.param("batch_sweep", ["--target", "v5e", "--quick"],
+                     "--quick has no effect with --target", marks=needs_libtpu),
+        # A slice that libtpu does not know, before any compile.
+        pytest.param("run", ["--target", "v5e:3x3"], "argument --target: libtpu "
+                     "could not describe a TPU v5e 3x3 slice", marks=needs_libtpu),
+    ],
+    ids=["d-model", "quick-preset", "batch-preset", "heartbeat", "heartbeat-seed",
+         "ranges-run", "ranges-compile", "ranges-profile", "aot-memory-limit",
+         "aot-repeats", "aot-no-clock", "aot-quick", "slice"],
+)  # fmt: skip
+def test_bad_flags_in_main_exit_2_before_any_work(
+    script, args, message, tmp_path, monkeypatch, capsys
+):
+    """What the parser alone cannot see, checked by `main` as argparse would."""
+    import importlib
+
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile_step
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{script}.py"])
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"benchmarks.{script}").main(
+            [*args, "--out", str(tmp_path / "out")]
+        )
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: "), err
+    assert f"{script}.py: error: {message}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    from benchmarks import run as run_py
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(sys, "argv", ["benchmarks/run.py"])
+    with pytest.raises(SystemExit) as e:
+        run_py.main(["--quick", "--out", str(tmp_path / "file" / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "run.py: error: --out " in err, err
+    assert "cannot write there: Not a directory" in err
+
+
+def test_quick_keeps_the_flags_given(monkeypatch):
+    """`--quick` sets only what is not given (it replaced --depths, --repeats,
+    --checkpoint and --d-model with its own)."""
+    from benchmarks import compile_time
+
+    class Swept(Exception):
+        pass
+
+    def sweep(console, repeats, points, measure, key):
+        raise Swept(repeats, sorted(points))
+
+    monkeypatch.setattr(compile_time.depth_scaling, "sweep", sweep)
+    argv = ["--quick", "--depths", "3", "5", "--repeats", "2", "--checkpoint", "dots"]
+    with pytest.raises(Swept) as e:
+        compile_time.main(argv)
+    assert e.value.args == (2, [("dots", 3), ("dots", 5)])
+    with pytest.raises(Swept) as e:
+        compile_time.main(["--quick"])
+    assert e.value.args == (1, [("None", 2), ("None", 8)])
+
+
+def test_heartbeat_timeout_defaults_to_100_with_distributed():
+    p = argparse.ArgumentParser(prog="x")
+    _device.add_device_args(p)
+    settings = _device.distributed_settings(p.parse_args(["--distributed"]), p)
+    assert settings["heartbeat_timeout_seconds"] == 100
+    assert "(default: 100)" in p.format_help()
+
+
+def test_seed_claim_run_measures_each_preset_given(tmp_path, monkeypatch):
+    """`--run --preset A B` runs A's variants, then B's (not only A's)."""
+    from benchmarks import seed_claim
+
+    class Measured(Exception):
+        pass
+
+    def measure(args, variants, console):
+        raise Measured([(v.group, v.checkpoint) for v in variants])
+
+    monkeypatch.setattr(seed_claim.run, "measure", measure)
+    argv = ["--run", "--preset", "d2560", "batch16", "--checkpoint", "None", "dots"]
+    with pytest.raises(Measured) as e:
+        seed_claim.main([*argv, "--out", str(tmp_path)])
+    assert e.value.args[0] == [
+        ("d2560", "None"),
+        ("d2560", "dots"),
+        ("batch16", "None"),
+        ("batch16", "dots"),
+    ]
+
+
+def test_report_skips_a_partial_file_and_refuses_an_empty_directory(
+    tmp_path, monkeypatch, capsys
+):
+    """An interrupted seed claim's `{"rows": ...}` is skipped with a note naming
+    it, the rest is reported; a directory without results is an `error:`."""
+    from benchmarks import report
+
+    (tmp_path / "seed_claim.json").write_text('{"rows": []}')
+    (tmp_path / "compile_time.json").write_text(
+        (_common.RESULTS / "compile_time.json").read_text()
+    )
+    report.main(["--results", str(tmp_path), "--no-write"])
+    out, err = capsys.readouterr()
+    assert f"skipped {tmp_path / 'seed_claim.json'}: partial" in err
+    assert "### Compile time" in out and "### Summary" in out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setattr(sys, "argv", ["benchmarks/report.py"])
+    with pytest.raises(SystemExit) as e:
+        report.main(["--results", str(empty)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: report.py")
+    assert f"report.py: error: --results {empty}: no results files" in err
+    assert not any(empty.iterdir())
+
+
 def test_auto_picks_the_cpu_without_libtpu_noise():
     """With libtpu installed (the `tpu` extra) and no TPU, `--device auto` settles
     on the CPU and libtpu prints nothing."""
@@ -327,6 +472,7 @@ def _parsers() -> dict:
         compile_time,
         depth_scaling,
         plan_sweep,
+        profile_step,
         report,
         run as sweep,
         seed_claim,
@@ -340,6 +486,7 @@ def _parsers() -> dict:
         "report.py": report._parser(),
         "plan_sweep.py": plan_sweep._parser(),
         "batch_sweep.py": batch_sweep._parser(),
+        "profile_step.py": profile_step._parser(),
         "train_lm.py": _TrainFlags(),
     }
 

@@ -391,6 +391,12 @@ def test_no_intact_checkpoint_is_an_error(uninterrupted, tmp_path, kind):
         (["--remat", "dot"], "argument --remat: invalid checkpoint 'dot'"),
         (["--mesh", "tp:2"], "argument --mesh: expected auto, none, dp[:DEVICES]"),
         (["--resume"], "argument --resume: needs --save-dir."),
+        (
+            ["--eval-batches", "0", "--eval-every", "1"],
+            "argument --eval-every: needs --eval-batches > 0: with 0 nothing is "
+            "evaluated.",
+        ),
+        (["--heartbeat-timeout", "1"], "argument --heartbeat-timeout: needs "),
     ],
 )
 def test_bad_flag(flags, message, capsys):

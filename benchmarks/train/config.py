@@ -5,7 +5,6 @@ import argparse
 import dataclasses
 import math
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -59,10 +58,15 @@ class RunConfig:
 
 
 class _Help:
-    """`_Help[type, flag]`: a field with the help of `_device`'s flag `flag`."""
+    """`_Help[type, flag]`: a field with the help of `_device`'s flag `flag`
+    (`_Help[type, flag, hint]`: `hint` in place of its default)."""
 
-    def __class_getitem__(cls, item: tuple[Any, str]) -> Any:
-        return Annotated[item[0], tyro.conf.arg(help=_device.HELP[item[1]])]
+    def __class_getitem__(cls, item: tuple[Any, ...]) -> Any:
+        kind, flag, *hint = item
+        arg = tyro.conf.arg(
+            help=_device.HELP[flag], help_behavior_hint=(*hint, None)[0]
+        )
+        return Annotated[kind, arg]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Flags:
     coordinator_address: _Help[str | None, "coordinator_address"] = None
     num_processes: _Help[int | None, "num_processes"] = None
     process_id: _Help[int | None, "process_id"] = None
-    heartbeat_timeout: _Help[int, "heartbeat_timeout"] = 100
+    heartbeat_timeout: _Help[int | None, "heartbeat_timeout", "(default: 100)"] = None
     run_dir: tyro.conf.Suppress[Path | None] = None  # --save-dir, or a fresh one
     given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
 
@@ -158,6 +162,8 @@ def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
         yield "mesh", str(e)
     if flags.coordinator_address is not None:
         yield "coordinator-address", _device.address_problem(flags.coordinator_address)
+    if flags.eval_every and not flags.eval_batches:
+        yield "eval-every", "needs --eval-batches > 0: with 0 nothing is evaluated."
     if flags.resume and flags.save_dir is None:
         yield "resume", "needs --save-dir."
     elif flags.resume and not flags.save_dir.is_dir():
@@ -165,7 +171,8 @@ def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
         yield "resume", f"{flags.save_dir} {no_run}"
     if flags.run.data is not None:
         yield "data", data_problem(Path(flags.run.data))
-    if flags.save_dir is not None and (problem := writable_problem(flags.save_dir)):
+    save_dir = flags.save_dir
+    if save_dir is not None and (problem := _common.writable_problem(save_dir)):
         yield "save-dir", f"{flags.save_dir} is not a writable directory ({problem})."
 
 
@@ -190,25 +197,6 @@ def mesh_spec(spec: str) -> tuple[str, int | None] | None:
             f"expected auto, none, dp[:DEVICES] or fsdp[:DEVICES]. Got {spec!r}."
         )
     return head, int(count) if count else None
-
-
-def writable_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory to write in, or `None`: tried (the missing
-    directories made, a file written), then what was made removed again."""
-    made = []
-    try:
-        for parent in [*reversed(path.absolute().parents), path.absolute()]:
-            if not parent.exists():
-                parent.mkdir()
-                made.append(parent)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        return str(e.strerror or e)
-    finally:
-        for d in reversed(made):
-            d.rmdir()
-    return None
 
 
 def data_problem(path: Path) -> str | None:
