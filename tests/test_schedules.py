@@ -100,6 +100,34 @@ def test_chain_gradients(depth, ck):
     assert eqx.tree_equal(g, g_ref, rtol=1e-5, atol=1e-6)
 
 
+class _Noisy(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, c):
+        h, key = c
+        key, sub = jax.random.split(key)
+        return jnp.tanh(self.w * h) * jax.random.uniform(sub), key
+
+
+@pytest.mark.parametrize(
+    "ck",
+    [er.every(2, "nothing"), er.nested(3, "dots"), er.ranges((3, er.every(2, "dots")))],
+    ids=str,
+)
+def test_a_key_in_the_carry_under_a_padded_schedule_with_a_policy(ck):
+    # Three layers split by two: the padded layer's branch returns zeros of
+    # each residual's type, a key's included (it returned the key's tangent
+    # type, and lax.cond refused the branches).
+    w = jnp.array([0.5, 0.7, 0.9])
+
+    def loss(w, ck):
+        carry = (jnp.float32(0.3), jax.random.key(0))
+        return er.scan_layers(_Noisy(w), carry, checkpoint=ck)[0]
+
+    want = jax.grad(loss)(w, None)
+    assert eqx.tree_equal(jax.grad(loss)(w, ck), want, rtol=1e-5, atol=1e-6)
+
+
 class _Scale(eqx.Module):
     s: Any
 

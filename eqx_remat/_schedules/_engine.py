@@ -131,7 +131,11 @@ def _zeros_of_type(t: Any) -> jax.Array:
     """Zeros of the abstract value `t` with all that its type carries (shape,
     dtype, weak type, sharding, memory space): what a `lax.cond` branch that
     skips a layer returns in place of values the other branch computes."""
-    z = _jax_private.zeros_like_aval(t)
+    if jnp.issubdtype(t.dtype, jax.dtypes.extended):
+        # A PRNG key kept as a residual: zeros_like_aval gives its tangent type.
+        z = jnp.zeros(t.shape, t.dtype)
+    else:
+        z = _jax_private.zeros_like_aval(t)
     space = getattr(t, "memory_space", None)
     if space is not None and space != jax.memory.Space.Device:
         z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory
