@@ -178,22 +178,22 @@ def _stack(layers: list[_T]) -> _T:
 
 
 def _apply(
-    step: Callable[[Any, Any, Any], Any],
-    consts: Any,
+    step: Callable[[Any, Any], Any],
     stacked: Any,
     carry: Any,
     depth: int,
     checkpoint: Checkpoint,
     unroll: int | bool = 1,
 ) -> Any:
-    """`for i in range(depth): carry = step(consts, stacked[i], carry)`;
+    """`for i in range(depth): carry = step(stacked[i], carry)`;
     `unroll` already normalised by the caller (`_check_unroll`)."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     checkpoint = normalise_checkpoint(checkpoint)
     if isinstance(checkpoint, Schedule):
-        return remat_scan(step, consts, stacked, carry, depth, checkpoint, unroll)
-    body = lambda c, s: (step(consts, s, c), None)
+        layer = lambda _, s, c: step(s, c)
+        return remat_scan(layer, None, stacked, carry, depth, checkpoint, unroll)
+    body = lambda c, s: (step(s, c), None)
     if checkpoint is not None:
         body = checkpointed(body, checkpoint)
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
@@ -241,7 +241,8 @@ def scan_layers(
       Holding the layers stacked
       (`eqx_remat.Stacked([...])`, built once) avoids both, and traces one
       layer whatever `D`.
-      Each layer is called as `layer(carry)` or `layer(carry, x)`.
+      Each layer is called as `layer(carry)` or `layer(carry, x)`, and may
+      close over arrays, including ones being differentiated or batched.
       A single layer that was never stacked is caught where the shapes show it:
       when a slice of it returns a carry of the wrong shape (`eqx.nn.Linear`),
       or when every array is one-dimensional with a size that is an axis of the
@@ -399,7 +400,7 @@ def scan_stacked(
             )
     params, static = eqx.partition(layers, eqx.is_array)
 
-    def step(_, s, c):
+    def step(s, c):
         p, x = s
         layer = eqx.combine(p, static)
         out = layer(c) if xs is None else layer(c, x)
@@ -407,7 +408,7 @@ def scan_stacked(
         return out
 
     unroll = _check_unroll(unroll)
-    return _apply(step, None, (params, xs), carry, depth, checkpoint, unroll)
+    return _apply(step, (params, xs), carry, depth, checkpoint, unroll)
 
 
 def _check_stacked(layers: Any, carry: Any, depth: int) -> None:
@@ -503,54 +504,25 @@ def chain(fns: Sequence[Callable[[Any], Any]], *, checkpoint: Checkpoint = None)
     return lambda x: _chain_switch(unique, index, x, checkpoint)
 
 
-def _convert(f: Callable[[Any, Any], Any], params: Any, x: Any):
-    """`f(params, x)` with every array it closes over (tracers included) as an
-    explicit argument, so that it is differentiated and batched like a
-    parameter: `(g, hoisted)` with `g(params, x, *hoisted) == f(params, x)`."""
-    return jax.closure_convert(f, params, x)
-
-
 def _chain_modules(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
     """Modules of one structure (`chain` checked them): each where it is (see
     `scan_layers`), or one stack, one traced layer, no switch."""
     if _in_place(fns, x, checkpoint, "chain", "fns"):
         return _scan_list(fns, x, None, checkpoint)
-    return _chain_stacked(fns, x, checkpoint)
-
-
-def _chain_stacked(fns: list, x: Any, checkpoint: Checkpoint) -> Any:
-    """Modules of one structure as one stack: one traced layer, no switch."""
-    stacked = _stack(fns)
-    params, static = eqx.partition(stacked, eqx.is_array)
-    first = eqx.filter(fns[0], eqx.is_array)
-    layer, hoisted = _convert(lambda p, c: eqx.combine(p, static)(c), first, x)
-
-    def step(consts, p, c):
-        out = layer(p, c, *consts)
-        _check_carry(c, out)
-        return out
-
-    return _apply(step, tuple(hoisted), params, x, len(fns), checkpoint)
+    return scan_stacked(_stack(fns), x, checkpoint=checkpoint)
 
 
 def _chain_switch(unique: list, index: list[int], x: Any, checkpoint) -> Any:
     """Different callables: one branch each, chosen by `lax.switch`."""
-    dynamic, static = eqx.partition(unique, eqx.is_array)
-    converted, consts = [], []
-    for d, s in zip(dynamic, static):
-        f, hoisted = _convert(lambda d, x, s=s: eqx.combine(d, s)(x), d, x)
-        converted.append(f)
-        consts.append((d, hoisted))
 
-    def step(cs, i, c):
-        branches = [
-            lambda c, j=j: converted[j](cs[j][0], c, *cs[j][1])
-            for j in range(len(converted))
-        ]
+    def step(i, c):
+        # Fresh branches: `lax.switch` caches a branch's trace by its identity,
+        # and a callable may read a value that has changed since.
+        branches = [lambda c, f=f: f(c) for f in unique]
         out = branches[0](c) if len(branches) == 1 else lax.switch(i, branches, c)
         _check_carry(c, out)
         return out
 
     # The order is needed only to choose between different callables.
     order = jnp.asarray(index, dtype=jnp.int32) if len(unique) > 1 else None
-    return _apply(step, tuple(consts), order, x, len(index), checkpoint)
+    return _apply(step, order, x, len(index), checkpoint)

@@ -155,6 +155,51 @@ def test_chain_differentiates_a_python_float_it_closes_over(ck):
     assert float(jax.grad(loss)(1.3, ck)) == pytest.approx(want, rel=1e-5)
 
 
+class _Apply(eqx.Module):
+    w: jax.Array
+    f: Any = eqx.field(static=True)
+
+    def __call__(self, c):
+        return self.f(self.w, c)
+
+
+@pytest.mark.parametrize(
+    "ck",
+    [
+        er.every(2),
+        er.nested(2, "dots"),
+        er.binomial(1),
+        er.ranges((1, "dots"), (2, None)),
+    ],
+    ids=str,
+)
+def test_layers_may_close_over_values_jax_traces(ck):
+    # A custom_vjp must not close over a tracer. Under every schedule, layers
+    # whose calls read a value traced by `jax.grad` (a float) or `jax.vmap` (an
+    # integer), not held in their fields, failed with UnexpectedTracerError or
+    # an assertion.
+    x = jnp.array([0.3, -0.2])
+    w = jnp.array([[0.5, 1.0], [0.7, -0.4], [0.9, 0.2]])
+
+    def loss(s, n, ck):
+        m = lambda v: jnp.asarray(n, v.dtype)  # the integer, read in the layer
+        layers = _Apply(w, lambda w, c: jnp.sin(w * c * s) + m(c))
+        fns = [lambda v: v * m(v), lambda v: jnp.sin(s * v), jnp.cos]
+        return jnp.sum(er.scan_layers(layers, x, checkpoint=ck)) + jnp.sum(
+            er.chain(fns, checkpoint=ck)(x)
+        )
+
+    grad = jax.grad(loss)
+    want = grad(1.3, 2, None)
+    assert abs(float(want)) > 0.1
+    assert float(grad(1.3, 2, ck)) == pytest.approx(float(want), rel=1e-5)
+    ns = jnp.arange(3)
+    batched = jax.vmap(grad, (None, 0, None))
+    assert eqx.tree_equal(
+        batched(1.3, ns, ck), batched(1.3, ns, None), rtol=1e-5, atol=1e-6
+    )
+
+
 @pytest.mark.parametrize(
     "ck",
     [

@@ -688,8 +688,18 @@ def remat_scan(
     unroll: int | bool = 1,
 ) -> Any:
     """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
-    `schedule`. Every array in `stacked` has a leading axis of length `depth`."""
+    `schedule`. Every array in `stacked` has a leading axis of length `depth`.
+    `step` may close over arrays (tracers included): they are made constants."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
+    # A custom_vjp must not close over a tracer: every array `step` closes over
+    # (traced by `jax.grad` or `jax.vmap`, of any dtype) becomes a constant,
+    # differentiated and batched as one.
+    hoisted, static = eqx.partition(
+        eqx.filter_closure_convert(step, consts, _index(stacked, 0), carry),
+        eqx.is_array,
+    )
+    consts = (consts, hoisted)
+    step = lambda cs, s, c: eqx.combine(cs[1], static)(cs[0], s, c)
     # A Python float the layers close over, traced by `jax.grad`, would reach
     # the backward pass as a float, which `_is_diff` does not differentiate.
     consts = jtu.tree_map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, consts)
