@@ -53,7 +53,7 @@ def combinations(
     fn = "eqx_remat.plan"
     ks = [1]
     if micro_batches is not None:
-        if isinstance(micro_batches, (str, bytes)) or not micro_batches:
+        if not micro_batches:
             raise ValueError(
                 f"{fn} expected micro_batches to be a non-empty sequence of ints "
                 f">= 1 (the counts to compare). Got {micro_batches!r}."
@@ -70,7 +70,7 @@ def combinations(
                 "`loss_chunk_size` field (a zoo.Transformer) to plan loss_chunks "
                 "for. Got none."
             )
-        if isinstance(loss_chunks, (str, bytes)) or not loss_chunks:
+        if not loss_chunks:
             raise ValueError(
                 f"{fn} expected loss_chunks to be a non-empty sequence of ints "
                 f">= 1 or None (whole logits). Got {loss_chunks!r}."
