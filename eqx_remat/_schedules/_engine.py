@@ -690,6 +690,7 @@ def remat_scan(
     """Apply `step(consts, stacked[i], carry)` for `i < depth`, checkpointed by
     `schedule`. Every array in `stacked` has a leading axis of length `depth`.
     `step` may close over arrays (tracers included): they are made constants."""
+    schedule.check_depth(depth)
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     # A custom_vjp must not close over a tracer: every array `step` closes over
     # (traced by `jax.grad` or `jax.vmap`, of any dtype) becomes a constant,
@@ -703,7 +704,6 @@ def remat_scan(
     # A Python float the layers close over, traced by `jax.grad`, would reach
     # the backward pass as a float, which `_is_diff` does not differentiate.
     consts = jtu.tree_map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, consts)
-    schedule.check_depth(depth)
     _check_inner_names(step, consts, stacked, carry, schedule)
     if _innermost_is_vmap():
         vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
