@@ -200,6 +200,25 @@ def test_layers_may_close_over_values_jax_traces(ck):
     )
 
 
+def test_a_schedule_runs_outside_jit_under_an_explicit_mesh():
+    # Outside jax.jit, a layer sliced from arrays made before the mesh carries
+    # its sharding and the layer inside the scan none: the layer traced once
+    # to hoist what it closes over must not be checked against later calls.
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    w = jnp.linspace(-0.5, 0.5, 36).reshape(4, 3, 3)
+    x = jnp.linspace(0.1, 0.6, 6).reshape(2, 3)
+
+    def loss(w, ck):
+        return jnp.sum(
+            er.scan_layers(_Apply(w, lambda w, c: jnp.tanh(c @ w)), x, checkpoint=ck)
+        )
+
+    with jax.set_mesh(mesh):
+        want = jax.grad(loss)(w, None)
+        for ck in (er.every(2), er.recursive()):
+            assert eqx.tree_equal(jax.grad(loss)(w, ck), want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "ck",
     [

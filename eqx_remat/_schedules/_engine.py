@@ -692,23 +692,41 @@ def remat_scan(
     `step` may close over arrays (tracers included): they are made constants."""
     schedule.check_depth(depth)
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
-    # A custom_vjp must not close over a tracer: every array `step` closes over
-    # (traced by `jax.grad` or `jax.vmap`, of any dtype) becomes a constant,
-    # differentiated and batched as one.
-    hoisted, static = eqx.partition(
-        eqx.filter_closure_convert(step, consts, _index(stacked, 0), carry),
-        eqx.is_array,
-    )
-    consts = (consts, hoisted)
-    step = lambda cs, s, c: eqx.combine(cs[1], static)(cs[0], s, c)
-    # A Python float the layers close over, traced by `jax.grad`, would reach
-    # the backward pass as a float, which `_is_diff` does not differentiate.
-    consts = jtu.tree_map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, consts)
+    consts = _arrays(consts)
+    step, consts = _closure_converted(step, consts, stacked, carry)
     _check_inner_names(step, consts, stacked, carry, schedule)
     if _innermost_is_vmap():
         vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
         return vmapped(consts, stacked, carry)
     return _custom_vjp(step, depth, schedule, unroll)(consts, stacked, carry)
+
+
+def _arrays(tree: Any) -> Any:
+    """Every array leaf of `tree` as a JAX array: a Python float traced by
+    `jax.grad` would otherwise reach the backward pass as a float, which
+    `_is_diff` does not differentiate."""
+    return jtu.tree_map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, tree)
+
+
+def _closure_converted(step, consts, stacked, carry):
+    """`(step', (consts, hoisted))`, `step'` computing `step` with every array
+    `step` closes over in `hoisted` (tracers of `jax.grad` or `jax.vmap`
+    included, of any dtype): a custom_vjp must not close over a tracer, and
+    what it is passed is differentiated and batched as a parameter is. (Unlike
+    `eqx.filter_closure_convert`'s, calls are not checked against the example:
+    outside `jax.jit`, a sharding may differ between the two.)"""
+    closed, out, out_static = eqx.filter_make_jaxpr(step)(
+        consts, _index(stacked, 0), carry
+    )
+    treedef = jtu.tree_structure(out)
+
+    def converted(cs, s, c):
+        consts, hoisted = cs
+        args = jtu.tree_leaves(eqx.filter((consts, s, c), eqx.is_array))
+        flat = eval_jaxpr(closed.jaxpr, hoisted, args)
+        return eqx.combine(jtu.tree_unflatten(treedef, flat), out_static)
+
+    return converted, (consts, _arrays(list(closed.consts)))
 
 
 def _check_inner_names(step, consts, stacked, carry, schedule: Schedule) -> None:
