@@ -52,6 +52,7 @@ import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
+from jax.extend.core import Jaxpr
 
 from .. import _jax_private
 from .._inspect._jaxpr import checkpoint_names, eval_jaxpr, varying
@@ -693,8 +694,8 @@ def remat_scan(
     schedule.check_depth(depth)
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     consts = _arrays(consts)
-    step, consts = _closure_converted(step, consts, stacked, carry)
-    _check_inner_names(step, consts, stacked, carry, schedule)
+    step, consts, jaxpr = _closure_converted(step, consts, stacked, carry)
+    _check_inner_names(jaxpr, schedule)
     if _innermost_is_vmap():
         vmapped = _vmapped(step, depth, schedule, unroll, _vmap_names())
         return vmapped(consts, stacked, carry)
@@ -709,10 +710,11 @@ def _arrays(tree: Any) -> Any:
 
 
 def _closure_converted(step, consts, stacked, carry):
-    """`(step', (consts, hoisted))`, `step'` computing `step` with every array
-    `step` closes over in `hoisted` (tracers of `jax.grad` or `jax.vmap`
-    included, of any dtype): a custom_vjp must not close over a tracer, and
-    what it is passed is differentiated and batched as a parameter is. (Unlike
+    """`(step', (consts, hoisted), jaxpr)`: `step` traced once, on the first
+    layer, to `jaxpr`, and `step'` computing it with every array `step`
+    closes over in `hoisted` (tracers of `jax.grad` or `jax.vmap` included,
+    of any dtype): a custom_vjp must not close over a tracer, and what it is
+    passed is differentiated and batched as a parameter is. (Unlike
     `eqx.filter_closure_convert`'s, calls are not checked against the example:
     outside `jax.jit`, a sharding may differ between the two.)"""
     closed, out, out_static = eqx.filter_make_jaxpr(step)(
@@ -726,23 +728,19 @@ def _closure_converted(step, consts, stacked, carry):
         flat = eval_jaxpr(closed.jaxpr, hoisted, args)
         return eqx.combine(jtu.tree_unflatten(treedef, flat), out_static)
 
-    return converted, (consts, _arrays(list(closed.consts)))
+    return converted, (consts, _arrays(list(closed.consts))), closed.jaxpr
 
 
-def _check_inner_names(step, consts, stacked, carry, schedule: Schedule) -> None:
+def _check_inner_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
     """Check the names of the schedule's inner name policies against the tags
-    of one layer (`check_tags`), on the forward pass: otherwise they are
-    checked only where they are applied, in the backward pass, and a typo
-    would go unnoticed by a function that is not differentiated. Traces one
-    layer, only when there is a name policy to check."""
+    of one layer's `jaxpr` (`check_tags`), on the forward pass: otherwise they
+    are checked only where they are applied, in the backward pass, and a typo
+    would go unnoticed by a function that is not differentiated."""
     pols = [to_jax_policy(p) for p in schedule.policies()]
     pols = [p for p in pols if isinstance(p, NamePolicy)]
     if not pols:
         return
-    args = (consts, _index(stacked, 0), carry)
-    dynamic, static = eqx.partition(args, eqx.is_array)
-    jaxpr = jax.make_jaxpr(lambda d: step(*eqx.combine(d, static)))(dynamic)
-    tags = checkpoint_names(jaxpr.jaxpr)
+    tags = checkpoint_names(jaxpr)
     for pol in pols:
         check_tags(pol, tags)
 
