@@ -220,6 +220,8 @@ def test_without_measuring_times_are_the_roofline(table, fresh):
         ("4096B", 4096),
         (" 1TiB ", 2**40),
         (".5KiB", 512),
+        ("1.1GiB", 1_181_116_006),  # a fraction of a unit: the nearest byte
+        ("0.0GiB", 0),
         (1234, 1234),
         (0, 0),
     ],
@@ -230,7 +232,10 @@ def test_budget_parsing(text, expected):
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "GiB", "16 parsecs", "-1GiB", "1e9", "16GiBs", "1.2.3MB", -1, True]
+    "bad",
+    ["", "GiB", "16 parsecs", "-1GiB", "1e9", "16GiBs", "1.2.3MB", -1, True]
+    # A fraction of a byte was truncated: "0.9" planned for a budget of 0.
+    + ["1.5", "0.9B", "0.0001KiB"],
 )
 def test_bad_budgets(bad):
     with pytest.raises(ValueError, match="budget_bytes"):

@@ -220,7 +220,8 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
 
     - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
       `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
-      `KB`/`MB`/`GB`/`TB`, case-insensitive).
+      `KB`/`MB`/`GB`/`TB`, case-insensitive). A fraction of a unit is
+      rounded to the nearest byte; a number of bytes must be whole.
     - `name`: what to call the value in an error message.
 
     **Returns:**
@@ -246,4 +247,10 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
             f"{name} must be an int or a string such as '16GiB', '512MiB' or "
             f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    number, factor = float(match.group(1)), _UNITS[unit]
+    if factor == 1 and not number.is_integer():
+        raise ValueError(f"{name} must be a whole number of bytes. Got {value!r}.")
+    size = round(number * factor)
+    if size == 0 and number > 0:
+        raise ValueError(f"{name} must be 0 or at least one byte. Got {value!r}.")
+    return size
