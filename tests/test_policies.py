@@ -42,6 +42,31 @@ def test_policy_bad_type(bad):
 
 
 @pytest.mark.parametrize(
+    "bad", [jnp.sin, print, lambda: True, lambda prim: True], ids=repr
+)
+def test_a_callable_jax_cannot_call_as_a_policy_is_refused(bad):
+    # It was accepted, then failed inside JAX's partial evaluation ("Error
+    # interpreting argument to sin as an abstract array").
+    with pytest.raises(ValueError, match=r"policy\(primitive, \*avals, \*\*params\)"):
+        er.policy(bad)
+    with pytest.raises(ValueError, match="Transformer: checkpoint expected"):
+        zoo.Transformer(16, 8, 8, 2, 1, checkpoint=bad, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="every: invalid policy"):
+        er.every(2, bad)
+
+
+def test_policies_of_any_signature_jax_can_call_are_accepted():
+    accepted = [
+        jax.checkpoint_policies.nothing_saveable,
+        jax.checkpoint_policies.save_only_these_names("a"),
+        lambda prim, *avals, **params: True,
+        lambda *_, **__: False,
+    ]
+    for p in accepted:
+        assert er.policy(p) is p
+
+
+@pytest.mark.parametrize(
     "make",
     [er.save_names, er.save_all_but_names, er.offload_names],
     ids=["save_names", "save_all_but_names", "offload_names"],

@@ -1,6 +1,7 @@
 """The named policies (`eqx_remat.POLICIES`) and the one normaliser of a policy
 specification (`eqx_remat.policy`)."""
 
+import inspect
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -77,6 +78,18 @@ def to_jax_policy(spec: Any, *, fn: str | None = None) -> Policy | None:
                 f"{sorted(POLICIES)}, or a JAX policy callable."
             ) from None
     if callable(spec) and not isinstance(spec, type):
+        try:
+            signature = inspect.signature(spec)
+        except (TypeError, ValueError):  # some builtins have none: unchecked
+            return spec
+        try:  # how JAX calls a policy, e.g. for a dot_general
+            signature.bind(jax.lax.dot_general_p, None, None, dimension_numbers=None)
+        except TypeError as e:
+            raise ValueError(
+                f"{prefix}A policy callable is called by JAX as policy(primitive, "
+                f"*avals, **params) and returns whether to save the result. Got "
+                f"{spec!r}, which cannot be called so: {e}."
+            ) from None
         return spec
     raise ValueError(
         f"{prefix}policy expected None, a policy name (one of "
