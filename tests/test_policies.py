@@ -42,7 +42,9 @@ def test_policy_bad_type(bad):
 
 
 @pytest.mark.parametrize(
-    "bad", [jnp.sin, print, lambda: True, lambda prim: True], ids=repr
+    "bad",
+    [jnp.sin, print, lambda: True, lambda prim: True],
+    ids=["jnp.sin", "print", "no-argument", "one-argument"],
 )
 def test_a_callable_jax_cannot_call_as_a_policy_is_refused(bad):
     # It was accepted, then failed inside JAX's partial evaluation ("Error
