@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, SupportsIndex
 
 import jax
+import numpy as np
 
 from .._inspect._memory import (
     ReplicatedArgumentsWarning,
@@ -94,9 +95,9 @@ def plan(
       is; or a non-empty sequence of `loss_chunk_size`s to compare, ints
       `>= 1` or `None` (whole logits). The arguments must hold a module with
       a `loss_chunk_size` field, as `zoo.Transformer`.
-    - `in_axes`: with `micro_batches`, the batch axes of `fn`'s arguments, as
-      [`eqx_remat.accumulate`][] takes them (default `(None, 0)`:
-      `fn(model, batch)`).
+    - `in_axes`: with `micro_batches` (only), the batch axes of `fn`'s
+      arguments, as [`eqx_remat.accumulate`][] takes them (default
+      `(None, 0)`: `fn(model, batch)`).
 
     **Returns:**
 
@@ -113,8 +114,9 @@ def plan(
 
     **Raises:**
 
-    `ValueError` for a bad `budget_bytes`, `progress`, `micro_batches` (one
-    that does not divide the batch too) or `loss_chunks`; an invalid or empty
+    `ValueError` for a bad `budget_bytes`, `progress`, `measure`, `in_axes`
+    without `micro_batches`, `micro_batches` (one that does not divide the
+    batch too) or `loss_chunks`; an invalid or empty
     list of `candidates`, or `candidates` with `micro_batches` or
     `loss_chunks`; `measure=True` with a target compiled ahead of time or in
     a process of several; arguments without a `checkpoint` field (or, with
@@ -143,6 +145,13 @@ def plan(
             raise ValueError("plan expected at least one candidate. Got none.")
         for i, c in enumerate(candidates):
             check_checkpoint(c, name=f"plan: invalid candidates[{i}]:")
+        candidates = tuple(dict.fromkeys(candidates))  # each compiled once
+    if micro_batches is None and in_axes != (None, 0):
+        raise ValueError(
+            "plan's in_axes names the batch axes to split into micro-batches, "
+            f"and is used only with micro_batches. Got in_axes={in_axes!r} and "
+            "no micro_batches."
+        )
     if not map_checkpoints(args, lambda c: c)[1]:
         raise ValueError(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
@@ -151,6 +160,10 @@ def plan(
     if progress not in (True, False, "verbose"):
         raise ValueError(
             f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
+        )
+    if measure is not None and not isinstance(measure, (bool, np.bool_)):
+        raise ValueError(
+            f"plan expected measure to be True, False or None. Got {measure!r}."
         )
     if target == jax.default_backend():
         target = None

@@ -237,14 +237,20 @@ class _Planner:
         """Compile `c` (or take it from the cache): its record."""
         if c in self.compiled:
             return self.compiled[c]
-        fresh = not _cache.CACHE.has(self.fn, self._k("compiled", c))
-        record = _cache.CACHE.get(
-            self.fn,
-            self._k("compiled", c),
-            lambda: compile_checkpoint(
-                self.fn, self.args, c, self.target, runnable=self.measure
-            ),
+        key = self._k("compiled", c)
+        record: Compiled | None = None
+        if _cache.CACHE.has(self.fn, key):
+            record = _cache.CACHE.get(self.fn, key, lambda: None)
+        # A program compiled by a call that did not measure has no executable:
+        # compiled again to be timed.
+        fresh = record is None or (
+            self.measure and record.report is not None and record.executable is None
         )
+        if record is None or fresh:
+            record = compile_checkpoint(
+                self.fn, self.args, c, self.target, runnable=self.measure
+            )
+            _cache.CACHE.put(self.fn, key, record)
         self.compiles += fresh
         self.fresh_s += record.compile_s if fresh else 0.0
         self.compiled[c] = record
@@ -525,7 +531,7 @@ class _Planner:
         if pick is None:
             self._compile_lightest_schedules()
             _raise_nothing_fits(
-                [self.entry(r, 0.0) for r in self.compiled.values()],
+                [self.entry(r, self.roofline(c)) for c, r in self.compiled.items()],
                 self.budget,
                 self._target_name(),
             )
@@ -864,9 +870,13 @@ class _Planner:
             self.compile(c)
         # The uniform options and schedules; a mix is timed by the race.
         self.time([c for c in self.compiled if not isinstance(c, ranges) or c in raced])
+        seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
+        pick = pick._replace(time_s=seconds, measured=measured)
         fitting = []
         for i, (c, r) in enumerate(self.compiled.items()):
             if not self._fits(r) or (isinstance(c, ranges) and c not in self.timings):
+                continue
+            if c == pick.checkpoint:
                 continue
             o = self.prices.option(c)
             estimate = (

@@ -239,7 +239,7 @@ def _raise_nothing_fits(
     smallest = best.memory_bytes or 0  # compiled: never None
     raise NothingFits(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
-        f"[{target}]. The smallest achievable memory is "
+        f"[{target}]. Of the checkpoints compiled, the least memory is "
         f"{format_bytes(smallest)} ({smallest} bytes), with "
         f"checkpoint={_name(best.checkpoint)}.\n" + listed
     )
