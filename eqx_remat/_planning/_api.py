@@ -161,28 +161,9 @@ def plan(
         raise ValueError(
             f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
         )
-    if measure is not None and not isinstance(measure, (bool, np.bool_)):
-        raise ValueError(
-            f"plan expected measure to be True, False or None. Got {measure!r}."
-        )
     if target == jax.default_backend():
         target = None
-    processes = jax.process_count()
-    if measure is None:
-        measure = target is None and processes == 1
-    elif measure and target is not None:
-        raise ValueError(
-            f"plan(measure=True) times programs on the device at hand; "
-            f"target={target!r} is compiled ahead of time and cannot run here. "
-            "Pass measure=None (the default) or False."
-        )
-    elif measure and processes > 1:
-        raise ValueError(
-            f"plan(measure=True) times programs on one process; this is one of "
-            f"{processes}, and each would time on its own clock and could choose "
-            "differently. Pass measure=None (the default: the roofline, the same "
-            "answer on every process) or False."
-        )
+    measure = _measuring(measure, target)
     if target is not None:
         name, mesh = _v5e(target)
         warn_replicated("plan", name, mesh, split_args(args)[0])
@@ -199,15 +180,37 @@ def plan(
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         if ways is not None:
-            return plan_batches(
-                fn, args, budget, target, bool(measure), say, ways, in_axes
-            )
-        planner = _Planner(
-            fn, args, budget, target, bool(measure), say, candidates is None
-        )
+            return plan_batches(fn, args, budget, target, measure, say, ways, in_axes)
+        planner = _Planner(fn, args, budget, target, measure, say, candidates is None)
         if candidates is not None:
             return planner.enumerate(candidates)
         return planner.solve()
+
+
+def _measuring(measure: Any, target: str | None) -> bool:
+    """Whether `plan` times programs: `measure` checked against `target`
+    (`None`: the device at hand) and the number of processes."""
+    if measure is not None and not isinstance(measure, (bool, np.bool_)):
+        raise ValueError(
+            f"plan expected measure to be True, False or None. Got {measure!r}."
+        )
+    processes = jax.process_count()
+    if measure is None:
+        return target is None and processes == 1
+    if measure and target is not None:
+        raise ValueError(
+            f"plan(measure=True) times programs on the device at hand; "
+            f"target={target!r} is compiled ahead of time and cannot run here. "
+            "Pass measure=None (the default) or False."
+        )
+    if measure and processes > 1:
+        raise ValueError(
+            f"plan(measure=True) times programs on one process; this is one of "
+            f"{processes}, and each would time on its own clock and could choose "
+            "differently. Pass measure=None (the default: the roofline, the same "
+            "answer on every process) or False."
+        )
+    return bool(measure)
 
 
 _UNITS = {
