@@ -717,9 +717,8 @@ def _closure_converted(step, consts, stacked, carry):
     passed is differentiated and batched as a parameter is. (Unlike
     `eqx.filter_closure_convert`'s, calls are not checked against the example:
     outside `jax.jit`, a sharding may differ between the two.)"""
-    closed, out, out_static = eqx.filter_make_jaxpr(step)(
-        consts, _index(stacked, 0), carry
-    )
+    layer = jax.eval_shape(lambda s: _index(s, 0), stacked)  # shapes: no slicing
+    closed, out, out_static = eqx.filter_make_jaxpr(step)(consts, layer, carry)
     treedef = jtu.tree_structure(out)
 
     def converted(cs, s, c):
