@@ -20,7 +20,7 @@ from .._validate import check_int
 from . import _cache
 from ._clock import on_one_clock, time_interleaved, warm_up
 from ._compiled import Compiled
-from ._plan import _Planner, _Progress
+from ._plan import _MODEL_ERROR, _Planner, _Progress
 from ._report import BatchOption, NothingFits, PlanResult, _name
 
 
@@ -177,7 +177,7 @@ def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any):
 def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
     """Solve, in full, the first combination for which something fits: where
     the lightest options (`recursive()`, `"nothing"`) both need more than
-    `_NEAR` times the budget, the combination is passed over after two
+    the budget plus the model's error, the combination is passed over after two
     compiles (the last one is solved, to say what fits nowhere). Within that,
     it is solved: another option can need a little less than both (on a
     2-layer transformer, `save_names('mlp_hidden')` 1% less than
@@ -206,12 +206,11 @@ def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
     raise AssertionError("unreachable")
 
 
-_NEAR = 1.05
-
-
 def _near(record: Compiled, budget: int) -> bool:
-    """Whether `record` compiled within `_NEAR` times `budget`."""
-    return record.report is not None and record.report.total_bytes <= _NEAR * budget
+    """Whether `record` compiled within the budget plus the model's error
+    (`_MODEL_ERROR`): another option may then fit."""
+    limit = (1 + _MODEL_ERROR) * budget
+    return record.report is not None and record.report.total_bytes <= limit
 
 
 def _try(way: _Way, solved: _Way, pick: _Best) -> _Best | None:

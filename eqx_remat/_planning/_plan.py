@@ -108,6 +108,10 @@ instead."""
 # A call compiles at most this many mixes that do not fit, then chooses among
 # uniform options (each compile of a large model on TPU v5e takes minutes).
 _MIX_TRIES = 6
+# How far above the budget the model may put a uniform option that fits when
+# compiled, at least: options whose per-layer bytes are equal, or nearly, can
+# differ by a few percent once XLA assigns their buffers.
+_MODEL_ERROR = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -654,7 +658,11 @@ class _Planner:
                 ),
             )
             if best is None:
-                return None
+                near = self._may_fit(options)
+                if not near:
+                    return None
+                self.compile(near[0].checkpoint, self._predict(near[0]))
+                continue
             ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
             new = [o for o in ends if o.checkpoint not in self.compiled]
             for o in new:
@@ -669,6 +677,30 @@ class _Planner:
             limits[(best.light.checkpoint, best.heavy.checkpoint)] = fewer
             failed += 1
         raise AssertionError("plan: the search for a mix did not settle")
+
+    def _may_fit(self, options: Sequence[Option]) -> list[Option]:
+        """The uniform options not compiled yet that may fit, lightest first:
+        predicted to need at most the budget plus the model's error. That
+        error is the most the model was off for a uniform option this call
+        compiled, and at least `_MODEL_ERROR`. Before saying that nothing
+        fits, each of these is compiled."""
+        assert self.prices is not None
+        errors = [
+            abs(r.report.total_bytes - p) / r.report.total_bytes
+            for c, r in self.compiled.items()
+            if (p := self.predicted.get(c)) is not None
+            and r.report is not None
+            and self.prices.option(c) is not None
+        ]
+        limit = self.budget * (1 + max([_MODEL_ERROR, *errors]))
+        near = []
+        for o in options:
+            predicted = self._predict(o)
+            if o.checkpoint in self.compiled or predicted is None:
+                continue
+            if predicted <= limit:
+                near.append((predicted, o))
+        return [o for _, o in sorted(near, key=lambda p: p[0])]
 
     def _try_mix(self, best: Mix) -> tuple[FrontierPoint | None, int]:
         """Compile the mix `best`: `(its point, n)` if it fits, else `(None,
@@ -850,15 +882,9 @@ class _Planner:
         record = self.compiled[pick.checkpoint]
         seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
         pick = pick._replace(flops=record.flops, time_s=seconds, measured=measured)
-        for o in self.options():
-            predicted = self._predict(o)
-            if (
-                o.checkpoint not in self.compiled
-                and o.time * self.per < pick.time_s
-                and predicted is not None
-                and predicted <= 1.05 * self.budget
-            ):
-                self.compile(o.checkpoint, predicted)
+        for o in self._may_fit(self.options()):
+            if o.time * self.per < pick.time_s:
+                self.compile(o.checkpoint, self._predict(o))
         # The mixes earlier calls raced: their records and times are cached.
         raced = [
             c
