@@ -252,9 +252,9 @@ def parser(
             "--target",
             type=_checked(_target_type, "target"),
             metavar="v5e[:AxB]",
-            help="compile for TPU v5e ahead of time (v5e is a 2x2 slice, v5e:AxB any "
-            "other) and run nothing: per-chip memory and FLOPs (default: run on "
-            "--device)",
+            help="compile for TPU v5e ahead of time (v5e is a 2x2 slice, v5e:AxB "
+            "another one v5e comes in) and run nothing: per-chip memory and FLOPs "
+            "(default: run on --device)",
         )
     if repeats is not None:
         int_flag(p, "--repeats", repeats, "timed steps per variant, after one warm-up")

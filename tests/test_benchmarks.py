@@ -205,9 +205,9 @@ def test_bad_flags_exit_2_before_any_work(tmp_path, script, args, message):
                      "--no-clock has no effect with --target", marks=needs_libtpu),
         pytest.param("batch_sweep", ["--target", "v5e", "--quick"],
                      "--quick has no effect with --target", marks=needs_libtpu),
-        # A slice that libtpu does not know, before any compile.
-        pytest.param("run", ["--target", "v5e:3x3"], "argument --target: libtpu "
-                     "could not describe a TPU v5e 3x3 slice", marks=needs_libtpu),
+        # A slice that TPU v5e does not come in, before any compile.
+        pytest.param("run", ["--target", "v5e:3x3"], "argument --target: Unknown "
+                     "target 'v5e:3x3': TPU v5e comes in slices of 1x1, 2x2"),
     ],
     ids=["d-model", "quick-preset", "batch-preset", "heartbeat", "heartbeat-seed",
          "ranges-run", "ranges-compile", "ranges-profile", "aot-memory-limit",

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._util import format_bytes, split_args, traceable
 from ._flops import count_flops
-from ._targets import PLATFORMS, VALID_TARGETS, v5e_shape
+from ._targets import PLATFORMS, V5E_SLICES, VALID_TARGETS, v5e_shape
 
 
 _TPU_EXTRA_HINT = (
@@ -145,7 +145,7 @@ def memory_report(
     - `target`: `None` for the default backend (or its platform name, `"cpu"`,
       `"gpu"` or `"tpu"`, as [`eqx_remat.MemoryReport`][]`.target` names it), `"v5e"`
       for a TPU v5e 2x2 slice (4 chips), or `"v5e:AxB"` for another slice shape
-      (e.g. `"v5e:2x4"`).
+      TPU v5e comes in (1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16).
     - `compiler_options`: XLA options passed to `.compile(...)`.
 
     **Returns:**
@@ -276,10 +276,11 @@ def _v5e(target: Any) -> tuple[str, Mesh]:
             f"Unknown target {target!r}. It needs to be one of {VALID_TARGETS}."
         )
     a, b = shape
-    if a < 1 or b < 1:
+    if shape not in V5E_SLICES:
+        slices = ", ".join(f"{a}x{b}" for a, b in V5E_SLICES)
         raise ValueError(
-            f"Unknown target {target!r}: a slice needs at least one chip per "
-            f"side. It needs to be one of {VALID_TARGETS}."
+            f"Unknown target {target!r}: TPU v5e comes in slices of {slices}. "
+            f"It needs to be one of {VALID_TARGETS}."
         )
     if not _installed("libtpu"):
         raise ImportError(

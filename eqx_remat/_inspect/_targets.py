@@ -16,11 +16,16 @@ VALID_TARGETS = (
 
 _V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
 
+# The slice shapes TPU v5e comes in (Cloud TPU's "TPU v5e" page: "v5e supports
+# the following 2D slice shapes", with no custom topologies): libtpu describes
+# others too (a 2x3 slice), which no one can run on.
+V5E_SLICES = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+
 
 def v5e_shape(target: Any) -> tuple[int, int] | None:
     """The slice shape `(A, B)` that a TPU v5e target names: `(2, 2)` for
-    `"v5e"`, `(A, B)` for `"v5e:AxB"` (not checked to be at least 1); `None`
-    for any other value.
+    `"v5e"`, `(A, B)` for `"v5e:AxB"` (not checked to be a slice v5e comes in:
+    `V5E_SLICES`); `None` for any other value.
 
     ```python
     import eqx_remat
