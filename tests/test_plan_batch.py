@@ -228,6 +228,24 @@ def test_loss_chunks_need_a_loss_head():
         )
 
 
+def test_loss_chunks_that_change_nothing_are_said():
+    # The logits from `__call__`, not `loss`: the chunk size cannot act.
+    grad = eqx.filter_grad(lambda m, t: jnp.mean(jax.vmap(m)(t[:, :-1])))
+    with (
+        pytest.warns(UserWarning, match="=None and 4, so loss_chunks changes nothing"),
+        pytest.raises(ValueError, match="No candidate fits"),
+    ):
+        er.plan(
+            grad,
+            MODEL,
+            TOKENS,
+            budget_bytes=1000,
+            loss_chunks=(None, 4),
+            measure=False,
+            progress=False,
+        )
+
+
 @pytest.mark.heavy
 def test_ahead_of_time_the_fewest_micro_batches_within_one_percent():
     """Without the clock (the roofline), the pick is the fewest micro-batches

@@ -19,7 +19,7 @@ from .._inspect._memory import (
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
 from .._util import split_args
 from .._validate import check_int
-from ._batch import combinations, plan_batches
+from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
 from ._plan import _Planner, _Progress
 from ._report import PlanResult
 
@@ -94,7 +94,9 @@ def plan(
     - `loss_chunks`: `None` (the default) to keep the model's loss head as it
       is; or a non-empty sequence of `loss_chunk_size`s to compare, ints
       `>= 1` or `None` (whole logits). The arguments must hold a module with
-      a `loss_chunk_size` field, as `zoo.Transformer`.
+      a `loss_chunk_size` field, as `zoo.Transformer`, and `fn` must call its
+      `loss`: a `UserWarning` says so where `fn`'s program is the same at two
+      of the sizes (it computes the logits with `__call__`).
     - `in_axes`: with `micro_batches` (only), the batch axes of `fn`'s
       arguments, as [`eqx_remat.accumulate`][] takes them (default
       `(None, 0)`: `fn(model, batch)`).
@@ -180,6 +182,8 @@ def plan(
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         if ways is not None:
+            if loss_chunks is not None:
+                warn_if_chunks_do_nothing(fn, args, ways)
             return plan_batches(fn, args, budget, target, measure, say, ways, in_axes)
         planner = _Planner(fn, args, budget, target, measure, say, candidates is None)
         if candidates is not None:

@@ -9,13 +9,18 @@ Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, SupportsIndex
 
+import jax
+
 from .._accumulate import accumulate, check_split
+from .._inspect._memory import _user_stacklevel
 from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
+from .._util import traceable
 from .._validate import check_int
 from . import _cache
 from ._clock import on_one_clock, time_interleaved, warm_up
@@ -82,6 +87,30 @@ def combinations(
             )
         )
     return [(k, c) for k in ks for c in chunks]
+
+
+def warn_if_chunks_do_nothing(fn, args: tuple, ways: list[tuple[int, int | None]]):
+    """Warn where `fn`'s program is the same at two of the loss chunk sizes it
+    is planned for (or the model's own): they change nothing, since `fn` does
+    not call the model's `loss`."""
+    found = map_loss_chunk_sizes(args, lambda c: c)[1]
+    sizes = list(dict.fromkeys([found[0], *(c for _, c in ways)]))[:2]
+    if len(sizes) < 2:
+        return
+
+    def program(c: int | None) -> str:
+        f, dynamic = traceable(fn, map_loss_chunk_sizes(args, lambda _: c)[0])
+        return str(jax.make_jaxpr(f)(dynamic))
+
+    a, b = sizes
+    if program(a) == program(b):
+        warnings.warn(
+            f"plan(loss_chunks=...): the function's program is the same at "
+            f"loss_chunk_size={a!r} and {b!r}, so loss_chunks changes nothing. "
+            "A model's loss_chunk_size acts where the function calls its `loss` "
+            "(zoo.Transformer.loss), not its `__call__`.",
+            stacklevel=_user_stacklevel(),
+        )
 
 
 def plan_batches(
