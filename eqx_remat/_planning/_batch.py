@@ -89,7 +89,9 @@ def combinations(
     return [(k, c) for k in ks for c in chunks]
 
 
-def warn_if_chunks_do_nothing(fn, args: tuple, ways: list[tuple[int, int | None]]):
+def warn_if_chunks_do_nothing(
+    fn, args: tuple, ways: list[tuple[int, int | None]]
+) -> None:
     """Warn where `fn`'s program is the same at two of the loss chunk sizes it
     is planned for (or the model's own): they change nothing, since `fn` does
     not call the model's `loss`."""
