@@ -658,7 +658,9 @@ class _Planner:
                 ),
             )
             if best is None:
-                near = self._may_fit(options)
+                # Before saying that nothing fits: what may fit, by as much
+                # as the model was off.
+                near = self._may_fit(options, self._model_error())
                 if not near:
                     return None
                 self.compile(near[0].checkpoint, self._predict(near[0]))
@@ -678,12 +680,21 @@ class _Planner:
             failed += 1
         raise AssertionError("plan: the search for a mix did not settle")
 
-    def _may_fit(self, options: Sequence[Option]) -> list[Option]:
+    def _may_fit(self, options: Sequence[Option], error: float) -> list[Option]:
         """The uniform options not compiled yet that may fit, lightest first:
-        predicted to need at most the budget plus the model's error. That
-        error is the most the model was off for a uniform option this call
-        compiled, and at least `_MODEL_ERROR`. Before saying that nothing
-        fits, each of these is compiled."""
+        predicted to need at most the budget plus a relative `error`."""
+        near = []
+        for o in options:
+            predicted = self._predict(o)
+            if o.checkpoint in self.compiled or predicted is None:
+                continue
+            if predicted <= self.budget * (1 + error):
+                near.append((predicted, o))
+        return [o for _, o in sorted(near, key=lambda p: p[0])]
+
+    def _model_error(self) -> float:
+        """How far off the model's memory may be: the most it was off for a
+        uniform option this call compiled, and at least `_MODEL_ERROR`."""
         assert self.prices is not None
         errors = [
             abs(r.report.total_bytes - p) / r.report.total_bytes
@@ -692,15 +703,7 @@ class _Planner:
             and r.report is not None
             and self.prices.option(c) is not None
         ]
-        limit = self.budget * (1 + max([_MODEL_ERROR, *errors]))
-        near = []
-        for o in options:
-            predicted = self._predict(o)
-            if o.checkpoint in self.compiled or predicted is None:
-                continue
-            if predicted <= limit:
-                near.append((predicted, o))
-        return [o for _, o in sorted(near, key=lambda p: p[0])]
+        return max([_MODEL_ERROR, *errors])
 
     def _try_mix(self, best: Mix) -> tuple[FrontierPoint | None, int]:
         """Compile the mix `best`: `(its point, n)` if it fits, else `(None,
@@ -882,7 +885,7 @@ class _Planner:
         record = self.compiled[pick.checkpoint]
         seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
         pick = pick._replace(flops=record.flops, time_s=seconds, measured=measured)
-        for o in self._may_fit(self.options()):
+        for o in self._may_fit(self.options(), _MODEL_ERROR):
             if o.time * self.per < pick.time_s:
                 self.compile(o.checkpoint, self._predict(o))
         # The mixes earlier calls raced: their records and times are cached.
