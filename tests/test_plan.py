@@ -249,6 +249,11 @@ def test_bad_arguments():
         _plan_for("1GiB", [])
     with pytest.raises(ValueError, match="`checkpoint` field"):
         er.plan(jax.grad(lambda x: jnp.sum(x**2)), X, budget_bytes="1GiB")
+    # Another platform's name was "Unknown target", though its list names it.
+    other = next(p for p in ("cpu", "gpu", "tpu") if p != jax.default_backend())
+    here = jax.default_backend()
+    with pytest.raises(ValueError, match=f"target='{other}'.*here '{here}'"):
+        _plan_for("1GiB", target=other)
 
 
 def test_measure_and_in_axes_that_cannot_act_are_refused():

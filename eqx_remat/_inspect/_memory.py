@@ -163,14 +163,7 @@ def memory_report(
     one chip — XLA refuses to compile it, so there is no report to return.
     """
     dynamic, _ = split_args(args)
-    if target in PLATFORMS:
-        if target != jax.default_backend():
-            raise ValueError(
-                f"memory_report(target={target!r}): a platform name must be the "
-                f"default backend, here {jax.default_backend()!r}. Use None for it, "
-                'or "v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
-            )
-        target = None
+    target = at_hand("memory_report", target)
     mesh = None
     if target is None:
         name = jax.default_backend()
@@ -195,6 +188,20 @@ def memory_report(
     with _on_mesh(mesh, abstract=True):
         flops = count_flops(fn, *args)
     return compiled_report(compiled, flops=flops, target=name)
+
+
+def at_hand(fn: str, target: Any) -> Any:
+    """`target`, or `None` for the platform name of the default backend; the
+    name of another platform is a `ValueError` that names this one."""
+    if target not in PLATFORMS:
+        return target
+    if target != jax.default_backend():
+        raise ValueError(
+            f"{fn}(target={target!r}): a platform name must be the default "
+            f"backend, here {jax.default_backend()!r}. Use None for it, or "
+            '"v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
+        )
+    return None
 
 
 def traced_for(target: Any) -> contextlib.AbstractContextManager:

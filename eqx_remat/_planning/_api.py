@@ -13,6 +13,7 @@ import numpy as np
 from .._inspect._memory import (
     ReplicatedArgumentsWarning,
     _v5e,
+    at_hand,
     traced_for,
     warn_replicated,
 )
@@ -116,7 +117,8 @@ def plan(
 
     **Raises:**
 
-    `ValueError` for a bad `budget_bytes`, `progress`, `measure`, `in_axes`
+    `ValueError` for a bad `budget_bytes`, `target` (another platform's name,
+    a slice TPU v5e does not come in), `progress`, `measure`, `in_axes`
     without `micro_batches`, `micro_batches` (one that does not divide the
     batch too) or `loss_chunks`; an invalid or empty
     list of `candidates`, or `candidates` with `micro_batches` or
@@ -163,8 +165,7 @@ def plan(
         raise ValueError(
             f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
         )
-    if target == jax.default_backend():
-        target = None
+    target = at_hand("plan", target)
     measure = _measuring(measure, target)
     if target is not None:
         name, mesh = _v5e(target)
