@@ -101,7 +101,7 @@ def warn_if_chunks_do_nothing(
         return
 
     def program(c: int | None) -> str:
-        f, dynamic = traceable(fn, map_loss_chunk_sizes(args, lambda _: c)[0])
+        f, dynamic = traceable(*_variant(fn, args, 1, c, None))
         return str(jax.make_jaxpr(f)(dynamic))
 
     a, b = sizes

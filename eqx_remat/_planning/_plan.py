@@ -663,7 +663,8 @@ class _Planner:
                 near = self._may_fit(options, self._model_error())
                 if not near:
                     return None
-                self.compile(near[0].checkpoint, self._predict(near[0]))
+                o, predicted = near[0]
+                self.compile(o.checkpoint, predicted)
                 continue
             ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
             new = [o for o in ends if o.checkpoint not in self.compiled]
@@ -680,17 +681,20 @@ class _Planner:
             failed += 1
         raise AssertionError("plan: the search for a mix did not settle")
 
-    def _may_fit(self, options: Sequence[Option], error: float) -> list[Option]:
-        """The uniform options not compiled yet that may fit, lightest first:
-        predicted to need at most the budget plus a relative `error`."""
+    def _may_fit(
+        self, options: Sequence[Option], error: float
+    ) -> list[tuple[Option, float]]:
+        """The uniform options not compiled yet that may fit, lightest first,
+        each with its predicted memory: at most the budget plus a relative
+        `error`."""
         near = []
         for o in options:
             predicted = self._predict(o)
             if o.checkpoint in self.compiled or predicted is None:
                 continue
             if predicted <= self.budget * (1 + error):
-                near.append((predicted, o))
-        return [o for _, o in sorted(near, key=lambda p: p[0])]
+                near.append((o, predicted))
+        return sorted(near, key=lambda p: p[1])
 
     def _model_error(self) -> float:
         """How far off the model's memory may be: the most it was off for a
@@ -885,9 +889,9 @@ class _Planner:
         record = self.compiled[pick.checkpoint]
         seconds, measured = self.time_s(pick.checkpoint, pick.time_s)
         pick = pick._replace(flops=record.flops, time_s=seconds, measured=measured)
-        for o in self._may_fit(self.options(), _MODEL_ERROR):
+        for o, predicted in self._may_fit(self.options(), _MODEL_ERROR):
             if o.time * self.per < pick.time_s:
-                self.compile(o.checkpoint, self._predict(o))
+                self.compile(o.checkpoint, predicted)
         # The mixes earlier calls raced: their records and times are cached.
         raced = [
             c
