@@ -50,11 +50,8 @@ def content_sha256(arrays: Any) -> str:
 
 def all_processes(digest: str) -> list[str]:
     """Every process's `digest`, in process order (one collective)."""
-    if jax.process_count() == 1:
-        return [digest]
     mine = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
-    gathered = np.asarray(multihost_utils.process_allgather(mine))
-    return [bytes(row).hex() for row in gathered.reshape(jax.process_count(), -1)]
+    return [bytes(row).hex() for row in multihost_utils.process_allgather(mine)]
 
 
 def open_manager(save_dir: Path, keep: int) -> ocp.CheckpointManager:
@@ -111,9 +108,8 @@ def restore_state(
     arrays, static = eqx.partition(like, lambda x: isinstance(x, jax.ShapeDtypeStruct))
     restored = _restore(mgr, step, state=ocp.args.StandardRestore(arrays))["state"]
     ok = content_sha256(restored) == meta["sha256"][jax.process_index()]
-    if jax.process_count() > 1:  # every host falls back together
-        ok = bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
-    if not ok:
+    # Every host falls back together.
+    if not np.all(multihost_utils.process_allgather(np.int32(ok))):
         raise Damaged("its arrays do not match the SHA-256 recorded when it was saved")
     return eqx.combine(restored, static)
 
@@ -169,8 +165,7 @@ def set_aside(save_dir: Path, step: int) -> None:
         if target.exists():
             shutil.rmtree(target)
         (save_dir / str(step)).rename(target)
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("train_lm: set aside")
+    multihost_utils.sync_global_devices("train_lm: set aside")
 
 
 def newest_meta(mgr: ocp.CheckpointManager) -> dict[str, Any] | None:

@@ -3,7 +3,6 @@ flags from the fields and their docstrings), and the checks made before training
 
 import argparse
 import dataclasses
-import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,16 +56,9 @@ class RunConfig:
     val_fraction: float = 0.05  # held-out tail of the corpus
 
 
-class _Help:
-    """`_Help[type, flag]`: a field with the help of `_device`'s flag `flag`
-    (`_Help[type, flag, hint]`: `hint` in place of its default)."""
-
-    def __class_getitem__(cls, item: tuple[Any, ...]) -> Any:
-        kind, flag, *hint = item
-        arg = tyro.conf.arg(
-            help=_device.HELP[flag], help_behavior_hint=(*hint, None)[0]
-        )
-        return Annotated[kind, arg]
+def _help(flag: str, hint: str | None = None) -> Any:
+    """The help of `_device`'s flag `flag` (`hint`: in place of its default)."""
+    return tyro.conf.arg(help=_device.HELP[flag], help_behavior_hint=hint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +82,14 @@ class Flags:
     eval_every: int = 0  # held-out loss every N steps (0: only at the end)
     eval_batches: int = 8  # batches of the held-out loss (0: none)
     no_progress: bool = False  # no progress bar
-    device: _Help[Literal["auto", "tpu", "gpu", "cpu"], "device"] = "auto"
-    distributed: _Help[bool, "distributed"] = False
-    coordinator_address: _Help[str | None, "coordinator_address"] = None
-    num_processes: _Help[int | None, "num_processes"] = None
-    process_id: _Help[int | None, "process_id"] = None
-    heartbeat_timeout: _Help[int | None, "heartbeat_timeout", "(default: 100)"] = None
+    device: Annotated[Literal["auto", "tpu", "gpu", "cpu"], _help("device")] = "auto"
+    distributed: Annotated[bool, _help("distributed")] = False
+    coordinator_address: Annotated[str | None, _help("coordinator_address")] = None
+    num_processes: Annotated[int | None, _help("num_processes")] = None
+    process_id: Annotated[int | None, _help("process_id")] = None
+    heartbeat_timeout: Annotated[
+        int | None, _help("heartbeat_timeout", "(default: 100)")
+    ] = None
     run_dir: tyro.conf.Suppress[Path | None] = None  # --save-dir, or a fresh one
     given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
 
@@ -123,7 +117,7 @@ def _bound_problem(name: str, x: Any) -> str | None:
         interval = REAL[name]
         low, high = map(float, interval[1:-1].split(", "))
         above = low <= x if interval[0] == "[" else low < x
-        if not (above and x < high and math.isfinite(x)):
+        if not (above and x < high):  # false for NaN and inf too
             return f"must be in {interval}. Got {float(x)}."
     return None
 
@@ -132,10 +126,12 @@ def _bound_problem(name: str, x: Any) -> str | None:
 USAGE = argparse.ArgumentParser(prog="train_lm.py", usage="%(prog)s [-h] [OPTIONS]")
 
 
-def parse_args(argv: Sequence[str] | None, doc: str | None = None) -> Flags:
+def parse_args(argv: Sequence[str] | None) -> Flags:
     """The command line `argv` (default `sys.argv[1:]`) as checked `Flags` (a bad
     flag exits, status 2), with `run_dir` (`--save-dir`, else a fresh default)
     and `given` (the `RunConfig` fields spelt out) settled."""
+    from . import __doc__ as doc  # the package's: the --help text
+
     argv = list(sys.argv[1:] if argv is None else argv)
     config = (tyro.conf.FlagCreatePairsOff,)
     flags = tyro.cli(

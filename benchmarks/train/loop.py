@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import rich.console
 import rich.progress
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 import eqx_remat
 from benchmarks import _common, _device
@@ -58,12 +59,10 @@ class Run(NamedTuple):
         return 1 if self.placement is None else self.placement.mesh.size
 
 
-def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResult:
+def main(argv: Sequence[str] | None = None) -> TrainResult:
     """Train as the command line `argv` says (see `--help`). A bad flag exits with
     status 2; a bad combination of flags or checkpoint raises `UsageError`."""
-    from . import __doc__ as package_doc
-
-    args = config.parse_args(argv, doc or package_doc)
+    args = config.parse_args(argv)
     platform = _device.select_device(args, config.USAGE)
     # A new --save-dir is made once every flag is checked (a refused run writes none).
     exists = args.save_dir is not None and args.save_dir.exists()
@@ -85,10 +84,10 @@ def main(argv: Sequence[str] | None = None, doc: str | None = None) -> TrainResu
             mgr.close()
 
 
-def cli(argv: Sequence[str] | None = None) -> None:
+def cli() -> None:
     """`main`, with a `UsageError` as one `error:` line and exit status 2."""
     try:
-        main(sys.argv[1:] if argv is None else argv)
+        main()
     except UsageError as e:
         print(f"train_lm.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -311,12 +310,14 @@ def _progress(args: Flags) -> rich.progress.Progress:
 
 
 def _batch(run: Run, data, seed: tuple[int, ...]) -> jax.Array:
-    """The batch of `seed`, split over the mesh if any (each process reading only
-    its devices' rows)."""
+    """The batch of `seed`, split over the mesh by rows if any (each process
+    reading only its devices' rows)."""
     read = lambda rows=slice(None): sample(data, run.c.seq, run.c.batch, seed, rows)
     if run.placement is None:
         return read()
-    return run.placement.rows(read, (run.c.batch, run.c.seq + 1))
+    sharding = NamedSharding(run.placement.mesh, PartitionSpec("data", None))
+    shape = (run.c.batch, run.c.seq + 1)
+    return jax.make_array_from_callback(shape, sharding, lambda i: read(i[0]))
 
 
 def _row(run, state, done, window, step_s, flops, started) -> dict[str, Any]:

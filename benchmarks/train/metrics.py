@@ -17,9 +17,9 @@ TAGS = {
     "loss": "loss/train",
     "loss_avg": "loss/train_avg",
     "eval_loss": "loss/held_out",
-}
-TAGS |= {"lr": "optimizer/lr", "peak_bytes": "memory/peak_bytes"}
-TAGS |= {k: f"speed/{k}" for k in ("tokens_per_s", "step_s", "mfu", "hfu")}
+    "lr": "optimizer/lr",
+    "peak_bytes": "memory/peak_bytes",
+} | {k: f"speed/{k}" for k in ("tokens_per_s", "step_s", "mfu", "hfu")}
 
 
 def say(text: str) -> None:

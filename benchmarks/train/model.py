@@ -2,16 +2,14 @@
 AdamW, the `TrainState` a resumed run needs, and where its arrays live."""
 
 import functools
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-import numpy as np
 import optax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh
 
 import eqx_remat
 import zoo
@@ -27,12 +25,6 @@ class Placement(NamedTuple):
 
     def params(self, tree):
         return zoo.shard(tree, self.mesh, fsdp=self.fsdp)
-
-    def rows(self, read: Callable[[slice], np.ndarray], shape: tuple[int, int]):
-        """The batch of `shape` split over the mesh by rows, from `read(rows)`:
-        each process reads only the rows of its own devices."""
-        sharding = NamedSharding(self.mesh, PartitionSpec("data", None))
-        return jax.make_array_from_callback(shape, sharding, lambda i: read(i[0]))
 
 
 def make_placement(spec: tuple[str, int | None] | None, batch: int) -> Placement | None:
