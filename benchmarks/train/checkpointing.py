@@ -48,12 +48,6 @@ def content_sha256(arrays: Any) -> str:
     return h.hexdigest()
 
 
-def all_processes(digest: str) -> list[str]:
-    """Every process's `digest`, in process order (one collective)."""
-    mine = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
-    return [bytes(row).hex() for row in multihost_utils.process_allgather(mine)]
-
-
 def open_manager(save_dir: Path, keep: int) -> ocp.CheckpointManager:
     # Not `cleanup_tmp_directories`: its thread is not joined by close() and fails
     # at exit. Orbax ignores the unfinished save of a second Ctrl-C.
@@ -66,9 +60,12 @@ def open_manager(save_dir: Path, keep: int) -> ocp.CheckpointManager:
 def save_checkpoint(
     mgr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict[str, Any]
 ) -> None:
-    """Start saving `state` as step `step` (Orbax writes in the background)."""
+    """Start saving `state` as step `step` (Orbax writes in the background), with
+    every process's `content_sha256`, in process order."""
     arrays = eqx.filter(state, eqx.is_array)
-    meta = {**meta, "step": step, "sha256": all_processes(content_sha256(arrays))}
+    mine = np.frombuffer(bytes.fromhex(content_sha256(arrays)), dtype=np.uint8)
+    hashes = [bytes(h).hex() for h in multihost_utils.process_allgather(mine)]
+    meta = {**meta, "step": step, "sha256": hashes}
     items = dict(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
     mgr.save(step, args=ocp.args.Composite(**items), force=True)
 
