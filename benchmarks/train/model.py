@@ -162,11 +162,6 @@ def step_flops(
     `jax.ShapeDtypeStruct`), by `eqx_remat.count_flops`: `(model, hardware)`,
     with `checkpoint=None` (for MFU) and with the state's own (for HFU)."""
 
-    def count(s: TrainState) -> int:
-        arrays, static = eqx.partition(s, eqx.is_array)
-        step = lambda a, t: step_fn(
-            (t, jnp.int32(0)), eqx.combine(a, static), optimizer, None
-        )
-        return int(eqx_remat.count_flops(step, arrays, tokens))
-
+    step = lambda s, t: step_fn((t, jnp.int32(0)), s, optimizer, None)
+    count = lambda s: int(eqx_remat.count_flops(step, s, tokens))
     return count(eqx_remat.set_checkpoint(state, None)), count(state)
