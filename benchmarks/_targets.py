@@ -9,8 +9,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from . import _models
 from ._common import of_kind
 
@@ -57,26 +55,39 @@ def _verdict(target, metric, threshold, value, measured, why="", at_least=False)
     )
 
 
-def _check(judge: Callable[..., Verdict | None]) -> Callable[..., list[Verdict]]:
-    """`judge(rows, group, preset, *params)`, given only `group`'s rows, as a
-    check: `check(rows, group, preset, *params)` -> its verdicts (none where the
-    run did not measure what the target needs), named after `group`."""
+def _check(kind: str | None = None, *needs: str) -> Callable[[Callable], Callable]:
+    """`judge(rows, group, preset, *params)` as a check: `check(rows, group,
+    preset, *params)` -> its verdicts, named after `group`. The judge is given
+    `group`'s rows (of `kind` only, and with every key of `needs` set, where
+    given); none where it has no rows or says `None`: the run did not measure
+    what the target needs."""
 
-    @functools.wraps(judge)
-    def check(rows: Rows, group: str, preset: Any, *params: Any) -> list[Verdict]:
-        v = judge([r for r in rows if r["group"] == group], group, preset, *params)
-        if v is None:
-            return []
-        return [{"name": f"{group}: {v['target']}", "target": "", "preset": group} | v]
+    def wrap(judge: Callable[..., Verdict | None]) -> Callable[..., list[Verdict]]:
+        @functools.wraps(judge)
+        def check(rows: Rows, group: str, preset: Any, *params: Any) -> list[Verdict]:
+            mine = [
+                r
+                for r in rows
+                if r["group"] == group
+                and kind in (None, r.get("kind"))
+                and all(r.get(k) is not None for k in needs)
+            ]
+            v = judge(mine, group, preset, *params) if mine else None
+            if v is None:
+                return []
+            name = f"{group}: {v['target']}"
+            return [{"name": name, "target": "", "preset": group} | v]
 
-    return check
+        return check
+
+    return wrap
 
 
 # --------------------------------------------------------------------------------------
 # The sweep's targets (run.py, seed_claim.py).
 
 
-@_check
+@_check()
 def vs_none(rows, group, preset, checkpoint: str, metric: str, at_most: float):
     """Our `checkpoint`'s `metric` is at most `at_most` x `None`'s."""
     ours = _ours(rows, group)
@@ -87,7 +98,7 @@ def vs_none(rows, group, preset, checkpoint: str, metric: str, at_most: float):
     return _verdict(name, metric, at_most, x, "" if x is None else f"{x:.3f}x")
 
 
-@_check
+@_check()
 def vs_peer(rows, group, preset, impl, metric, at_most, schedule=None, cpu_note=""):
     """Ours / peer `impl`'s `metric`, every pair (of our `schedule` only, if
     given), at most `at_most`; `cpu_note` is the note for CPU rows."""
@@ -109,7 +120,7 @@ def vs_peer(rows, group, preset, impl, metric, at_most, schedule=None, cpu_note=
     return _verdict(name, metric, at_most, worst, measured, cpu_note if on_cpu else "")
 
 
-@_check
+@_check()
 def every_checkpoint(rows, group, preset, layers=0, skip=("None", "everything")):
     """Every checkpoint but `skip` uses at most `None`'s temp memory plus `layers`
     layers' parameters (`preset.layer_param_bytes()`)."""
@@ -192,40 +203,20 @@ def between_measured(timed: Rows, budget: int) -> bool:
     return _between(pareto([r for r in timed if r["uniform"]], "measured_s"), budget)
 
 
-def clock_ratio(pick: dict[str, Any]) -> float:
-    """The pick's measured time over the fastest fitting uniform checkpoint's:
-    the median of their rounds' ratios where the row has it."""
-    if pick.get("clock_ratio") is not None:
-        return pick["clock_ratio"]
-    return pick["measured_s"] / pick["best_uniform_measured_s"]
-
-
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Spearman's rank correlation of `xs` and `ys` (ties share their mean
     rank); `None` for fewer than 3 points or a constant side."""
-    if len(xs) < 3:
+    import scipy.stats  # a second to import: not for report.py, which never ranks
+
+    if len(xs) < 3 or min(len(set(xs)), len(set(ys))) < 2:
         return None
-
-    def ranks(v: Sequence[float]) -> np.ndarray:
-        v = np.asarray(v, dtype=float)
-        r = np.empty(len(v))
-        r[np.argsort(v, kind="stable")] = np.arange(len(v))
-        for value in np.unique(v):  # ties: their mean rank
-            r[v == value] = r[v == value].mean()
-        return r
-
-    a, b = ranks(xs), ranks(ys)
-    if a.std() == 0 or b.std() == 0:
-        return None
-    return float(np.corrcoef(a, b)[0, 1])
+    return float(scipy.stats.spearmanr(xs, ys).statistic)
 
 
-@_check
-def pick_fits(rows, group, preset):
+@_check("pick")
+def pick_fits(picks, group, preset):
     """The largest compiled memory of a pick / its budget (`inf`: one does
     not fit) is at most 1."""
-    if not (picks := of_kind(rows, "pick")):
-        return None
     worst = max(
         r["compiled_bytes"] / r["budget_bytes"] if r["fits"] else math.inf
         for r in picks
@@ -237,14 +228,9 @@ def pick_fits(rows, group, preset):
     return _verdict(name, "memory_bytes", 1.0, worst, measured)
 
 
-@_check
-def pick_vs_uniform(rows, group, preset, at_most=1.0 + 1e-9):
+@_check("pick", "best_uniform_time_s")
+def pick_vs_uniform(picks, group, preset, at_most=1.0 + 1e-9):
     """Every pick's estimated step time / the best fitting uniform candidate's."""
-    picks = [
-        r for r in of_kind(rows, "pick") if r.get("best_uniform_time_s") is not None
-    ]
-    if not picks:
-        return None
     worst = max(
         r["time_s"] / r["best_uniform_time_s"] if r.get("time_s") else math.inf
         for r in picks
@@ -254,16 +240,9 @@ def pick_vs_uniform(rows, group, preset, at_most=1.0 + 1e-9):
     return _verdict(name, "time_s", at_most, worst, measured)
 
 
-@_check
-def predicted_within(rows, group, preset, rel=0.05):
+@_check("pick", "compiled_bytes", "predicted_bytes")
+def predicted_within(picks, group, preset, rel=0.05):
     """The largest |predicted - compiled| / compiled memory of a pick."""
-    picks = [
-        r
-        for r in of_kind(rows, "pick")
-        if r.get("compiled_bytes") and r.get("predicted_bytes") is not None
-    ]
-    if not picks:
-        return None
     worst = max(
         abs(r["predicted_bytes"] - r["compiled_bytes"]) / r["compiled_bytes"]
         for r in picks
@@ -273,11 +252,9 @@ def predicted_within(rows, group, preset, rel=0.05):
     return _verdict(name, "memory_bytes", rel, worst, measured)
 
 
-@_check
-def planning_cost(rows, group, preset, compiles=30, seconds=600.0):
+@_check("planning")
+def planning_cost(runs, group, preset, compiles=30, seconds=600.0):
     """Planning every budget takes at most `compiles` compiles and `seconds`."""
-    if not (runs := of_kind(rows, "planning")):
-        return None
     (r,) = runs
     worst = max(r["compiles"] / compiles, r["seconds"] / seconds)
     name = (
@@ -302,13 +279,11 @@ def _share(name, metric, at_least, between, gains):
     return _verdict(name, metric, at_least, share, measured, why, True)
 
 
-@_check
-def cheaper_between(rows, group, preset, at_least=0.5):
+@_check("pick")
+def cheaper_between(picks, group, preset, at_least=0.5):
     """Estimated: the pick costs strictly less than the best fitting uniform
-    candidate at `at_least` of the budgets `between_uniform`."""
-    if not (picks := of_kind(rows, "pick")):
-        return None
-    between = [r for r in picks if between_uniform(rows, group, r["budget_bytes"])]
+    candidate at `at_least` of the budgets `between` uniform points."""
+    between = [r for r in picks if r["between"]]
     gains = [
         1 - r["time_s"] / r["best_uniform_time_s"]
         for r in between
@@ -322,15 +297,12 @@ def cheaper_between(rows, group, preset, at_least=0.5):
     return _share(name, "time_s", at_least, between, gains)
 
 
-@_check
-def clock_faster_between(rows, group, preset, at_least=0.5):
+@_check("pick", "best_uniform_measured_s")
+def clock_faster_between(picks, group, preset, at_least=0.5):
     """By the clock: the pick is strictly faster than the fastest fitting
     uniform checkpoint at `at_least` of the budgets between uniform points."""
-    picks = [r for r in of_kind(rows, "pick") if r.get("best_uniform_measured_s")]
-    if not picks:
-        return None
-    between = [r for r in picks if r.get("clock_between")]
-    gains = [1 - clock_ratio(r) for r in between if clock_ratio(r) < 1.0]
+    between = [r for r in picks if r["clock_between"]]
+    gains = [1 - r["clock_ratio"] for r in between if r["clock_ratio"] < 1.0]
     name = (
         f"measured: pick faster at >= {at_least:.0%} of the budgets "
         "between uniform points"
@@ -350,35 +322,28 @@ def _raced(picks, ratios, at_most, value, rivals):
     return _verdict(name, "step_s", at_most, value, measured)
 
 
-@_check
-def clock_pick_vs_uniform(rows, group, preset, at_most=1.03):
+@_check("pick", "best_uniform_measured_s")
+def clock_pick_vs_uniform(picks, group, preset, at_most=1.03):
     """By the clock, every budget: the pick / the fastest fitting uniform."""
-    picks = [r for r in of_kind(rows, "pick") if r.get("best_uniform_measured_s")]
-    if not picks:
-        return None
-    ratios = [clock_ratio(r) for r in picks]
+    ratios = [r["clock_ratio"] for r in picks]
     rivals = "uniform checkpoint (every budget)"
     return _raced(picks, ratios, at_most, max(ratios), rivals)
 
 
-@_check
-def batch_pick_vs_combinations(rows, group, preset, at_most=1.03):
+@_check("pick")
+def batch_pick_vs_combinations(picks, group, preset, at_most=1.03):
     """By the clock, every budget: the batch plan's pick fits, and its time /
     the fastest fitting (checkpoint x micro-batches x loss chunking)'s."""
-    if not (picks := of_kind(rows, "pick")):
-        return None
     ratios = [r["ratio"] for r in picks]
     value = max(ratios) if all(r["fits"] for r in picks) else math.inf
     rivals = "(uniform checkpoint x micro-batches x loss chunking), every budget"
     return _raced(picks, ratios, at_most, value, rivals)
 
 
-@_check
-def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
+@_check("timed")
+def rank_correlation(timed, group, preset, key="predicted_s", at_least=0.9):
     """Spearman's rank correlation of `key` (the planner's predicted time, or
     the roofline's) with the measured time, over every checkpoint timed."""
-    if not (timed := of_kind(rows, "timed")):
-        return None
     rho = spearman([r[key] for r in timed], [r["measured_s"] for r in timed])
     front = [r for r in timed if r["on_frontier"]]
     on = spearman([r[key] for r in front], [r["measured_s"] for r in front])
@@ -396,12 +361,10 @@ def rank_correlation(rows, group, preset, key="predicted_s", at_least=0.9):
     return _verdict(name, "step_s", at_least, rho, measured, at_least=True)
 
 
-@_check
-def batch_planning_cost(rows, group, preset, at_most=3.0):
+@_check("pick", "plain_plan_s")
+def batch_planning_cost(picks, group, preset, at_most=3.0):
     """Planning a batch / a checkpoint-only plan, both from an empty cache."""
-    if not (timed := [r for r in of_kind(rows, "pick") if r.get("plain_plan_s")]):
-        return None
-    r = timed[0]
+    r = picks[0]
     x = r["plan_s"] / r["plain_plan_s"]
     name = f"planning a batch <= {at_most:.0f}x a checkpoint-only plan"
     measured = f"{x:.2f}x ({r['plan_s']:.0f} s vs {r['plain_plan_s']:.0f} s)"
