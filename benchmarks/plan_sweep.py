@@ -25,7 +25,7 @@ import numpy as np
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common, _measure, _models, _targets
+from benchmarks import _common, _measure, _models, _plots, _targets
 from benchmarks._common import of_kind
 
 
@@ -459,14 +459,17 @@ def plot(data: dict, path: Path) -> None:
     n = 2 if clock else 1
     size = (7 * len(groups), 4.6 * n)
     fig, axes = _common.plt().subplots(n, len(groups), figsize=size, squeeze=False)
+    points = []
     for i, g in enumerate(groups):
         rows = [r for r in data["rows"] if r["group"] == g]
-        preset = data["presets"][g]
-        _plot_preset(
-            axes[0][i], rows, f"{g}: {preset['describe']} [{preset['topology']}]"
-        )
+        p = data["presets"][g]
+        title = f"{g}: {p['describe']} [{p['topology']}]"
+        points.append(_plot_preset(axes[0][i], rows, title))
         if clock:
             _plot_clock(axes[1][i], of_kind(rows, "timed"), g)
+    fig.tight_layout()
+    for ax, (labelled, others) in zip(axes[0], points):
+        _plots.label_points(ax, labelled, others, fontsize=7)
     _common.save_figure(fig, path)
 
 
@@ -477,33 +480,27 @@ def _finish(ax, title: str, **labels: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _plot_preset(ax, rows: list[dict], title: str) -> None:
-    """Uniform candidates grey (near ones share a label), the frontier a line,
-    the budgets dotted, the picks starred."""
+def _plot_preset(ax, rows: list[dict], title: str) -> tuple[list, list]:
+    """Uniform candidates grey, the frontier a line, the budgets dotted, the
+    picks starred. Returns `[labelled, others]` for `_plots.label_points`: the
+    uniform candidates, and the frontier's and the picks' points."""
     uniform = [r for r in of_kind(rows, "uniform") if r["compiled"]]
     frontier = of_kind(rows, "frontier")
     picks = [r for r in of_kind(rows, "pick") if r["checkpoint"]]
     budgets = [r["budget_bytes"] for r in of_kind(rows, "pick")]
-    top = max([r["memory_bytes"] for r in uniform + frontier] + budgets)
-    unit, size = ("GiB", _common.GiB) if top >= _common.GiB else ("MiB", _common.MiB)
+    memories = [r["memory_bytes"] for r in uniform + frontier] + budgets
+    unit, size = _plots.byte_unit(memories)
     for b in budgets:
         ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
     xs = [r["memory_bytes"] / size for r in uniform]
     ys = [1e3 * r["time_s"] for r in uniform]
     ax.scatter(xs, ys, color="0.55", s=28, label="uniform candidates", zorder=2)
-    # Points closer than 2% of the axes share one label ("None = everything").
-    dx, dy = 0.02 * (max(xs) - min(xs) or 1), 0.02 * (max(ys) - min(ys) or 1)
-    labels: dict[tuple, list[str]] = {}
-    for x, y, r in zip(xs, ys, uniform):
-        near = [k for k in labels if abs(k[0] - x) < dx and abs(k[1] - y) < dy]
-        labels.setdefault(near[0] if near else (x, y), []).append(r["checkpoint"])
-    for xy, names in labels.items():
-        note = {"fontsize": 7, "color": "0.35", "textcoords": "offset points"}
-        ax.annotate(" = ".join(names), xy, xytext=(4, 3), **note)
+    labelled = [(x, y, r["checkpoint"]) for x, y, r in zip(xs, ys, uniform)]
     xs = [r["memory_bytes"] / size for r in frontier]
     ys = [1e3 * r["time_s"] for r in frontier]
     line = {"color": "tab:blue", "lw": 1.6, "marker": ".", "zorder": 3}
     ax.plot(xs, ys, label="planner's frontier", **line)
+    others = list(zip(xs, ys))
     xs = [r["compiled_bytes"] / size for r in picks]
     ys = [1e3 * r["time_s"] for r in picks]
     label = "pick at each budget (compiled)"
@@ -515,6 +512,7 @@ def _plot_preset(ax, rows: list[dict], title: str) -> None:
         xlabel=f"device memory per chip ({unit}): args + outputs + temporaries",
         ylabel="step time (ms): measured, or estimated",
     )
+    return labelled, others + list(zip(xs, ys))
 
 
 def _plot_clock(ax, timed: list[dict], group: str) -> None:
