@@ -25,9 +25,8 @@ import numpy as np
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common, _measure, _models, _targets
+from benchmarks import _common, _measure, _models, _targets, plan_sweep
 from benchmarks._common import of_kind
-from benchmarks.plan_sweep import finish
 
 
 UNIFORM = (None, "dots", "dots_no_batch", "nothing")
@@ -275,14 +274,10 @@ def _names(args) -> list[str]:
     return ["transformer-s", "transformer-v"]
 
 
-def _depth_problem(args) -> str | None:
-    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in _names(args)}
-    return _common.depth_problem(args.checkpoint, depths)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    check = functools.partial(plan_sweep.depth_problem, names=_names)
     args = _common.parse_args(
-        _parser(), argv, "batch_sweep", check=_depth_problem, run_only=RUN_ONLY
+        _parser(), argv, "batch_sweep", check=check, run_only=RUN_ONLY
     )
     console = _common.Console()
     presets = {n: _preset(n) for n in _names(args)}
@@ -294,13 +289,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "presets": {n: {"describe": p.describe()} for n, p in presets.items()},
         "rows": rows,
     }
-    return finish(
-        args, console, data, presets, _targets.BATCH_TARGETS, plot, show, quick=False
-    )
-
-
-def show(console: _common.Console, data: dict[str, Any], where: str) -> None:
-    _common.show_targets(console, data["targets"])
+    targets = _targets.BATCH_TARGETS
+    return plan_sweep.finish(args, console, data, presets, targets, plot, quick=False)
 
 
 def plot(data: dict[str, Any], path: Path) -> None:

@@ -351,14 +351,15 @@ def _names(args) -> list[str]:
     return args.preset or ["transformer-tiny" if args.quick else default]
 
 
-def _depth_problem(args) -> str | None:
-    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in _names(args)}
+def depth_problem(args, names: Callable = _names) -> str | None:
+    """Why a `--checkpoint` cannot checkpoint a preset of `names(args)`."""
+    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in names(args)}
     return _common.depth_problem(args.checkpoint, depths)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _common.parse_args(
-        _parser(), argv, "plan_sweep", check=_depth_problem, run_only=RUN_ONLY
+        _parser(), argv, "plan_sweep", check=depth_problem, run_only=RUN_ONLY
     )
     console = _common.Console()
     names = _names(args)
@@ -379,18 +380,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return finish(args, console, data, presets, _targets.PLAN_TARGETS, plot, show)
 
 
-def finish(args, console, data, presets, targets, plot, show, quick=True) -> dict:
+def finish(args, console, data, presets, targets, plot, show=None, quick=True) -> dict:
     """How both sweeps end: `data` written to `<out>/<script>-<device>.json`
     (`-quick` too where `quick` and `--quick`) at once, then `targets` evaluated
     on its rows, the results written again with them (JSON, CSV, `plot`) and
-    shown (`show(console, data, where)`). Returns `data`."""
+    shown (`show(console, data, where)`, then the verdicts). Returns `data`."""
     tag = (args.target or args.platform).replace(":", "_")
     stem = f"{args.script}-{tag}" + ("-quick" if quick and args.quick else "")
     if _common.is_main():  # what was measured, before anything else can fail
         _common.write_json(args.out / f"{stem}.json", data)
     data["targets"] = _targets.evaluate(data["rows"], presets, targets)
     path = _common.write(args, stem, data, plot)
-    show(console, data, _common.where(args, data))
+    if show is not None:
+        show(console, data, _common.where(args, data))
+    _common.show_targets(console, data["targets"])
     console.print(f"results in {path}")
     return data
 
@@ -448,7 +451,6 @@ def show(console: _common.Console, data: dict, where: str) -> None:
             f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
             f"(load average {r['load_average']:.1f})"
         )
-    _common.show_targets(console, data["targets"])
 
 
 def plot(data: dict, path: Path) -> None:

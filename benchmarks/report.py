@@ -36,8 +36,8 @@ def get(key: str, fmt: Callable[[Any], str] = str) -> Callable[[dict], str]:
     return lambda r: fmt(r.get(key))
 
 
-def yes(key: str = "fits") -> Callable[[dict], str]:
-    return lambda r: "yes" if r.get(key, True) else "no"
+def fits(r: dict) -> str:
+    return "yes" if r.get("fits", True) else "no"
 
 
 def provenance(data: dict) -> str:
@@ -73,7 +73,7 @@ SWEEP = [
     ("time vs None", get("time_ratio", fmt_ratio)),
     ("peak (measured)", get("peak_bytes", fmt_bytes)),
     ("MFU", get("mfu", fmt_pct)),
-    ("fits", yes()),
+    ("fits", fits),
 ]
 
 
@@ -104,7 +104,7 @@ SEED = [
     ("checkpoint", code("checkpoint")),
     ("temp / chip", get("temp_bytes", fmt_bytes)),
     ("temp+args+out / chip", get("total_bytes", fmt_bytes)),
-    ("fits", yes()),
+    ("fits", fits),
     ("temp vs None", get("temp_ratio", fmt_ratio)),
     ("FLOPs vs None", get("flops_ratio", fmt_ratio)),
     ("peak (measured)", get("peak_bytes", fmt_bytes)),
