@@ -99,8 +99,8 @@ def transformer_params(model: Any) -> dict[str, Any]:
     }
 
 
-def _layer_norm(x, p, eps=1e-5):
-    x32 = x.astype(jnp.float32)
+def _layer_norm(p, name, x, eps=1e-5):  # the hand-written layers: p[name] on x
+    p, x32 = p[name], x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.maximum(0.0, jnp.var(x32, axis=-1, keepdims=True))
     out = (x32 - mean) * lax.rsqrt(var + eps)
@@ -108,21 +108,35 @@ def _layer_norm(x, p, eps=1e-5):
     return (scale * out + bias).astype(x.dtype)
 
 
-def _dense(x, p):
+def _dense(p, name, size, x):  # `size`: the weight's
+    p = p[name]
     y = x @ p["kernel"].astype(x.dtype)
     return y + p["bias"].astype(x.dtype)[None, :] if "bias" in p else y
 
 
-def _attention(qkv, seq, heads, head_dim, dtype):
+def _attention(qkv, heads):
     """Causal attention on a `(seq, 3 d_model)` projection (one example)."""
+    seq, head_dim = qkv.shape[0], qkv.shape[1] // (3 * heads)
     q, k, v = jnp.split(qkv.reshape(seq, 3, heads, head_dim), 3, 1)
     q, k, v = q[:, 0], k[:, 0], v[:, 0]
     scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32)
     scores = scores / math.sqrt(head_dim)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    weights = jax.nn.softmax(scores, axis=-1).astype(qkv.dtype)
     return jnp.einsum("hqk,khd->qhd", weights, v).reshape(seq, heads * head_dim)
+
+
+def _block(x, norm, dense, attend, d_ff):
+    """The zoo's `_Block`, its products named as the zoo names them, with a
+    peer's layers: `norm(name, x)`, `dense(name, size, x)`, `attend(qkv)`."""
+    d = x.shape[-1]
+    x = checkpoint_name(x, "layer_input")
+    qkv = checkpoint_name(dense("qkv", 3 * d, norm("ln1", x)), "qkv_proj")
+    ctx = checkpoint_name(attend(qkv), "attention_context")
+    x = x + checkpoint_name(dense("out", d, ctx), "out_proj")
+    h = checkpoint_name(dense("mlp_in", d_ff, norm("ln2", x)), "mlp_hidden")
+    return x + checkpoint_name(dense("mlp_out", d, zoo.gelu(h)), "mlp_out")
 
 
 def handwritten_transformer(
@@ -132,26 +146,20 @@ def handwritten_transformer(
     hand, one example at a time under `jax.vmap`, its blocks applied with
     `lax.scan(jax.checkpoint(block, policy=er.policy(checkpoint),
     prevent_cse=False))` (no `jax.checkpoint` for `None`)."""
-    heads, dtype = preset.heads, jnp.dtype(preset.dtype)
+    dtype = jnp.dtype(preset.dtype)
+    attend = functools.partial(_attention, heads=preset.heads)
 
-    def block(x, p):
-        seq, d = x.shape
-        x = checkpoint_name(x, "layer_input")
-        qkv = checkpoint_name(_dense(_layer_norm(x, p["ln1"]), p["qkv"]), "qkv_proj")
-        ctx = _attention(qkv, seq, heads, d // heads, x.dtype)
-        ctx = checkpoint_name(ctx, "attention_context")
-        x = x + checkpoint_name(_dense(ctx, p["out"]), "out_proj")
-        h = _dense(_layer_norm(x, p["ln2"]), p["mlp_in"])
-        m = _dense(zoo.gelu(checkpoint_name(h, "mlp_hidden")), p["mlp_out"])
-        return x + checkpoint_name(m, "mlp_out"), None
+    def block(x, p):  # one example: x is (seq, d_model)
+        norm, dense = functools.partial(_layer_norm, p), functools.partial(_dense, p)
+        return _block(x, norm, dense, attend, model.d_ff), None
 
     if (policy := er.policy(checkpoint)) is not None:
         block = jax.checkpoint(block, policy=policy, prevent_cse=False)
 
     def forward(a, tokens):
         x = (a["tok"][tokens] + a["pos"][: tokens.shape[0]]).astype(dtype)
-        x = _layer_norm(lax.scan(block, x, a["blocks"])[0], a["lnf"])
-        return _dense(x, a["head"]).astype(jnp.float32)
+        x = _layer_norm(a, "lnf", lax.scan(block, x, a["blocks"])[0])
+        return _dense(a, "head", preset.vocab, x).astype(jnp.float32)
 
     def loss(a, tokens):
         logits = jax.vmap(forward, in_axes=(None, 0))(a, tokens)
@@ -165,28 +173,21 @@ def _flax_lm(preset: _models.TransformerPreset, d_ff: int, policy: Any) -> Any:
     `nn.scan(nn.remat(Block, policy=policy, prevent_cse=False))`."""
     import flax.linen as nn
 
-    dtype, heads = jnp.dtype(preset.dtype), preset.heads
+    dtype = jnp.dtype(preset.dtype)
+    attend = jax.vmap(functools.partial(_attention, heads=preset.heads))
 
-    def norm(name):
+    def norm(name, x):
         return nn.LayerNorm(
             epsilon=1e-5, dtype=dtype, use_fast_variance=False, name=name
-        )
+        )(x)
 
-    def dense(n, name, tag, x):
-        return checkpoint_name(nn.Dense(n, dtype=dtype, name=name)(x), tag)
+    def dense(name, n, x):
+        return nn.Dense(n, dtype=dtype, name=name)(x)
 
     class Block(nn.Module):
         @nn.compact
-        def __call__(self, x, _):
-            b, seq, d = x.shape
-            x = checkpoint_name(x, "layer_input")
-            qkv = dense(3 * d, "qkv", "qkv_proj", norm("ln1")(x))
-            ctx = jax.vmap(lambda t: _attention(t, seq, heads, d // heads, dtype))(qkv)
-            ctx = checkpoint_name(ctx, "attention_context")
-            x = x + dense(d, "out", "out_proj", ctx)
-            h = dense(d_ff, "mlp_in", "mlp_hidden", norm("ln2")(x))
-            m = nn.Dense(d, dtype=dtype, name="mlp_out")(zoo.gelu(h))
-            return x + checkpoint_name(m, "mlp_out"), None
+        def __call__(self, x, _):  # a batch: x is (batch, seq, d_model)
+            return _block(x, norm, dense, attend, d_ff), None
 
     block = (
         Block if policy is None else nn.remat(Block, policy=policy, prevent_cse=False)
@@ -207,7 +208,7 @@ def _flax_lm(preset: _models.TransformerPreset, d_ff: int, policy: Any) -> Any:
             x = (tok[tokens] + pos[None, : tokens.shape[1]]).astype(dtype)
             x, _ = stack(name="blocks")(x, None)
             head = nn.Dense(preset.vocab, use_bias=False, dtype=dtype, name="head")
-            return head(norm("lnf")(x)).astype(jnp.float32)
+            return head(norm("lnf", x)).astype(jnp.float32)
 
     return LM()
 
