@@ -152,21 +152,6 @@ def compile_variant(
     return row, compiled, args
 
 
-def _run(compiled: Any, args: tuple) -> Any:
-    return jax.block_until_ready(compiled(*args))
-
-
-def warm_up(row: dict[str, Any], compiled: Any, args: tuple) -> bool:
-    """One step; `row["loss"]`. A run that fails (out of memory) marks the row."""
-    try:
-        first = jax.tree.leaves(_run(compiled, args))[0]
-    except Exception as e:
-        row.update(fits=False, error=_common.first_line(e))
-        return False
-    row["loss"] = float(first) if first.ndim == 0 else None
-    return True
-
-
 # --------------------------------------------------------------------------------------
 # Many variants: in this process (round-robin), or one process each.
 
@@ -184,14 +169,21 @@ def measure_here(
         step(f"compile {v.group} {v.impl} {v.checkpoint}")
         row, compiled, args = compile_variant(v, limit)
         rows.append(row)
-        if compiled is not None and warm_up(row, compiled, args):
-            ready.append((row, compiled, args))
+        if compiled is None:
+            continue
+        try:  # one step, the warm-up: its loss
+            first = jax.tree.leaves(jax.block_until_ready(compiled(*args)))[0]
+        except Exception as e:  # a run that fails (out of memory) marks the row
+            row.update(fits=False, error=_common.first_line(e))
+            continue
+        row["loss"] = float(first) if first.ndim == 0 else None
+        ready.append((row, compiled, args))
     times: list[list[float]] = [[] for _ in ready]
     for r in range(repeats):
         step(f"time round {r + 1}/{repeats}")
         for ts, (_, compiled, args) in zip(times, ready):
             t0 = time.perf_counter()
-            _run(compiled, args)
+            jax.block_until_ready(compiled(*args))
             ts.append(time.perf_counter() - t0)
     for ts, (row, _, _) in zip(times, ready):
         row["step_s"], row["times_s"] = statistics.median(ts), ts
@@ -302,11 +294,11 @@ def aot_beside(v: Variant) -> dict[str, Any]:
 # Ratios, device figures.
 
 
-def add_figures(rows: list[dict[str, Any]]) -> None:
+def add_figures(rows: list[dict[str, Any]], presets: dict[str, _models.Preset]) -> None:
     """Per row, against the `eqx_remat` `None` row of its group: `temp_ratio`,
     `flops_ratio`, `time_ratio`; and the device figures every row carries:
-    `device_kind`, `peak_bytes`, `step_s`, throughput, `mfu`, `hfu` (`None` where
-    the backend cannot measure them)."""
+    `device_kind`, `peak_bytes`, `step_s`, throughput (`presets[group].per_step`),
+    `mfu`, `hfu` (`None` where the backend cannot measure them)."""
     base = {
         r["group"]: r
         for r in rows
@@ -326,11 +318,5 @@ def add_figures(rows: list[dict[str, Any]]) -> None:
         on = {"kind": r.get("device_kind"), "devices": r.get("device_count")}
         r["mfu"] = _device.utilisation(b.get("flops"), r["step_s"], **on)
         r["hfu"] = _device.utilisation(r.get("flops"), r["step_s"], **on)
-
-
-def add_throughput(
-    rows: list[dict[str, Any]], presets: dict[str, _models.Preset]
-) -> None:
-    for r in rows:
         unit, n = presets[r["group"]].per_step()
-        r[unit] = n / r["step_s"] if r.get("step_s") else None
+        r[unit] = n / r["step_s"] if r["step_s"] else None

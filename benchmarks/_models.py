@@ -44,9 +44,9 @@ class Preset:
         """The zoo model."""
         raise NotImplementedError
 
-    def build(self, checkpoint: er.Checkpoint = None, *, abstract: bool = False):
-        """The zoo model with `checkpoint`; `abstract`: only shapes."""
-        make = functools.partial(self.make, checkpoint, jax.random.key(0))
+    def build(self, *, abstract: bool = False):
+        """The zoo model, not checkpointed; `abstract`: only shapes."""
+        make = functools.partial(self.make, None, jax.random.key(0))
         return eqx.filter_eval_shape(make) if abstract else make()
 
     def inputs(self, *, abstract: bool = False) -> Any:

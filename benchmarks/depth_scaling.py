@@ -72,27 +72,6 @@ def sweep(
     return rows
 
 
-def measure(preset: _models.ChainPreset, spec: str | None, first: bool) -> dict:
-    """Compile one variant (`spec=None`: the treeverse peer) from scratch; the
-    first time with its memory and FLOPs."""
-    specs = [spec] if spec else []
-    vs = _measure.variants(
-        "chain", preset, specs, target=None, peers=not spec, quick=False
-    )
-    v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
-    if first:
-        jax.clear_caches()
-        row, _, _ = _measure.compile_variant(v, None)
-    else:
-        row = {"compile_s": compile_seconds(*v.build())}
-    return row | {
-        "spec": spec or "treeverse(log2)",
-        "depth": preset.depth,
-        "impl": v.impl,
-        "checkpoint": v.checkpoint,
-    }
-
-
 def slope(rows: list[dict], spec: str, lo: int) -> float | None:
     """The log-log slope of `spec`'s temp memory against depth, from depth `lo`."""
     pts = [
@@ -120,14 +99,31 @@ def main(argv: list[str] | None = None) -> dict:
     specs = list(args.checkpoint or (quick if args.quick else CHECKPOINTS))
     specs += [] if args.no_peers else [None]
 
-    def chain(point: tuple[int, str | None], first: bool) -> dict:
+    def measure(point: tuple[int, str | None], first: bool) -> dict:
+        """Compile one variant (`spec=None`: the treeverse peer) from scratch;
+        the first time with its memory and FLOPs."""
         layers, spec = point
         preset = _models.ChainPreset(batch=args.batch, width=args.width, layers=layers)
-        return measure(preset, spec, first)
+        specs = [spec] if spec else []
+        vs = _measure.variants(
+            "chain", preset, specs, target=None, peers=not spec, quick=False
+        )
+        v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
+        if first:
+            jax.clear_caches()
+            row, _, _ = _measure.compile_variant(v, None)
+        else:
+            row = {"compile_s": compile_seconds(*v.build())}
+        return row | {
+            "spec": spec or "treeverse(log2)",
+            "depth": layers,
+            "impl": v.impl,
+            "checkpoint": v.checkpoint,
+        }
 
     console, t0 = _common.Console(), time.perf_counter()
     points = {(d, s): f"D={d} {s or 'treeverse'}" for d in args.depths for s in specs}
-    rows = sweep(console, args.repeats, points, chain, "compile_times_s")
+    rows = sweep(console, args.repeats, points, measure, "compile_times_s")
     lo = sorted(args.depths)[len(args.depths) // 3]
     names = list(dict.fromkeys(r["spec"] for r in rows))
     describe = f"zoo.ResidualChain width {args.width}, batch {args.batch}, float32"

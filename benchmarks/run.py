@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.deferred:  # the measuring processes know how many devices there are
         devices = rows[0].get("device_count") or 1
         presets = {n: p.on(devices) for n, p in base.items()}
-    _measure.add_figures(rows)
-    _measure.add_throughput(rows, presets)
+    _measure.add_figures(rows, presets)
     data = {
         "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0),
         "presets": {
@@ -260,9 +259,7 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
             labelled += [(x, y, f"{impl} ({n})") for (x, y), n in zip(xy, names)]
         else:  # a peer beside every policy: its colour, in the legend
             others += xy
-    describe = data["presets"][group]
-    describe = describe["describe"] if isinstance(describe, dict) else describe
-    _plots.panel_title(ax, group, describe)
+    _plots.panel_title(ax, group, data["presets"][group]["describe"])
     ax.set(
         xlabel="step time vs None" if cost == "time_ratio" else "FLOPs vs None",
         ylabel=f"temp memory ({unit})",

@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows = run.measure(args, variants, console)
     else:
         rows = aot(args, grid, console)
-    _measure.add_figures(rows)
-    _measure.add_throughput(rows, presets)
+    _measure.add_figures(rows, presets)
     # The AOT grid compiles each config for its own v5e slice.
     where = {} if real else {"target": "v5e (each config's slice)"}
     data = {
