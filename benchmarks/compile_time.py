@@ -97,15 +97,8 @@ def target(ratios: dict[str, float], lo: int, hi: int) -> dict:
 
 def plot(data: dict, path: Path) -> None:
     """`depth_scaling.plot`'s compile-time panel, per checkpoint against depth."""
-    rows = [
-        {
-            "spec": r["checkpoint"],
-            "depth": r["layers"],
-            "compile_s": r["compile_s"],
-            "compile_times_s": r["times_s"],
-        }
-        for r in data["rows"]
-    ]
+    keys = {"checkpoint": "spec", "layers": "depth", "times_s": "compile_times_s"}
+    rows = [{keys.get(k, k): v for k, v in r.items()} for r in data["rows"]]
     what = "Compile time of a training step against depth, per checkpoint"
     depth_scaling.plot(
         data | {"rows": rows}, path, f"{what}: {data['meta']['describe']}"
