@@ -75,12 +75,13 @@ def variants(
     preset: _models.Preset,
     specs: Sequence[str],
     *,
-    target: str | None,
-    peers: bool,
-    quick: bool,
+    target: str | None = None,
+    peers: bool = False,
+    quick: bool = False,
 ) -> list[Variant]:
-    """Ours under each checkpoint, then the preset's peers, on `mesh_for(target)`
-    (parameters sharded as the preset says, the batch split)."""
+    """Ours under each checkpoint, then (`peers`) the preset's peers (`quick`:
+    `_peers.of`'s few), on `mesh_for(target)` (parameters sharded as the preset
+    says, the batch split)."""
     aot = target is not None
 
     @functools.cache  # one model and batch per preset, shared by its variants

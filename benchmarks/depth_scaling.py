@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         layers, spec = point
         preset = _models.ChainPreset(batch=args.batch, width=args.width, layers=layers)
         specs = [spec] if spec else []
-        vs = _measure.variants(
-            "chain", preset, specs, target=None, peers=not spec, quick=False
-        )
+        vs = _measure.variants("chain", preset, specs, peers=not spec)
         v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
         if first:
             jax.clear_caches()

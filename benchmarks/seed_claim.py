@@ -93,9 +93,7 @@ def aot(args: argparse.Namespace, grid: dict, console: _common.Console) -> list[
     for name, (preset, topology) in grid.items():
         specs = args.checkpoint or (BASE_POLICIES if name == "base" else POLICIES)
         specs = [s for s in specs if (name, s) not in done]
-        for v in _measure.variants(
-            name, preset, specs, target=topology, peers=False, quick=False
-        ):
+        for v in _measure.variants(name, preset, specs, target=topology):
             what = f"{name} ({preset.describe()}, {topology}): {v.checkpoint}"
             console.print(f"[bold]{what}[/] ...")
             rows.append(_measure.compile_aot(v, topology))
@@ -142,11 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     if real:
         specs = args.checkpoint or REAL
         variants = [
-            v
-            for n, preset in presets.items()
-            for v in _measure.variants(
-                n, preset, specs, target=None, peers=False, quick=False
-            )
+            v for n, p in presets.items() for v in _measure.variants(n, p, specs)
         ]
         if args.worker:
             return _measure.worker(args, variants)
