@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import eqx_remat as er
 import zoo
@@ -57,8 +57,6 @@ def mesh_for(target: str | None) -> Any:
     """The TPU v5e mesh of `target`, else one axis over every device here."""
     if target:
         return er.v5e_mesh(target)
-    from jax.sharding import AxisType
-
     return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
 
 
