@@ -259,7 +259,9 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     return row
 
 
+# The v5e slice of each chip count (every slice v5e comes in).
 _TOPOLOGY = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8"}
+_TOPOLOGY |= {128: "8x16", 256: "16x16"}
 
 
 def aot_beside(v: Variant) -> dict[str, Any]:
@@ -267,7 +269,9 @@ def aot_beside(v: Variant) -> dict[str, Any]:
     this topology) beside the measured peak. Elsewhere: nothing."""
     if _device.device_kind() not in ("TPU v5 lite", "TPU v5e"):
         return {}
-    target = f"v5e:{_TOPOLOGY.get(jax.device_count(), '2x2')}"
+    if (shape := _TOPOLOGY.get(n := jax.device_count())) is None:
+        return {"aot_target": None, "aot_error": f"no v5e slice has {n} chips"}
+    target = f"v5e:{shape}"
 
     def build() -> tuple[Callable, Any]:  # inside the `try`: libtpu may fail
         fn, args = v.build()

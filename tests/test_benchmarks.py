@@ -700,7 +700,6 @@ def _temp_vs_flax(preset, policy, target=None):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("policy", _peers.TRANSFORMER_POLICIES)
-@pytest.mark.heavy
 def test_transformer_temp_memory_at_most_flax(policy):
     """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
@@ -742,6 +741,19 @@ def test_run_quick_v5e(tmp_path):
     data = check_files(tmp_path, "sweep-v5e-quick")
     assert all(r["target"] == "v5e" and r["step_s"] is None for r in data["rows"])
     assert "compiled, not run" in stdout
+
+
+def test_aot_beside_names_the_slice_of_every_chip_count():
+    """On a v5e host, the measured peak is set beside the AOT estimate for
+    that host's own slice: each slice v5e comes in, by its chip count (a
+    count no slice has is an error in the row, never another slice)."""
+    from eqx_remat._inspect._targets import V5E_SLICES
+
+    shapes = {
+        n: er.internal.v5e_shape(f"v5e:{s}") for n, s in _measure._TOPOLOGY.items()
+    }
+    assert sorted(shapes.values()) == sorted(V5E_SLICES)
+    assert all(a * b == n for n, (a, b) in shapes.items())
 
 
 @pytest.mark.heavy
