@@ -260,8 +260,16 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
 
 
 # The v5e slice of each chip count (every slice v5e comes in).
-_TOPOLOGY = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8"}
-_TOPOLOGY |= {128: "8x16", 256: "16x16"}
+_TOPOLOGY = {
+    1: "1x1",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
 
 
 def aot_beside(v: Variant) -> dict[str, Any]:

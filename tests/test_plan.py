@@ -832,7 +832,7 @@ def test_a_budget_at_the_least_memory_of_any_option_is_planned_for(tiny_options,
         measure=False,
         progress=False,
     ).table
-    least = min(e.memory_bytes or 0 for e in table)
+    least = min(e.memory_bytes for e in table if e.memory_bytes is not None)
     result = er.plan(
         TINY_GRAD, TINY, TOKENS, budget_bytes=least, measure=False, progress=False
     )
