@@ -45,6 +45,10 @@ from ._schedules._checkpoint import (
 )
 from ._schedules._engine import Layers as Layers, Schedule as Schedule
 from ._schedules._ranges import ranges as ranges
+from ._schedules._spec import (
+    checkpoint_label as checkpoint_label,
+    parse_checkpoint as parse_checkpoint,
+)
 from ._schedules._uniform import (
     every as every,
     nested as nested,
@@ -75,6 +79,7 @@ __all__ = [
     "accumulate",
     "binomial",
     "chain",
+    "checkpoint_label",
     "clear_plan_cache",
     "count_flops",
     "every",
@@ -83,6 +88,7 @@ __all__ = [
     "format_bytes",
     "offload_names",
     "parse_bytes",
+    "parse_checkpoint",
     "plan",
     "policy",
     "print_residuals",
