@@ -410,6 +410,126 @@ def test_results_are_quoted():
     assert len(_quoted_results()) >= 20
 
 
+# A figure worked out from the page's own output: the number (and unit) right
+# before the marker `<!-- output: EXPR -->`, where EXPR is arithmetic (+ - * /,
+# parentheses) on numbers. A number written with a decimal point is read from the
+# output: it must appear, as written, in one of the page's ```text output blocks
+# above the marker (which `test_page_code_runs` holds to what the code prints), so
+# a change to the output fails here until the prose is updated; whole numbers are
+# constants. The figure must agree with EXPR to the digits it is written with:
+# % for a fraction, x or × (or none) for the value itself.
+_OUTPUT = re.compile(r"<!--\s*output:\s*(.*?)\s*-->")
+_DECIMAL = re.compile(r"\d+\.\d+")
+
+
+def _arithmetic(expr: str) -> float:
+    """The value of `expr`, which may hold only numbers, + - * / and brackets."""
+    tree = ast.parse(expr, mode="eval")
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.operator)
+    allowed += (ast.unaryop,)
+    for node in ast.walk(tree):
+        assert isinstance(node, allowed), (
+            f"{expr!r}: {ast.dump(node)} is not arithmetic"
+        )
+        assert not isinstance(node, ast.Constant) or type(node.value) in (int, float)
+    return float(eval(compile(tree, "<output marker>", "eval"), {"__builtins__": {}}))
+
+
+def _output_markers() -> list:
+    out = []
+    for page in PAGES:
+        for m in _OUTPUT.finditer(page.read_text()):
+            line = page.read_text().count("\n", 0, m.start()) + 1
+            out.append(pytest.param(page, m, id=f"{page.relative_to(ROOT)}:{line}"))
+    return out
+
+
+@pytest.mark.parametrize(("page", "marker"), _output_markers())
+def test_quoted_output_matches_its_block(page, marker):
+    text = page.read_text()
+    where = f"{page.relative_to(ROOT)}: {marker.group(0)}"
+    quoted = _QUOTED.search(text[: marker.start()])
+    assert quoted, f"{where} follows no number"
+    number, unit = quoted.groups()
+    expr = marker.group(1)
+    outputs = [
+        m.group(2)
+        for m in _FENCE.finditer(text[: marker.start()])
+        if m.group(1) == "text"
+    ]
+    for read in _DECIMAL.findall(expr):
+        pattern = rf"(?<![\d.]){re.escape(read)}(?!\d)"
+        assert any(re.search(pattern, out) for out in outputs), (
+            f"{where}: {read} is in no output block above it (has the output "
+            "changed? then so has the figure)"
+        )
+    value = _arithmetic(expr) * _UNIT.get(unit, 1.0)
+    written = float(number)
+    digits = len(number.partition(".")[2])
+    assert abs(written - value) <= 0.5 * 10**-digits + 1e-9, (
+        f"{where}: the page says {number}{unit or ''}, its output gives "
+        f"{value:.{digits + 2}f}{unit or ''}"
+    )
+
+
+# A percentage or ratio in the site's prose (outside code and comments).
+_FIGURE = re.compile(r"(?<![\w.:×/-])\d+(?:\.\d+)?\s?(?:%|×|x)(?![\w×]|\s*\d)")
+_SOURCE = re.compile(r"<!--\s*(?:result|output):")
+# Figures on the site's pages that measure nothing (settings, thresholds, others'
+# claims quoted), each with the words that follow it: the rest cite their source.
+_NOT_MEASURED = {
+    ("tutorials/choosing-a-schedule.md", "1.00× | every layer's"): "None against None",
+    ("tutorials/v5e-without-a-tpu.md", "1.00× | | | 28.1"): "None against None",
+    ("tutorials/fit-a-batch.md", "5% over the budget"): "the planner's threshold",
+    ("tutorials/fit-a-batch.md", "1% of its least estimate"): "the planner's rule",
+    ("tutorials/fit-a-budget.md", "3% slower than one"): "the race's threshold",
+    ("tutorials/fit-a-budget.md", "5%): options"): "the planner's margin",
+    ("tutorials/fit-a-budget.md", "3% of that one"): "the race's threshold",
+    ("tutorials/training.md", "5%) is held out"): "a setting of the script",
+    ("tutorials/v5e-without-a-tpu.md", "40% at ~12%"): "the seed claim, quoted",
+    ("tutorials/v5e-without-a-tpu.md", "12% step-time"): "the seed claim, quoted",
+    ("tutorials/v5e-without-a-tpu.md", "40% for almost"): "the seed claim, quoted",
+}
+
+
+def _prose(text: str) -> str:
+    """`text` with its code blocks, inline code and HTML comments blanked out
+    (their characters replaced by spaces, so offsets stay those of `text`)."""
+
+    def blank(m: re.Match) -> str:
+        return re.sub(r"[^\n]", " ", m.group(0))
+
+    text = _FENCE.sub(blank, text)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.DOTALL)
+    return re.sub(r"`[^`\n]*`", blank, text)
+
+
+@pytest.mark.parametrize(
+    "page", sorted(DOCS.rglob("*.md")), ids=lambda p: p.relative_to(DOCS).as_posix()
+)
+def test_quoted_figures_cite_their_source(page):
+    """Every percentage or ratio a page's prose states is checked: by a `result:`
+    marker against the committed results, by an `output:` marker against the
+    page's own output, or listed above as measuring nothing."""
+    text = page.read_text()
+    prose = _prose(text)
+    rel = page.relative_to(DOCS).as_posix()
+    unchecked = []
+    for m in _FIGURE.finditer(prose):
+        if _SOURCE.match(text, m.end()):
+            continue
+        after = " ".join(prose[m.start() : m.start() + 60].split())
+        if any(p == rel and after.startswith(w) for p, w in _NOT_MEASURED):
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        unchecked.append(f"line {line}: {after!r}")
+    assert not unchecked, (
+        f"docs/{rel} states figures with no source: put `<!-- result: ... -->` or "
+        "`<!-- output: ... -->` right after each (see the comments above this test), "
+        "or list it in _NOT_MEASURED if it measures nothing:\n" + "\n".join(unchecked)
+    )
+
+
 _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
 
