@@ -546,6 +546,24 @@ def test_gqa_equals_repeated_heads():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_head_dim_sets_the_attention_width():
+    """`head_dim` other than `d_model // num_heads`: attention `num_heads *
+    head_dim` wide (MaxText's and Gemma's models), the projections sized for
+    it, gradients equal under checkpointing, and an odd one refused by rope."""
+    model = tiny(2, head_dim=6, num_kv_heads=1, position="rope")
+    assert model.head_dim == 6 and tiny(2).head_dim == 4
+    # q: 2 heads, k and v: 1 each, of 6; stacked over 2 layers.
+    assert model.blocks.qkv.weight.shape == (2, 8, 24)
+    assert model.blocks.out.weight.shape == (2, 12, 8)
+    assert _forward(model, TOKENS).shape == (2, 7, 16)
+    assert_same_gradients(model, TOKENS, "nothing")
+    with pytest.raises(ValueError, match=r"even head dimension\. Got head_dim=3"):
+        tiny(2, head_dim=3, position="rope")
+    with pytest.raises(ValueError, match=r"head_dim must be an int >= 1"):
+        tiny(2, head_dim=0)
+    zoo.Transformer(16, 8, 10, 3, 1, head_dim=4, key=jr.key(0))  # 3 ∤ 10: fine
+
+
 def test_flash_needs_a_tpu():
     model = zoo.Transformer(16, 8, 8, 2, 2, attention="flash", key=jr.key(0))
     with pytest.raises(ValueError, match=r"needs a TPU.*'dot_product'.*'xla'"):

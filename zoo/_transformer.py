@@ -51,6 +51,7 @@ class _Block(eqx.Module):
     dropout: eqx.nn.Dropout
     num_heads: int = eqx.field(static=True)
     num_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
     attention: Attention = eqx.field(static=True)
     position: Position = eqx.field(static=True)
     mlp: Mlp = eqx.field(static=True)
@@ -60,6 +61,7 @@ class _Block(eqx.Module):
         d_model: int,
         num_heads: int,
         num_kv_heads: int,
+        head_dim: int,
         d_ff: int,
         dropout: float,
         attention: Attention,
@@ -71,11 +73,10 @@ class _Block(eqx.Module):
         key: PRNGKeyArray,
     ):
         qkey, okey, ikey, mkey, gkey = jr.split(key, 5)
-        head_dim = d_model // num_heads
         qkv_size = (num_heads + 2 * num_kv_heads) * head_dim
         self.attention_norm = _norm(norm, d_model)
         self.qkv = Dense(d_model, qkv_size, use_bias=use_bias, key=qkey)
-        self.out = Dense(d_model, d_model, use_bias=use_bias, key=okey)
+        self.out = Dense(num_heads * head_dim, d_model, use_bias=use_bias, key=okey)
         self.mlp_norm = _norm(norm, d_model)
         self.mlp_gate = (
             Dense(d_model, d_ff, use_bias=use_bias, key=gkey)
@@ -87,6 +88,7 @@ class _Block(eqx.Module):
         self.dropout = eqx.nn.Dropout(dropout)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
         self.attention = attention
         self.position = position
         self.mlp = mlp
@@ -95,9 +97,8 @@ class _Block(eqx.Module):
         # On a mesh: this layer's weights whole (FSDP gathers one layer at a time),
         # the matrices in the compute dtype.
         self = _gathered(_dense_in(self, x.dtype))
-        seq, d_model = x.shape
-        heads, kv_heads = self.num_heads, self.num_kv_heads
-        head_dim = d_model // heads
+        seq = x.shape[0]
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         akey, mkey = (None, None) if key is None else jr.split(key)
         x = checkpoint_name(x, "layer_input")
 
@@ -115,7 +116,7 @@ class _Block(eqx.Module):
                 v = qkv[:, q_size + kv_size :].reshape(seq, kv_heads, head_dim)
             if self.position == "rope":
                 q, k = _rope(q), _rope(k)
-            context = attend(self.attention, q, k, v).reshape(seq, d_model)
+            context = attend(self.attention, q, k, v).reshape(seq, heads * head_dim)
             context = checkpoint_name(context, "attention_context")
             a = checkpoint_name(self.out(context), "out_proj")
             x = x + self.dropout(a, key=akey)
@@ -200,7 +201,7 @@ class Transformer(AbstractModel):
     |---|---|---|
     | `layer_input` | a block's input | `(seq, d_model)` |
     | `qkv_proj` | the fused q/k/v projection (before rope) | `(seq, (h + 2 kv) hd)` |
-    | `attention_context` | attention output, heads merged | `(seq, d_model)` |
+    | `attention_context` | attention output, heads merged | `(seq, h hd)` |
     | `out_proj` | the attention output projection | `(seq, d_model)` |
     | `mlp_hidden` | GELU: the pre-activation; SwiGLU: `h W_in` | `(seq, d_ff)` |
     | `mlp_gate` | SwiGLU only: `h W_gate`, before `silu` | `(seq, d_ff)` |
@@ -234,6 +235,7 @@ class Transformer(AbstractModel):
     d_model: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     num_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
     num_layers: int = eqx.field(static=True)
     d_ff: int = eqx.field(static=True)
     dropout: float = eqx.field(static=True)
@@ -264,6 +266,7 @@ class Transformer(AbstractModel):
         position: Position = "learned",
         mlp: Mlp = "gelu",
         num_kv_heads: SupportsIndex | None = None,
+        head_dim: SupportsIndex | None = None,
         tie_embeddings: bool = False,
         use_bias: bool = True,
         loss_chunk_size: SupportsIndex | None = None,
@@ -279,7 +282,7 @@ class Transformer(AbstractModel):
           learned position embedding).
         - `d_model`: the width of the residual stream.
         - `num_heads`: the number of attention (query) heads; must divide
-          `d_model`.
+          `d_model` unless `head_dim` is given.
         - `num_layers`: the number of decoder blocks (stacked and scanned); >= 1.
         - `d_ff`: the hidden size of each block's MLP. Default `4 * d_model`.
         - `dropout`: the dropout rate, in `[0, 1)`. Default `0.0` (no dropout).
@@ -293,11 +296,17 @@ class Transformer(AbstractModel):
           above).
         - `norm`: `"layer"` (default, `LayerNorm`) or `"rms"` (`RMSNorm`).
         - `position`: `"learned"` (default) or `"rope"` (rotary; needs an even
-          head dimension `d_model // num_heads`).
+          head dimension, `head_dim`).
         - `mlp`: `"gelu"` (default) or `"swiglu"`.
         - `num_kv_heads`: the number of key/value heads; must divide `num_heads`.
           Default `num_heads` (multi-head attention); fewer is grouped-query
           attention, 1 multi-query attention.
+        - `head_dim`: the width of each attention head. Default
+          `d_model // num_heads`; another value makes the attention
+          `num_heads * head_dim` wide, as many models are (MaxText's, Gemma's):
+          the q/k/v projection maps `d_model` to `(num_heads + 2 num_kv_heads)
+          head_dim` and the output projection `num_heads * head_dim` back to
+          `d_model`.
         - `tie_embeddings`: if `True`, the output head is the transpose of the
           token embedding (no separate head). Default `False`.
         - `use_bias`: whether the linear layers have biases. Default `True`.
@@ -326,7 +335,9 @@ class Transformer(AbstractModel):
         num_layers = check_int(cls, "num_layers", num_layers, 1)
         d_ff = 4 * d_model if d_ff is None else check_int(cls, "d_ff", d_ff, 1)
         _check_options(cls, attention, norm, position, mlp, tie_embeddings, use_bias)
-        num_kv_heads = _check_heads(cls, d_model, num_heads, num_kv_heads, position)
+        num_kv_heads, head_dim = _check_heads(
+            cls, d_model, num_heads, num_kv_heads, head_dim, position
+        )
         dropout = _check_dropout(cls, dropout)
         dtype = _check_dtype(cls, dtype)
         if loss_chunk_size is not None:
@@ -340,7 +351,8 @@ class Transformer(AbstractModel):
             else None
         )
         self.embedding_dropout = eqx.nn.Dropout(dropout)
-        block = (d_model, num_heads, num_kv_heads, d_ff, dropout, attention, norm)
+        block = (d_model, num_heads, num_kv_heads, head_dim, d_ff, dropout)
+        block += (attention, norm)
         block += (position, mlp, use_bias)
         self.blocks = eqx_remat.stack(
             lambda k: _Block(*block, key=k), jr.split(bkey, num_layers)
@@ -356,6 +368,7 @@ class Transformer(AbstractModel):
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
         self.num_layers = num_layers
         self.d_ff = d_ff
         self.dropout = dropout
@@ -579,15 +592,26 @@ def _check_options(
 
 
 def _check_heads(
-    cls: str, d_model: int, num_heads: int, num_kv_heads: Any, position: Position
-) -> int:
-    """`num_kv_heads` as an `int` (`None`: `num_heads`), once the heads are checked
-    to divide `d_model` and each other, and to be even under rotary embeddings."""
-    if d_model % num_heads != 0:
+    cls: str,
+    d_model: int,
+    num_heads: int,
+    num_kv_heads: Any,
+    head_dim: Any,
+    position: Position,
+) -> tuple[int, int]:
+    """`(num_kv_heads, head_dim)` as `int`s (`None`: `num_heads`, and
+    `d_model // num_heads`, which must then divide), once the heads are checked
+    to divide each other and the head dimension to be even under rotary
+    embeddings."""
+    if head_dim is not None:
+        head_dim = check_int(cls, "head_dim", head_dim, 1)
+    elif d_model % num_heads != 0:
         raise ValueError(
             f"{cls}: d_model must be divisible by num_heads. "
-            f"Got d_model={d_model}, num_heads={num_heads}."
+            f"Got d_model={d_model}, num_heads={num_heads} (or give head_dim)."
         )
+    given = head_dim is not None
+    head_dim = head_dim if given else d_model // num_heads
     if num_kv_heads is None:
         num_kv_heads = num_heads
     num_kv_heads = check_int(cls, "num_kv_heads", num_kv_heads, 1)
@@ -596,13 +620,14 @@ def _check_heads(
             f"{cls}: num_heads must be divisible by num_kv_heads. "
             f"Got num_heads={num_heads}, num_kv_heads={num_kv_heads}."
         )
-    if position == "rope" and (d_model // num_heads) % 2 != 0:
+    if position == "rope" and head_dim % 2 != 0:
+        got = f"head_dim={head_dim}"
+        if not given:
+            got = f"{d_model} // {num_heads} = {head_dim} (d_model // num_heads)"
         raise ValueError(
-            f"{cls}: position='rope' needs an even head dimension "
-            f"d_model // num_heads. Got {d_model} // {num_heads} = "
-            f"{d_model // num_heads}."
+            f"{cls}: position='rope' needs an even head dimension. Got {got}."
         )
-    return num_kv_heads
+    return num_kv_heads, head_dim
 
 
 def _check_dropout(cls: str, dropout: Any) -> float:
