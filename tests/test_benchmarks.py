@@ -471,6 +471,7 @@ def _parsers() -> dict:
         batch_sweep,
         compile_time,
         depth_scaling,
+        maxtext_mfu,
         plan_sweep,
         profile_step,
         report,
@@ -487,6 +488,7 @@ def _parsers() -> dict:
         "plan_sweep.py": plan_sweep._parser(),
         "batch_sweep.py": batch_sweep._parser(),
         "profile_step.py": profile_step._parser(),
+        "maxtext_mfu.py": maxtext_mfu._parser(),
         "train_lm.py": _TrainFlags(),
     }
 

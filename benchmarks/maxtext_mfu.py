@@ -1,0 +1,393 @@
+"""The roofline against published TPU runs: MaxText's v5e-256 MFU beside the MFU
+the planner's roofline predicts for the same models.
+
+MaxText publishes the MFU of its 16B, 32B, 64B and 128B models trained on one
+TPU v5e-256 slice (61.10%, 66.86%, 59.90%, 56.06%: the v5e table of its README,
+now `src/maxtext/configs/tpu/v5e/README.md`). The table was measured in October
+2023 (google/maxtext 9bc243c, "Fix performance numbers") with
+`MaxText/configs/largest_job/{16b,32b,64b,128b}.sh` and that day's `base.yml`:
+`global_parameter_scale` 16 to 128 over base dims 2560 / 8 heads of 256 / MLP
+8192 / 16 layers, ReLU MLP, tied embeddings, vocab 32768, seq 2048, bf16
+activations, float32 weights, `remat_policy=full`, flash attention, per-device
+batch 6, 4, 2, 1. Each is rebuilt here with `zoo.Transformer` (the same matrix
+shapes: `head_dim` 256, `d_ff` the MLP dim, tied embeddings; rotary positions
+and a sequential block where MaxText had relative position biases and a
+parallel one, which change no matrix product), parameters and batch sharded over
+the 256 chips (FSDP), `checkpoint="nothing"` for `full`, compiled ahead of time
+for `v5e:16x16` (per-chip memory, no TPU) and priced with
+`eqx_remat.internal.roofline_seconds`.
+
+Predicted MFU = model FLOPs per chip / (roofline seconds x 197 TFLOP/s), in the
+published figures' own convention (MaxText's `calculate_training_tflops` of
+that commit): 6 x parameters x tokens + 12 x heads x layers x head_dim x seq^2 x
+batch, causal attention counted in full, no recomputation. HFU: the FLOPs the
+step executes (`eqx_remat.count_flops`, recomputation included). The ratio
+published / predicted says how far the roofline is from a run.
+
+    python benchmarks/maxtext_mfu.py                  # 16b 32b 64b 128b, v5e:16x16
+    python benchmarks/maxtext_mfu.py --preset 16b 32b
+    python benchmarks/maxtext_mfu.py --quick          # one tiny model on v5e:2x2
+"""
+
+import argparse
+import functools
+import math
+import statistics
+import time
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import eqx_remat as er
+import zoo
+from benchmarks import _common, _measure, _models, _targets
+from eqx_remat.internal import hardware, is_array_like, needed_bytes
+
+
+SOURCE = (
+    "github.com/google/maxtext 9bc243c (2023-10-27), README.md 'TPU v5e' and "
+    "MaxText/configs/largest_job/*.sh + base.yml (still the table of "
+    "AI-Hypercomputer/maxtext src/maxtext/configs/tpu/v5e/README.md)"
+)
+
+
+class Config(NamedTuple):
+    """One MaxText run: its `global_parameter_scale` over `base.yml`'s dims, its
+    batch and remat policy, and what it measured (`None`: nothing published)."""
+
+    scale: int  # global_parameter_scale
+    per_device_batch: int
+    published_mfu: float | None
+    published_tflops: float | None  # TFLOP/s per chip, as published
+    remat_policy: str = "full"  # MaxText's
+    checkpoint: str = "nothing"  # ours: the same decisions
+    topology: str = "v5e:16x16"
+    seq: int = 2048  # max_target_length
+    vocab: int = 32768
+    # base.yml of 9bc243c: base_emb_dim, base_num_heads, base_mlp_dim,
+    # base_num_decoder_layers; head_dim
+    base: tuple[int, int, int, int] = (2560, 8, 8192, 16)
+    head_dim: int = 256
+
+
+class Dims(NamedTuple):
+    emb: int
+    heads: int
+    mlp: int
+    layers: int
+    head_dim: int
+
+
+CONFIGS = {
+    "16b": Config(16, 6, 0.6110, 120),
+    "32b": Config(32, 4, 0.6686, 132),
+    "64b": Config(64, 2, 0.5990, 118),
+    # MaxText ran 128b with ici_fsdp_parallelism=16 ici_tensor_parallelism=16;
+    # here FSDP over all 256 chips.
+    "128b": Config(128, 1, 0.5606, 110),
+}
+QUICK = {
+    "tiny": Config(
+        1, 1, None, None, topology="v5e:2x2", seq=256, vocab=512,
+        base=(256, 2, 512, 2), head_dim=128,
+    ),
+}  # fmt: skip
+
+
+def dims(c: Config) -> Dims:
+    """MaxText's `get_individual_scales`: the scale's log2 rotates between
+    doubling the heads and MLP, the embedding and the layers."""
+    log2 = int(math.log2(c.scale))
+    if 2**log2 != c.scale:
+        raise ValueError(f"expected a power of 2 for the scale. Got {c.scale}.")
+    base, rem = divmod(log2, 3)
+    heads_mlp, emb = base + (rem > 0), base + (rem > 1)
+    e, h, m, n = c.base
+    return Dims(e << emb, h << heads_mlp, m << heads_mlp, n << base, c.head_dim)
+
+
+def maxtext_params(d: Dims, vocab: int) -> int:
+    """The parameters of MaxText's model of that commit: tied embedding, per
+    layer q, k, v, out (`emb x heads x head_dim`), ReLU MLP `wi`, `wo`, and
+    the norms (pre-attention, query, key; final), relative position biases (32
+    buckets per head)."""
+    width = d.heads * d.head_dim
+    layer = 4 * d.emb * width + 2 * d.emb * d.mlp + d.emb + 2 * d.head_dim
+    return vocab * d.emb + d.layers * (layer + 32 * d.heads) + d.emb
+
+
+def model_flops(params: int, d: Dims, batch: int, seq: int) -> float:
+    """Training FLOPs per chip as the published MFU counts them (MaxText's
+    `calculate_training_tflops` at 9bc243c): `6 N` per token and causal
+    attention in full, `12 heads layers head_dim seq^2` per sequence."""
+    attention = 12 * d.heads * d.layers * d.head_dim * seq**2 * batch
+    return 6 * params * seq * batch + attention
+
+
+class Row(NamedTuple):
+    """One config under one checkpoint: compiled for its slice (per chip) and
+    priced by the roofline (one chip's step)."""
+
+    config: str
+    checkpoint: str
+    remat_policy: str | None  # MaxText's, where `checkpoint` is its counterpart
+    target: str
+    chips: int
+    params: int  # the zoo model's
+    maxtext_params: int  # MaxText's model's (norms and position biases differ)
+    model_flops_per_chip: float  # the published convention, the zoo model's
+    counted_flops_per_chip: float | None  # count_flops: recomputation included
+    roofline_s: float  # an estimate
+    predicted_mfu: float
+    predicted_hfu: float | None
+    published_mfu: float | None
+    published_tflops: float | None
+    # The step time the published MFU implies for these FLOPs (the models'
+    # parameters agree to 0.01%): the measured time the roofline estimates.
+    published_step_s: float | None
+    ratio: float | None  # published / predicted MFU = roofline_s / published_step_s
+    temp_bytes: int | None  # per chip; where XLA refuses, what it says it needs
+    total_bytes: int | None
+    fits: bool
+    compile_s: float
+    error: str | None
+
+
+def make(c: Config, checkpoint: er.Checkpoint) -> zoo.Transformer:
+    """The zoo model of `c`, only shapes: MaxText's matrices, bf16 compute."""
+    d = dims(c)
+    build = functools.partial(
+        zoo.Transformer,
+        c.vocab,
+        c.seq,
+        d.emb,
+        d.heads,
+        d.layers,
+        d_ff=d.mlp,
+        head_dim=d.head_dim,
+        dtype=jnp.bfloat16,
+        attention="flash",
+        norm="rms",
+        position="rope",
+        use_bias=False,
+        tie_embeddings=True,
+        checkpoint=checkpoint,
+        key=jax.random.key(0),
+    )
+    return eqx.filter_eval_shape(build)
+
+
+def describe(c: Config) -> str:
+    d = dims(c)
+    return (
+        f"d_model {d.emb}, {d.heads} heads of {d.head_dim}, MLP {d.mlp}, "
+        f"{d.layers} layers, vocab {c.vocab}, seq {c.seq}, batch "
+        f"{c.per_device_batch}/chip, bf16, flash, FSDP"
+    )
+
+
+def _loss(model: zoo.Transformer, tokens: jax.Array) -> jax.Array:
+    # The flash kernel runs per chip: the vmap's batch axis is the mesh's "data".
+    return _models.cross_entropy(jax.vmap(model, spmd_axis_name="data")(tokens), tokens)
+
+
+def _step(mesh: Any, model: zoo.Transformer, tokens: jax.Array) -> Any:
+    """The gradient of the loss, kept sharded like the parameters (FSDP)."""
+    return zoo.shard(eqx.filter_grad(_loss)(model, tokens), mesh, fsdp=True)
+
+
+def _compile(fn: Any, model: Any, tokens: Any, target: str) -> dict[str, Any]:
+    """Per-chip memory and the step's counted FLOPs (`memory_report`); where XLA
+    refuses the program, the memory it says it needs."""
+    try:
+        report = er.memory_report(fn, model, tokens, target=target)
+    except jax.errors.JaxRuntimeError as e:
+        need = needed_bytes(str(e))
+        if need is None:
+            raise
+        flops = er.count_flops(fn, model, tokens)
+        return {"fits": False, "temp_bytes": need, "total_bytes": None} | {
+            "flops": None if flops.dynamic_loops else int(flops),
+            "error": _common.first_line(e),
+        }
+    flops = None if report.flops.dynamic_loops else int(report.flops)
+    return {
+        "fits": report.total_bytes <= _measure.V5E_HBM,
+        "temp_bytes": report.temp_bytes,
+        "total_bytes": report.total_bytes,
+        "flops": flops,
+        "error": None,
+    }
+
+
+def measure(name: str, c: Config, spec: str) -> Row:
+    """`c` under the checkpoint `spec`: compiled for `c.topology`, priced by the
+    roofline, beside what MaxText published (for its own policy only)."""
+    checkpoint = _common.parse_checkpoint(spec, dims(c).layers)
+    mesh = er.v5e_mesh(c.topology)
+    model = zoo.shard(make(c, checkpoint), mesh, fsdp=True)
+    batch = jax.ShapeDtypeStruct((c.per_device_batch * mesh.size, c.seq), jnp.int32)
+    tokens = _measure.place_batch(batch, mesh)
+    fn = functools.partial(_step, mesh)
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):  # the flash kernel finds its mesh in the context
+        compiled = _compile(fn, model, tokens, c.topology)
+        compile_s = time.perf_counter() - t0
+        roofline = er.internal.roofline_seconds(fn, model, tokens, target=c.topology)
+    leaves = jax.tree.leaves(eqx.filter(model, is_array_like))
+    params = sum(x.size for x in leaves)
+    peak = hardware(c.topology)[0].peak_flops
+    flops = model_flops(params, dims(c), c.per_device_batch, c.seq)
+    counted = None if compiled["flops"] is None else compiled["flops"] / mesh.size
+    mfu = flops / (roofline * peak)
+    own = spec == c.checkpoint
+    published = c.published_mfu if own else None
+    return Row(
+        config=name,
+        checkpoint=_common.checkpoint_label(checkpoint),
+        remat_policy=c.remat_policy if own else None,
+        target=c.topology,
+        chips=mesh.size,
+        params=params,
+        maxtext_params=maxtext_params(dims(c), c.vocab),
+        model_flops_per_chip=flops,
+        counted_flops_per_chip=counted,
+        roofline_s=roofline,
+        predicted_mfu=mfu,
+        predicted_hfu=None if counted is None else counted / (roofline * peak),
+        published_mfu=published,
+        published_tflops=c.published_tflops if own else None,
+        published_step_s=None if published is None else flops / (published * peak),
+        ratio=None if published is None else published / mfu,
+        temp_bytes=compiled["temp_bytes"],
+        total_bytes=compiled["total_bytes"],
+        fits=compiled["fits"],
+        compile_s=compile_s,
+        error=compiled["error"],
+    )
+
+
+def factor(rows: list[Row]) -> dict[str, Any]:
+    """The one figure taken from the comparison: the median of published over
+    predicted MFU (`None` where nothing published was measured), and how the
+    roofline ranks the runs against how they measured (Spearman; not fitted)."""
+    mine = [r for r in rows if r.ratio is not None]
+    ratios = {r.config: r.ratio for r in mine}
+    predicted = [r.predicted_mfu for r in mine]
+    return {
+        "name": "measured fraction of the roofline: median of published / "
+        "predicted MFU",
+        "value": statistics.median(ratios.values()) if ratios else None,
+        "ratios": ratios,
+        "spearman": _targets.spearman(predicted, [r.published_mfu for r in mine]),
+        "source": SOURCE,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    return _common.parser(__doc__, presets=list(CONFIGS), repeats=None, target=False)
+
+
+def _problem(args: argparse.Namespace) -> str | None:
+    if args.quick and args.preset:
+        return (
+            f"argument --preset: --quick measures its own config, {', '.join(QUICK)}:"
+            " leave out --preset or --quick."
+        )
+    configs = QUICK if args.quick else CONFIGS
+    depths = {f"--preset {n}": dims(c).layers for n, c in configs.items()}
+    return _common.depth_problem(args.checkpoint, depths)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _common.parse_args(_parser(), argv, "maxtext_mfu", check=_problem)
+    configs = QUICK if args.quick else CONFIGS
+    names = args.preset or list(configs)
+    console, t0 = _common.Console(), time.perf_counter()
+    rows = []
+    for name in names:
+        c = configs[name]
+        for spec in args.checkpoint or [c.checkpoint]:
+            console.print(f"[bold]{name}[/] ({describe(c)}), {spec}, {c.topology} ...")
+            rows.append(measure(name, c, spec))
+            r = rows[-1]
+            console.print(
+                f"    roofline {r.roofline_s:.3g} s (estimate), predicted MFU "
+                f"{_common.fmt_pct(r.predicted_mfu)}, published "
+                f"{_common.fmt_pct(r.published_mfu)}; compiled in {r.compile_s:.0f} s"
+            )
+    topology = ", ".join(sorted({configs[n].topology for n in names}))
+    data = {
+        "meta": _common.meta(
+            args, seconds=time.perf_counter() - t0, target=topology, source=SOURCE
+        ),
+        "presets": {
+            n: {
+                "describe": describe(configs[n]),
+                "topology": configs[n].topology,
+                "dims": dims(configs[n])._asdict(),
+                **configs[n]._asdict(),
+            }
+            for n in names
+        },
+        "rows": [r._asdict() for r in rows],
+        "factor": factor(rows),
+    }
+    stem = "maxtext_mfu" + "_quick" * args.quick
+    if _common.is_main():
+        _common.write_json(args.out / f"{stem}.json", data)
+        _common.write_csv(args.out / f"{stem}.csv", data["rows"])
+    show(console, data)
+    console.print(f"results in {args.out / stem}.json")
+    return data
+
+
+COLUMNS = {  # the table's header: a row's cell
+    "config": lambda r: r["config"],
+    "checkpoint": lambda r: r["checkpoint"],
+    "FLOPs/chip": lambda r: _common.fmt_flops(r["model_flops_per_chip"]),
+    "roofline": lambda r: f"{r['roofline_s']:.3g} s",
+    "est. MFU": lambda r: _common.fmt_pct(r["predicted_mfu"]),
+    "est. HFU": lambda r: _common.fmt_pct(r["predicted_hfu"]),
+    "MaxText MFU": lambda r: _common.fmt_pct(r["published_mfu"]),
+    "ratio": lambda r: "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}",
+    "temp/chip": lambda r: _common.fmt_bytes(r["temp_bytes"], 1),
+    "fits": lambda r: "yes" if r["fits"] else "no",
+}
+LEGEND = (
+    "FLOPs/chip: model FLOPs of one step (6 x params x tokens + causal attention "
+    "in full: the published MFU's count, no recomputation); roofline: its "
+    "estimate of the step; est. MFU: FLOPs/chip over roofline x 197 TFLOP/s; est. "
+    "HFU: the same with the FLOPs executed (recomputation included); ratio: "
+    "MaxText's measured MFU / est. MFU."
+)
+
+
+def show(console: _common.Console, data: dict) -> None:
+    rows = [[cell(r) for cell in COLUMNS.values()] for r in data["rows"]]
+    where = f"TPU {data['meta']['target']} per chip, compiled, not run"
+    console.table(f"MaxText's v5e runs, roofline [{where}]", list(COLUMNS), rows, 2)
+    console.print(LEGEND)
+    for n, p in data["presets"].items():
+        console.print(f"  {n}: {p['describe']}, {p['topology']}")
+    f = data["factor"]
+    if f["value"] is not None:
+        console.print(
+            f"Roofline times are estimates; MaxText's measured v5e runs reach "
+            f"{f['value']:.2f} of the roofline's MFU (the median of "
+            f"{len(f['ratios'])}: "
+            + ", ".join(f"{n} {x:.2f}" for n, x in f["ratios"].items())
+            + ")."
+        )
+    if f.get("spearman") is not None:
+        console.print(
+            f"Ranked by MFU, the roofline against the runs: Spearman "
+            f"{f['spearman']:.2f} (the roofline has no term for the chips' "
+            "collectives; it is not fitted to these runs)."
+        )
+
+
+if __name__ == "__main__":
+    main()

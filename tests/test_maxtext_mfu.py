@@ -1,0 +1,100 @@
+"""`benchmarks/maxtext_mfu.py`: MaxText's configs as its code derives them, the
+FLOPs convention of its published MFU, the one factor, and the script end to end
+on a tiny config (compiled for v5e, nothing timed)."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import needs_libtpu
+
+from benchmarks import maxtext_mfu as mm
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# MaxText's "16B" ... "128B": the names are the parameter counts, in billions.
+@pytest.mark.parametrize("name", list(mm.CONFIGS))
+def test_configs_are_maxtexts_models(name):
+    c = mm.CONFIGS[name]
+    d = mm.dims(c)
+    billions = mm.maxtext_params(d, c.vocab) / 1e9
+    assert abs(billions / int(name[:-1]) - 1) < 0.03, (name, billions)
+    # The published TFLOP/s per chip is the MFU of 197 TFLOP/s, to its rounding.
+    assert abs(c.published_tflops / 197 - c.published_mfu) < 0.005
+    assert (c.remat_policy, c.checkpoint, c.topology) == (
+        "full",
+        "nothing",
+        "v5e:16x16",
+    )
+
+
+def test_dims_follow_get_individual_scales():
+    """log2 of the scale rotates: heads and MLP, then the embedding, then the
+    layers (MaxText's pyconfig); 16B is 5120 wide, 32 heads, 32 layers."""
+    assert mm.dims(mm.CONFIGS["16b"]) == (5120, 32, 32768, 32, 256)
+    assert mm.dims(mm.CONFIGS["32b"]) == (10240, 32, 32768, 32, 256)
+    assert mm.dims(mm.CONFIGS["64b"]) == (10240, 32, 32768, 64, 256)
+    assert mm.dims(mm.CONFIGS["128b"]) == (10240, 64, 65536, 64, 256)
+    with pytest.raises(ValueError, match="power of 2"):
+        mm.dims(mm.CONFIGS["16b"]._replace(scale=12))
+
+
+def test_model_flops_count_causal_attention_in_full():
+    d = mm.Dims(emb=4, heads=2, mlp=8, layers=3, head_dim=5)
+    weights = 6 * 100 * 7 * 2  # 6 N per token, 7 tokens, batch 2
+    assert mm.model_flops(100, d, batch=2, seq=7) == weights + 12 * 2 * 3 * 5 * 49 * 2
+
+
+def test_factor_is_the_median_ratio():
+    rows = [
+        mm.Row(*(None,) * len(mm.Row._fields))._replace(config=n, ratio=x)
+        for n, x in (("a", 0.6), ("b", None), ("c", 0.9), ("d", 0.7))
+    ]
+    f = mm.factor(rows)
+    assert f["value"] == 0.7 and f["ratios"] == {"a": 0.6, "c": 0.9, "d": 0.7}
+    assert "9bc243c" in f["source"]
+    assert mm.factor(rows[1:2])["value"] is None
+
+
+@needs_libtpu
+def test_quick_compiles_prices_and_writes(tmp_path):
+    """The script's whole path on a tiny config on v5e:2x2: compiled (per-chip
+    memory), priced by the roofline, MFU and HFU from it, JSON and CSV."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/maxtext_mfu.py",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads((tmp_path / "maxtext_mfu_quick.json").read_text())
+    assert data["meta"]["command"] == "python benchmarks/maxtext_mfu.py --quick " + (
+        f"--out {tmp_path}"
+    )
+    with (tmp_path / "maxtext_mfu_quick.csv").open() as f:
+        assert [r["config"] for r in csv.DictReader(f)] == ["tiny"]
+    (row,) = data["rows"]
+    assert row["config"] == "tiny" and row["checkpoint"] == "nothing"
+    assert row["fits"] and row["chips"] == 4 and row["roofline_s"] > 0
+    peak = 197e12
+    mfu = row["model_flops_per_chip"] / (row["roofline_s"] * peak)
+    assert math.isclose(row["predicted_mfu"], mfu)
+    # Recomputing the forward pass: more FLOPs executed than the model's.
+    assert row["predicted_hfu"] > row["predicted_mfu"]
+    assert row["published_mfu"] is None and data["factor"]["value"] is None
+    assert "est. MFU" in proc.stdout and "roofline" in proc.stdout
