@@ -284,3 +284,16 @@ def utilisation(
 
         devices = jax.device_count()
     return flops / (step_s * peak * devices)
+
+
+_MAIN: list[bool] = []
+
+
+def set_main(main: bool) -> None:
+    """Whether this process prints and writes, where JAX is not initialised
+    here (the measuring processes say)."""
+    _MAIN[:] = [main]
+
+
+def is_main() -> bool:
+    return _MAIN[0] if _MAIN else is_main_process()

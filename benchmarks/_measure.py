@@ -4,6 +4,7 @@ or compiled for TPU v5e ahead of time; one row each, which says so where the
 variant does not fit.
 """
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -23,7 +24,7 @@ import eqx_remat as er
 import zoo
 from eqx_remat.internal import compiled_report, needed_bytes
 
-from . import _common, _device, _models, _peers
+from . import _console, _device, _format, _models, _peers
 
 
 V5E_HBM = 16 * 2**30
@@ -98,8 +99,8 @@ def variants(
 
     out, seen = [], set()
     for spec in specs:
-        c = _common.parse_checkpoint(spec, preset.depth)
-        label = _common.checkpoint_label(c)
+        c = er.parse_checkpoint(spec, preset.depth)
+        label = er.checkpoint_label(c)
         if label not in seen:  # every(sqrt) is every(4) at depth 16
             seen.add(label)
             make = functools.partial(_models.ours, preset, checkpoint=c)
@@ -139,7 +140,7 @@ def compile_variant(
     try:
         compiled = jax.jit(fn).lower(*args).compile()
     except jax.errors.JaxRuntimeError as e:  # XLA refuses what does not fit
-        return {**row, "fits": False, "error": _common.first_line(e)}, None, None
+        return {**row, "fits": False, "error": _format.first_line(e)}, None, None
     row["compile_s"] = time.perf_counter() - t0
     flops = er.count_flops(fn, *args)
     report = compiled_report(compiled, flops=flops, target=jax.default_backend())
@@ -173,7 +174,7 @@ def measure_here(
         try:  # one step, the warm-up: its loss
             first = jax.tree.leaves(jax.block_until_ready(compiled(*args)))[0]
         except Exception as e:  # a run that fails (out of memory) marks the row
-            row.update(fits=False, error=_common.first_line(e))
+            row.update(fits=False, error=_format.first_line(e))
             continue
         row["loss"] = float(first) if first.ndim == 0 else None
         ready.append((row, compiled, args))
@@ -249,7 +250,7 @@ def compile_aot(v: Variant, target: str) -> dict[str, Any]:
             raise
         row |= {"fits": False, "temp_bytes": need, "total_bytes": None}
         row |= {
-            "error": _common.first_line(e),
+            "error": _format.first_line(e),
             "flops": _flops(er.count_flops(fn, *args)),
         }
     else:
@@ -295,7 +296,7 @@ def aot_beside(v: Variant) -> dict[str, Any]:
     try:
         aot = compile_aot(dataclasses.replace(v, build=build), target)
     except Exception as e:
-        return {"aot_target": target, "aot_error": _common.first_line(e)}
+        return {"aot_target": target, "aot_error": _format.first_line(e)}
     return {"aot_target": target} | {
         f"aot_{k}": aot[k] for k in ("temp_bytes", "total_bytes")
     }
@@ -331,3 +332,46 @@ def add_figures(rows: list[dict[str, Any]], presets: dict[str, _models.Preset]) 
         r["hfu"] = _device.utilisation(r.get("flops"), r["step_s"], **on)
         unit, n = presets[r["group"]].per_step()
         r[unit] = n / r["step_s"] if r["step_s"] else None
+
+
+def steps(args: argparse.Namespace, variants: Sequence) -> int:
+    """What `measure_all`'s progress bar counts: a compile per variant (or a
+    process per variant, with `--isolate`), and where the variants are timed
+    together, one step per round of them all."""
+    together = not (args.target or args.deferred)
+    return len(variants) + (args.repeats if together else 0)
+
+
+def plan_of_work(args: argparse.Namespace, variants: Sequence, presets: int) -> str:
+    """What the run is about to do, in the numbers its progress bar counts."""
+    n = len(variants)
+    if args.target:
+        return f"{n} variants of {presets} presets, each compiled for {args.target}"
+    if args.deferred:
+        return f"{n} variants of {presets} presets, each run in a process of its own"
+    return (
+        f"{n} variants of {presets} presets: each compiled, then all timed "
+        f"round-robin in {args.repeats} rounds ({steps(args, variants)} steps)"
+    )
+
+
+def measure_all(
+    args: argparse.Namespace, variants: list, console: _console.Console
+) -> list:
+    """One row per variant (`run.py`'s and `seed_claim.py`'s): compiled for
+    `--target`, or each in its own process (`--isolate`), or timed round-robin
+    here; the progress bar counts `steps(args, variants)`."""
+    with console.progress(steps(args, variants)) as step:
+        if args.target:
+            rows = []
+            for v in variants:
+                step(f"compile {v.group} {v.impl} {v.checkpoint}")
+                rows.append(compile_aot(v, args.target))
+            return rows
+        if args.deferred:
+            rows = measure_isolated(variants, argv=args.argv, step=step)
+            _device.set_main(rows[0].get("process_index", 0) == 0)
+            return rows
+        return measure_here(
+            variants, repeats=args.repeats, limit=args.memory_limit, step=step
+        )

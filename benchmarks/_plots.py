@@ -4,11 +4,12 @@ with their spread. Each script's `plot(data, path)` draws from its JSON alone.""
 
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import _common
+from . import _format
 
 
 LOG_RANGE = 10.0  # a range at least this wide (largest / smallest) gets a log axis
@@ -20,7 +21,7 @@ def byte_unit(values: Sequence[float]) -> tuple[str, int]:
     """The unit ("KiB", "MiB" or "GiB") and its size for byte counts up to
     `max(values)`."""
     top = max(values, default=0)
-    for name, size in (("GiB", _common.GiB), ("MiB", _common.MiB)):
+    for name, size in (("GiB", _format.GiB), ("MiB", _format.MiB)):
         if top >= size:
             return name, size
     return "KiB", 2**10
@@ -39,6 +40,12 @@ def scale_for(ax: Any, axis: str, values: Sequence[float]) -> None:
     which.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     which.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     which.set_minor_formatter(NullFormatter())
+
+
+def is_narrow(values: Sequence[float]) -> bool:
+    """Whether positive `values` span less than a fifth of their largest."""
+    positive = [v for v in values if v and v > 0]
+    return bool(positive) and (max(positive) - min(positive)) < 0.2 * max(positive)
 
 
 def zero_based_if_narrow(ax: Any, axis: str, values: Sequence[float]) -> None:
@@ -102,6 +109,17 @@ def suptitle(fig: Any, text: str, fontsize: float = 10) -> None:
     fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
+def where_when(meta: dict) -> str:
+    """A results file's machine and date, for a figure's title: the device
+    (or the target compiled for), cores, jax, date."""
+    if meta.get("target"):
+        where = f"compiled for TPU {meta['target']} on a CPU, not run"
+    else:
+        cores = f", {meta['cpu_count']} cores" if meta.get("backend") == "cpu" else ""
+        where = f"{meta['device']}{cores}"
+    return f"{where}, jax {meta['versions']['jax']}, {meta['date']}"
+
+
 def label_points(
     ax: Any,
     points: Sequence[tuple[float, float, str]],
@@ -133,4 +151,23 @@ def label_points(
         y=[y for _, y in xy],
         ax=ax,
         arrowprops=dict(arrowstyle="-", lw=0.5, color="0.5"),
+        # A count, not adjustText's default of one second: the same labels on
+        # a busy machine as on an idle one.
+        iter_lim=3000,
     )
+
+
+def plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def save_figure(fig: Any, path: Path, rect: tuple | None = None) -> None:
+    """Lay out (within `rect`), write (110 dpi) and close: every plot's end."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    plt().close(fig)

@@ -9,8 +9,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _models
-from ._common import of_kind
+from . import _format, _models
+from ._results import of_kind
 
 
 Rows = Sequence[dict[str, Any]]
@@ -117,7 +117,30 @@ def vs_peer(rows, group, preset, impl, metric, at_most, schedule=None, cpu_note=
     )
     on_cpu = any(r.get("device_kind") == "cpu" for r in rows)
     worst = None if None in ratios else max(ratios)
-    return _verdict(name, metric, at_most, worst, measured, cpu_note if on_cpu else "")
+    why = cpu_note if on_cpu else ""
+    if metric == "temp_bytes" and worst and worst > at_most:
+        why = parameter_dominated(rows, group, preset, impl) or why
+    return _verdict(name, metric, at_most, worst, measured, why)
+
+
+def parameter_dominated(rows: Rows, group: str, preset: Any, impl: str) -> str:
+    """Why ours cannot beat peer `impl`'s temp memory by much where both use
+    only a few layers' parameters of it (a wide, shallow stack at a tiny
+    batch), said with the figures; else ""."""
+    layer = preset.layer_param_bytes()
+    peers = [r for r in rows if r["group"] == group and r["impl"] == impl]
+    if not layer or not peers or peers[0].get("temp_bytes") is None:
+        return ""
+    layers = peers[0]["temp_bytes"] / layer
+    if layers > 4:  # the carries matter here: no excuse
+        return ""
+    return (
+        f"a parameter-dominated stack: {impl}'s temp memory is "
+        f"{layers:.1f} layers' parameters "
+        f"({_format.fmt_bytes(layer, digits=1)} a layer), a layer's parameters and "
+        "their gradient; the carries, where the schedules differ, are a small "
+        "part of it"
+    )
 
 
 @_check()

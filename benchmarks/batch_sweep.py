@@ -12,6 +12,7 @@ on; with `--target`, the pick compiled for TPU v5e beside MaxText's recipe. How
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import itertools
 import time
@@ -25,8 +26,19 @@ import numpy as np
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common, _measure, _models, _targets, plan_sweep
-from benchmarks._common import of_kind
+from benchmarks import (
+    _cli,
+    _console,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _plots,
+    _results,
+    _table,
+    _targets,
+)
+from benchmarks._results import of_kind
 
 
 UNIFORM = (None, "dots", "dots_no_batch", "nothing")
@@ -34,8 +46,8 @@ MICRO_BATCHES = (1, 2, 4)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
-    _common.int_flag(p, "--budgets", 4, "how many budgets")
+    p = _cli.parser(__doc__, presets=list(_models.PRESETS), repeats=15)
+    _cli.int_flag(p, "--budgets", 4, "how many budgets")
     return p
 
 
@@ -98,7 +110,7 @@ def sweep_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
     counts = tuple(k for k in MICRO_BATCHES if tokens.shape[0] % k == 0)
     uniform = UNIFORM
     if args.checkpoint:
-        uniform = [_common.parse_checkpoint(c, preset.depth) for c in args.checkpoint]
+        uniform = [er.parse_checkpoint(c, preset.depth) for c in args.checkpoint]
     grid = list(itertools.product(uniform, counts, chunks))
     console.print(f"{name}: compiling {len(grid)} combinations")
     combos = [_Combo(model, tokens, c, k, ch) for c, k, ch in grid]
@@ -184,7 +196,7 @@ def _pick(args, name, model, tokens, way, budget, combos, plain_s) -> dict[str, 
 def _describe(row: dict[str, Any]) -> str:
     plain = row["plain_plan_s"]
     return (
-        f"  {_common.fmt_bytes(row['budget_bytes'])}: {row['checkpoint']} "
+        f"  {_format.fmt_bytes(row['budget_bytes'])}: {row['checkpoint']} "
         f"x{row['micro_batches']} chunk {row['loss_chunk_size']}, "
         f"{row['ratio']:.3f}x {row['best_combination']} "
         f"(spread {100 * row['spread']:.1f}%), planned in {row['plan_s']:.0f} s"
@@ -256,7 +268,7 @@ def aot_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
     for row in rows:
         console.print(
             f"  {row['kind']}: {row['checkpoint']} per-chip batch "
-            f"{row['per_chip_batch']}, {_common.fmt_bytes(row['memory_bytes'])}, "
+            f"{row['per_chip_batch']}, {_format.fmt_bytes(row['memory_bytes'])}, "
             f"{row['tokens_per_s_per_chip']:,.0f} tokens/s per chip (roofline)"
         )
     return rows
@@ -275,22 +287,116 @@ def _names(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    check = functools.partial(plan_sweep.depth_problem, names=_names)
-    args = _common.parse_args(
+    def check(args) -> str | None:
+        return _cli.presets_problem(args.checkpoint, _names(args))
+
+    args = _cli.parse_args(
         _parser(), argv, "batch_sweep", check=check, run_only=RUN_ONLY
     )
-    console = _common.Console()
+    console = _console.Console()
     presets = {n: _preset(n) for n in _names(args)}
     t0 = time.perf_counter()
     each = aot_preset if args.target else sweep_preset
     rows = [r for n, p in presets.items() for r in each(args, n, p, console)]
     data = {
-        "meta": _common.meta(args, seconds=time.perf_counter() - t0),
+        "meta": _results.meta(args, seconds=time.perf_counter() - t0),
         "presets": {n: {"describe": p.describe()} for n, p in presets.items()},
         "rows": rows,
     }
-    targets = _targets.BATCH_TARGETS
-    return plan_sweep.finish(args, console, data, presets, targets, plot, quick=False)
+    return _ending.finish(
+        args,
+        console,
+        data,
+        stem=_results.stem(args, quick=""),
+        plot=plot,
+        show=show,
+        presets=presets,
+        targets=_targets.BATCH_TARGETS,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """One budget's pick (a row of kind "pick"), by the clock, beside the
+    fastest fitting combination (the fields the table reads)."""
+
+    group: str
+    budget_bytes: int
+    checkpoint: str
+    micro_batches: int
+    loss_chunk_size: int | None
+    memory_bytes: int
+    tokens_per_s: float
+    ratio: float  # its time / the fastest fitting combination's
+    best_combination: str
+    plan_s: float
+    plain_plan_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """Compiled for a target (rows "aot-pick", the plan's, and "maxtext",
+    MaxText's recipe at one per-chip batch): tokens/s per chip by the
+    roofline."""
+
+    group: str
+    kind: str
+    checkpoint: str
+    per_chip_batch: int
+    memory_bytes: int
+    tokens_per_s_per_chip: float
+    micro_batches: int = 1
+    loss_chunk_size: int | None = None
+
+
+def _plan_time(r: Pick) -> str:
+    alone = f" ({r.plain_plan_s:.0f} s alone)" if r.plain_plan_s else ""
+    return f"{r.plan_s:.0f} s{alone}"
+
+
+C = _table.Column
+PICKS: list[_table.Column[Pick]] = [
+    C("preset", lambda r: r.group),
+    C("budget", lambda r: _format.fmt_bytes(r.budget_bytes)),
+    C("pick", lambda r: r.checkpoint, code=True),
+    C("micro-batches", lambda r: r.micro_batches),
+    C("loss chunk", lambda r: r.loss_chunk_size or "whole"),
+    C("compiled", lambda r: _format.fmt_bytes(r.memory_bytes)),
+    C("tokens/s", lambda r: f"{r.tokens_per_s:,.0f}"),
+    C("vs fastest fitting", lambda r: f"{r.ratio:.3f}x"),
+    C("which", lambda r: r.best_combination, code=True),
+    C("planned in", _plan_time),
+]
+"""Each budget's pick, on the console and in report.py."""
+COMPILED: list[_table.Column[Compiled]] = [
+    C("preset", lambda r: r.group),
+    C("what", lambda r: "plan" if r.kind == "aot-pick" else "MaxText's recipe"),
+    C("checkpoint", lambda r: r.checkpoint, code=True),
+    C("per-chip batch", lambda r: r.per_chip_batch),
+    C("micro-batches", lambda r: r.micro_batches),
+    C("loss chunk", lambda r: r.loss_chunk_size or "whole"),
+    C("compiled", lambda r: _format.fmt_bytes(r.memory_bytes)),
+    C("tokens/s per chip (roofline)", lambda r: f"{r.tokens_per_s_per_chip:,.0f}"),
+]
+"""With --target: the plan's pick for the global batch beside MaxText's recipe
+at each per-chip batch that fits, on the console and in report.py."""
+
+
+def table(data: dict[str, Any]) -> tuple[list[_table.Column], list]:
+    """The results' table: the picks, or compiled for a target."""
+    if data["meta"].get("target"):
+        return COMPILED, _table.read_all(Compiled, data["rows"])
+    return PICKS, _table.read_all(Pick, of_kind(data["rows"], "pick"))
+
+
+def show(console: _console.Console, data: dict[str, Any], where: str) -> None:
+    _table.show(console, f"Batch planner [{where}]", *table(data))
+
+
+def report(data: dict[str, Any]) -> str:
+    """report.py's section: the presets, the table, the targets."""
+    parts = [_table.presets_markdown(data), _table.markdown(*table(data))]
+    return "\n\n".join([*parts, _table.targets_markdown(data)]).rstrip()
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -300,8 +406,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
     if any(r["kind"] not in ("combination", "pick") for r in data["rows"]):
         return _plot_aot(data, path)
     groups = [g for g in data["presets"] if any(r["group"] == g for r in data["rows"])]
-    fig, axes = _common.plt().subplots(
-        1, len(groups), figsize=(6 * len(groups), 4), squeeze=False
+    fig, axes = _plots.plt().subplots(
+        1, len(groups), figsize=(6.2 * len(groups), 5.2), squeeze=False
     )
     for ax, group in zip(axes[0], groups, strict=True):
         rows = [r for r in data["rows"] if r["group"] == group]
@@ -317,16 +423,26 @@ def plot(data: dict[str, Any], path: Path) -> None:
                 )
                 for budget in (p["budget_bytes"] for p in picks)
             ]
-            ax.plot(budgets, best, "--.", label=f"{c}, best micro-batches")
-        ax.set(xscale="log", xlabel="budget (MiB)", ylabel="tokens/s", title=group)
-        ax.legend(fontsize=7)
-    _common.save_figure(fig, path)
+            ax.plot(budgets, best, "--.", label=f"{c}: its fastest combination")
+        _plots.scale_for(ax, "x", budgets)
+        ax.set(xlabel="memory budget (MiB)", ylabel="tokens/s, measured")
+        _plots.panel_title(ax, group, data["presets"][group]["describe"])
+        ax.grid(alpha=0.3)
+        # Below the axes: a legend inside would hide points.
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2)
+    _plots.suptitle(
+        fig,
+        "Batch planner: tokens/s of the plan's pick at each budget, beside each "
+        "uniform checkpoint at its fastest micro-batch count and loss chunking "
+        f"that fits\n{_plots.where_when(data['meta'])}",
+    )
+    _plots.save_figure(fig, path)
 
 
 def _plot_aot(data: dict[str, Any], path: Path) -> None:
     """Tokens/s per chip (roofline): the pick beside MaxText's recipe at each
     per-chip batch that fits."""
-    fig, ax = _common.plt().subplots(figsize=(6, 4))
+    fig, ax = _plots.plt().subplots(figsize=(7, 5))
     maxtext = of_kind(data["rows"], "maxtext")
     xs = [r["per_chip_batch"] for r in maxtext]
     ys = [r["tokens_per_s_per_chip"] for r in maxtext]
@@ -335,10 +451,17 @@ def _plot_aot(data: dict[str, Any], path: Path) -> None:
         label = f"plan: x{r['micro_batches']} chunk {r['loss_chunk_size']}"
         xy = [r["per_chip_batch"]], [r["tokens_per_s_per_chip"]]
         ax.plot(*xy, "k*", markersize=12, label=label)
-    ax.set(xscale="log", xlabel="per-chip batch", ylabel="tokens/s per chip")
-    ax.set_title(f"{data['meta'].get('target')}: 16 GiB per chip (roofline)")
-    ax.legend(fontsize=7)
-    _common.save_figure(fig, path)
+    _plots.scale_for(ax, "x", xs)
+    ax.set(xlabel="per-chip batch", ylabel="tokens/s per chip (roofline)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
+    group, preset = next(iter(data["presets"].items()))
+    _plots.suptitle(
+        fig,
+        f"Batch planner, {group}: the plan's pick beside MaxText's recipe, 16 GiB "
+        f"per chip\n{preset['describe']}\n{_plots.where_when(data['meta'])}",
+    )
+    _plots.save_figure(fig, path)
 
 
 if __name__ == "__main__":

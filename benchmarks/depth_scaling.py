@@ -8,68 +8,38 @@ against D; `equinox.internal.scan`'s treeverse as a peer.
 """
 
 import argparse
-import statistics
+import dataclasses
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from benchmarks import _common, _measure, _models, _plots
+from benchmarks import (
+    _cli,
+    _console,
+    _depth,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _results,
+    _table,
+)
 
 
 CHECKPOINTS = _models.ChainPreset.CHECKPOINTS  # the sweep's chain checkpoints
 DEPTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def parser(doc: str, depths: list[int], what: str) -> argparse.ArgumentParser:
-    """The flags of both compile-time scripts: `--depths` (of `what`)."""
-    p = _common.parser(doc, repeats=3, target=False)
-    _common.int_flag(p, "--depths", depths, f"the depths to measure: {what}", nargs="+")
-    return p
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = parser(__doc__, list(DEPTHS), "chain layers D")
-    _common.int_flag(p, "--width", 32, metavar=None)
-    _common.int_flag(p, "--batch", 256, metavar=None)
+    p = _depth.parser(__doc__, list(DEPTHS), "chain layers D")
+    _cli.int_flag(p, "--width", 32, metavar=None)
+    _cli.int_flag(p, "--batch", 256, metavar=None)
     p.add_argument(
         "--no-peers", action="store_true", help="no treeverse (default: off)"
     )
     return p
-
-
-def compile_seconds(fn: Callable, *args) -> float:
-    """Trace, lower and compile `fn` from scratch (caches cleared first)."""
-    jax.clear_caches()
-    t0 = time.perf_counter()
-    jax.jit(fn).lower(*args).compile()
-    return time.perf_counter() - t0
-
-
-def sweep(
-    console: _common.Console,
-    repeats: int,
-    points: dict,
-    measure: Callable[[tuple, bool], dict],
-    times: str,
-) -> list[dict]:
-    """`measure(point, first)` (a row with `compile_s`) for each point (a key of
-    `points`, whose value names it), `repeats` rounds interleaved so that the
-    machine's load hits every point alike. One row per point: the first round's,
-    with the median `compile_s` and the samples under `times`."""
-    results: dict = {}
-    with console.progress(repeats * len(points)) as step:
-        for r in range(repeats):
-            for point, name in points.items():
-                step(f"round {r + 1}: {name}")
-                results.setdefault(point, []).append(measure(point, r == 0))
-    rows = []
-    for got in results.values():
-        secs = [r["compile_s"] for r in got]
-        rows.append(got[0] | {times: secs, "compile_s": statistics.median(secs)})
-    return rows
 
 
 def slope(rows: list[dict], spec: str, lo: int) -> float | None:
@@ -84,16 +54,10 @@ def slope(rows: list[dict], spec: str, lo: int) -> float | None:
     return float(np.polyfit(*np.log(np.array(pts, dtype=float)).T, 1)[0])
 
 
-def depth_problem(args) -> str | None:
-    """`--checkpoint` at each of `--depths`."""
-    depths = {f"--depths {n}": n for n in args.depths}
-    return _common.depth_problem(args.checkpoint, depths)
-
-
 def main(argv: list[str] | None = None) -> dict:
     quick = {"depths": [16, 64], "width": 8, "batch": 2, "repeats": 1}
-    args = _common.parse_args(
-        _parser(), argv, "depth_scaling", quick=quick, check=depth_problem
+    args = _cli.parse_args(
+        _parser(), argv, "depth_scaling", quick=quick, check=_depth.depth_problem
     )
     quick = ["None", "nested(2)", "recursive()"]
     specs = list(args.checkpoint or (quick if args.quick else CHECKPOINTS))
@@ -111,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
             jax.clear_caches()
             row, _, _ = _measure.compile_variant(v, None)
         else:
-            row = {"compile_s": compile_seconds(*v.build())}
+            row = {"compile_s": _depth.compile_seconds(*v.build())}
         return row | {
             "spec": spec or "treeverse(log2)",
             "depth": layers,
@@ -119,121 +83,101 @@ def main(argv: list[str] | None = None) -> dict:
             "checkpoint": v.checkpoint,
         }
 
-    console, t0 = _common.Console(), time.perf_counter()
+    console, t0 = _console.Console(), time.perf_counter()
     points = {(d, s): f"D={d} {s or 'treeverse'}" for d in args.depths for s in specs}
-    rows = sweep(console, args.repeats, points, measure, "compile_times_s")
+    rows = _depth.sweep(console, args.repeats, points, measure, "compile_times_s")
     lo = sorted(args.depths)[len(args.depths) // 3]
     names = list(dict.fromkeys(r["spec"] for r in rows))
     describe = f"zoo.ResidualChain width {args.width}, batch {args.batch}, float32"
     data = {
-        "meta": _common.meta(args, seconds=time.perf_counter() - t0, describe=describe),
+        "meta": _results.meta(
+            args, seconds=time.perf_counter() - t0, describe=describe
+        ),
         "rows": rows,
         "memory_slopes": {
             "from_depth": lo,
             "slopes": {s: slope(rows, s, lo) for s in names},
         },
     }
-    path = _common.write(args, "depth_scaling" + "_quick" * args.quick, data, plot)
-    show(console, data, names)
-    console.print(f"{len(rows)} points; results in {path}")
-    return data
+    return _ending.finish(
+        args,
+        console,
+        data,
+        stem="depth_scaling" + "_quick" * args.quick,
+        plot=plot,
+        show=show,
+    )
 
 
-def show(console: _common.Console, data: dict, names: list[str]) -> None:
-    depths = sorted({r["depth"] for r in data["rows"]})
-    by = {(r["spec"], r["depth"]): r for r in data["rows"]}
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One point: a checkpoint (`spec`; the peer's `treeverse(log2)`) compiled
+    at one depth (the fields the tables read)."""
+
+    spec: str
+    depth: int
+    impl: str
+    checkpoint: str  # as compiled (`sqrt`, `log2` resolved)
+    compile_s: float  # the median
+    compile_times_s: list[float]
+    temp_bytes: int | None = None
+    flops: int | None = None
+
+
+def tables(data: dict) -> dict[str, tuple[list[_table.Column], list[_depth.Line]]]:
+    """The script's tables, on the console and in report.py: title -> (its
+    columns, its lines), one line per checkpoint, a column per depth."""
+    rows = _table.read_all(Row, data["rows"])
+    depths = sorted({r.depth for r in rows})
+    lines = _depth.lines(rows, "spec", "depth")
+    base = {r.depth: r.flops for r in rows if r.spec == "None"}
     slopes = data["memory_slopes"]["slopes"]
 
-    def flops(r: dict) -> str:
-        base = by.get(("None", r["depth"]), {}).get("flops")
-        return _common.fmt_ratio(r["flops"] / base if r["flops"] and base else None)
+    def flops(r: Row) -> str:
+        b = base.get(r.depth)
+        return _format.fmt_ratio(r.flops / b if r.flops and b else None)
 
-    tables = {  # title: each cell's text
-        "Temp memory vs depth": lambda r: _common.fmt_bytes(r["temp_bytes"], digits=1),
-        "FLOPs vs None": flops,
-        "Compile time, s (median)": lambda r: f"{r['compile_s']:.1f}",
-    }
-    console.print(data["meta"]["describe"])
-    for i, (title, cell) in enumerate(tables.items()):
-        rows = [[s, *(cell(by[(s, d)]) for d in depths)] for s in names]
-        cols = ["checkpoint", *(f"D={d}" for d in depths)]
-        if i == 0:  # memory, with its slope
-            cols.append("slope")
-            for s, row in zip(names, rows):
-                row.append("n/a" if slopes[s] is None else f"{slopes[s]:.2f}")
-        title += f" [{_common.where_compiled(data)}]"
-        console.table(title, cols, rows, left=1)
+    def slope(line: _depth.Line) -> str:
+        return "n/a" if slopes[line.spec] is None else f"{slopes[line.spec]:.2f}"
 
-
-def plot(data: dict, path: Path, what: str = "") -> None:
-    """Against depth, per checkpoint (`spec`): compiled temp memory (its axis log
-    where the range calls for it) and FLOPs relative to `None`, where the rows
-    have them, and compile time (bars: the spread of `compile_times_s`). `what`:
-    the title (default: this script's)."""
-    from matplotlib.ticker import FuncFormatter
-
-    rows = data["rows"]
-    by_spec: dict[str, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: r["depth"]):
-        by_spec.setdefault(r["spec"], []).append(r)
-    base = {r["depth"]: r.get("flops") for r in by_spec.get("None", [])}
-    panels = {  # y label: the value of a row (none: not drawn)
-        "compiled temp memory (MiB)": lambda r: r["temp_bytes"] / _common.MiB,
-        "FLOPs per step vs None": lambda r: (
-            r["flops"] and r["flops"] / base[r["depth"]]
+    memory = _depth.columns(
+        depths,
+        lambda r: _format.fmt_bytes(r.temp_bytes, digits=1),
+        extra=[_table.Column("slope", slope)],
+    )
+    start = data["memory_slopes"]["from_depth"]
+    return {
+        f"Compiled temp memory, and the log-log slope from D = {start}": (
+            memory,
+            lines,
         ),
-        "trace + lower + compile (s)": lambda r: r["compile_s"],
+        "FLOPs vs None": (_depth.columns(depths, flops), lines),
+        "Trace + lower + compile, seconds (median)": (
+            _depth.columns(depths, lambda r: f"{r.compile_s:.1f}"),
+            lines,
+        ),
     }
-    if "temp_bytes" not in rows[0]:
-        panels = {k: v for k, v in panels.items() if k.startswith("trace")}
-    hidden = {  # curves that another hides: said in the legend
-        word: _plots.coinciding(
-            {s: [r.get(k) for r in rs] for s, rs in by_spec.items()}
-        )
-        for word, k in (("memory", "temp_bytes"), ("FLOPs", "flops"))
-        if k in rows[0]
-    }
-    fig, axes = _common.plt().subplots(
-        1, len(panels), figsize=(max(7.5, 5 * len(panels)), 5), squeeze=False
-    )
-    for ax, (label, value) in zip(axes[0], panels.items()):
-        for spec, rs in by_spec.items():
-            rs = [r for r in rs if value(r)]
-            notes = [f"{w} as {h[spec]}" for w, h in hidden.items() if spec in h]
-            bars = [_plots.spread(r["compile_times_s"], r["compile_s"], 1) for r in rs]
-            ax.errorbar(
-                [r["depth"] for r in rs],
-                [value(r) for r in rs],
-                yerr=np.transpose(bars) if label.startswith("trace") else None,
-                marker="o",
-                capsize=2,
-                elinewidth=0.8,
-                label=spec + (f" ({', '.join(notes)}: hidden)" if notes else ""),
-            )
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set(xlabel="depth D (layers)", ylabel=label)
-        ax.grid(alpha=0.3, which="both")
-        if label.startswith("compiled"):
-            _plots.scale_for(ax, "y", [value(r) for r in rows])
-        else:
-            ax.set_ylim(bottom=0)
-    handles = axes[0][0].get_legend_handles_labels()
-    fig.legend(
-        *handles, loc="lower center", ncols=4 if len(panels) > 1 else 3, fontsize=9
-    )
-    meta, n = data["meta"], max(len(r["compile_times_s"]) for r in rows)
-    what = what or (
-        f"Gradient of a deep {meta['describe']} against its depth D, per checkpoint: "
-        "memory, recomputation and compile time"
-    )
-    _plots.suptitle(
-        fig,
-        f"{what} (median; bars: {_plots.spread_name(n, 'compiles')})\n"
-        f"{meta['device']}, {meta['cpu_count']} cores, jax {meta['versions']['jax']}, "
-        f"{meta['date']}",
-    )
-    _common.save_figure(fig, path, rect=(0, 0.07, 1, 1))
+
+
+def show(console: _console.Console, data: dict, where: str) -> None:
+    console.print(data["meta"]["describe"])
+    where = _results.where_compiled(data)
+    for title, (columns, lines) in tables(data).items():
+        _table.show(console, f"{title} [{where}]", columns, lines, left=1)
+
+
+def report(data: dict) -> str:
+    """report.py's section: what was measured, then each table."""
+    parts = [f"{data['meta']['describe']}."]
+    for title, (columns, lines) in tables(data).items():
+        parts.append(f"{title}:\n\n{_table.markdown(columns, lines)}")
+    return "\n\n".join(parts)
+
+
+def plot(data: dict, path: Path) -> None:
+    """Against depth, per checkpoint: compiled temp memory, FLOPs vs `None` and
+    compile time (`_depth.plot`)."""
+    _depth.plot(data, path)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,17 @@ import jax.numpy as jnp
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common, _measure, _models, _targets
+from benchmarks import (
+    _cli,
+    _console,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _results,
+    _table,
+    _targets,
+)
 from eqx_remat.internal import hardware, is_array_like, needed_bytes
 
 
@@ -210,7 +220,7 @@ def _compile(fn: Any, model: Any, tokens: Any, target: str) -> dict[str, Any]:
         flops = er.count_flops(fn, model, tokens)
         return {"fits": False, "temp_bytes": need, "total_bytes": None} | {
             "flops": None if flops.dynamic_loops else int(flops),
-            "error": _common.first_line(e),
+            "error": _format.first_line(e),
         }
     flops = None if report.flops.dynamic_loops else int(report.flops)
     return {
@@ -225,7 +235,7 @@ def _compile(fn: Any, model: Any, tokens: Any, target: str) -> dict[str, Any]:
 def measure(name: str, c: Config, spec: str) -> Row:
     """`c` under the checkpoint `spec`: compiled for `c.topology`, priced by the
     roofline, beside what MaxText published (for its own policy only)."""
-    checkpoint = _common.parse_checkpoint(spec, dims(c).layers)
+    checkpoint = er.parse_checkpoint(spec, dims(c).layers)
     mesh = er.v5e_mesh(c.topology)
     model = zoo.shard(make(c, checkpoint), mesh, fsdp=True)
     batch = jax.ShapeDtypeStruct((c.per_device_batch * mesh.size, c.seq), jnp.int32)
@@ -246,7 +256,7 @@ def measure(name: str, c: Config, spec: str) -> Row:
     published = c.published_mfu if own else None
     return Row(
         config=name,
-        checkpoint=_common.checkpoint_label(checkpoint),
+        checkpoint=er.checkpoint_label(checkpoint),
         remat_policy=c.remat_policy if own else None,
         target=c.topology,
         chips=mesh.size,
@@ -287,7 +297,7 @@ def factor(rows: list[Row]) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    return _common.parser(__doc__, presets=list(CONFIGS), repeats=None, target=False)
+    return _cli.parser(__doc__, presets=list(CONFIGS), repeats=None, target=False)
 
 
 def _problem(args: argparse.Namespace) -> str | None:
@@ -298,14 +308,14 @@ def _problem(args: argparse.Namespace) -> str | None:
         )
     configs = QUICK if args.quick else CONFIGS
     depths = {f"--preset {n}": dims(c).layers for n, c in configs.items()}
-    return _common.depth_problem(args.checkpoint, depths)
+    return _cli.depth_problem(args.checkpoint, depths)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = _common.parse_args(_parser(), argv, "maxtext_mfu", check=_problem)
+    args = _cli.parse_args(_parser(), argv, "maxtext_mfu", check=_problem)
     configs = QUICK if args.quick else CONFIGS
     names = args.preset or list(configs)
-    console, t0 = _common.Console(), time.perf_counter()
+    console, t0 = _console.Console(), time.perf_counter()
     rows = []
     for name in names:
         c = configs[name]
@@ -315,12 +325,12 @@ def main(argv: list[str] | None = None) -> dict:
             r = rows[-1]
             console.print(
                 f"    roofline {r.roofline_s:.3g} s (estimate), predicted MFU "
-                f"{_common.fmt_pct(r.predicted_mfu)}, published "
-                f"{_common.fmt_pct(r.published_mfu)}; compiled in {r.compile_s:.0f} s"
+                f"{_format.fmt_pct(r.predicted_mfu)}, published "
+                f"{_format.fmt_pct(r.published_mfu)}; compiled in {r.compile_s:.0f} s"
             )
     topology = ", ".join(sorted({configs[n].topology for n in names}))
     data = {
-        "meta": _common.meta(
+        "meta": _results.meta(
             args, seconds=time.perf_counter() - t0, target=topology, source=SOURCE
         ),
         "presets": {
@@ -336,40 +346,65 @@ def main(argv: list[str] | None = None) -> dict:
         "factor": factor(rows),
     }
     stem = "maxtext_mfu" + "_quick" * args.quick
-    if _common.is_main():
-        _common.write_json(args.out / f"{stem}.json", data)
-        _common.write_csv(args.out / f"{stem}.csv", data["rows"])
-    show(console, data)
-    console.print(f"results in {args.out / stem}.json")
-    return data
+    return _ending.finish(args, console, data, stem=stem, plot=None, show=show)
 
 
-COLUMNS = {  # the table's header: a row's cell
-    "config": lambda r: r["config"],
-    "checkpoint": lambda r: r["checkpoint"],
-    "FLOPs/chip": lambda r: _common.fmt_flops(r["model_flops_per_chip"]),
-    "roofline": lambda r: f"{r['roofline_s']:.3g} s",
-    "est. MFU": lambda r: _common.fmt_pct(r["predicted_mfu"]),
-    "est. HFU": lambda r: _common.fmt_pct(r["predicted_hfu"]),
-    "MaxText MFU": lambda r: _common.fmt_pct(r["published_mfu"]),
-    "ratio": lambda r: "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}",
-    "temp/chip": lambda r: _common.fmt_bytes(r["temp_bytes"], 1),
-    "fits": lambda r: "yes" if r["fits"] else "no",
-}
-LEGEND = (
-    "FLOPs/chip: model FLOPs of one step (6 x params x tokens + causal attention "
-    "in full: the published MFU's count, no recomputation); roofline: its "
-    "estimate of the step; est. MFU: FLOPs/chip over roofline x 197 TFLOP/s; est. "
-    "HFU: the same with the FLOPs executed (recomputation included); ratio: "
-    "MaxText's measured MFU / est. MFU."
-)
+C = _table.Column
 
 
-def show(console: _common.Console, data: dict) -> None:
-    rows = [[cell(r) for cell in COLUMNS.values()] for r in data["rows"]]
+def _seconds(s: float | None) -> str:
+    return "n/a" if s is None else f"{s:.3g} s"
+
+
+def _flops(r: Row) -> str:
+    return _format.fmt_flops(r.model_flops_per_chip)
+
+
+COLUMNS: list[_table.Column[Row]] = [
+    C("config", lambda r: r.config),
+    C("checkpoint", lambda r: r.checkpoint, code=True),
+    C(
+        "FLOPs/chip",
+        _flops,
+        "model FLOPs of one step (6 x params x tokens + causal attention in "
+        "full: the published MFU's count, no recomputation)",
+    ),
+    C("roofline", lambda r: f"{r.roofline_s:.3g} s", "its estimate of the step"),
+    C(
+        "MaxText's step",
+        lambda r: (
+            "n/a" if r.published_step_s is None else f"{r.published_step_s:.3g} s"
+        ),
+        "the time MaxText's published MFU implies for these FLOPs",
+    ),
+    C(
+        "est. MFU",
+        lambda r: _format.fmt_pct(r.predicted_mfu),
+        "FLOPs/chip over roofline x 197 TFLOP/s",
+    ),
+    C(
+        "est. HFU",
+        lambda r: _format.fmt_pct(r.predicted_hfu),
+        "the same with the FLOPs executed (recomputation included)",
+    ),
+    C("MaxText MFU", lambda r: _format.fmt_pct(r.published_mfu)),
+    C(
+        "ratio",
+        lambda r: "n/a" if r.ratio is None else f"{r.ratio:.2f}",
+        "MaxText's measured MFU / est. MFU",
+    ),
+    C("temp/chip", lambda r: _format.fmt_bytes(r.temp_bytes, 1)),
+    C("fits", lambda r: "yes" if r.fits else "no"),
+]
+"""The table, on the console (with the legend of the columns shown) and in
+report.py."""
+
+
+def show(console: _console.Console, data: dict, where: str) -> None:
+    rows = _table.read_all(Row, data["rows"])
     where = f"TPU {data['meta']['target']} per chip, compiled, not run"
-    console.table(f"MaxText's v5e runs, roofline [{where}]", list(COLUMNS), rows, 2)
-    console.print(LEGEND)
+    title = f"MaxText's v5e runs, roofline [{where}]"
+    console.print(_table.legend(_table.show(console, title, COLUMNS, rows)))
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
     f = data["factor"]
@@ -387,6 +422,16 @@ def show(console: _common.Console, data: dict) -> None:
             f"{f['spearman']:.2f} (the roofline has no term for the chips' "
             "collectives; it is not fitted to these runs)."
         )
+
+
+def report(data: dict) -> str:
+    """report.py's section: the configs, the table."""
+    rows = _table.read_all(Row, data["rows"])
+    return (
+        _table.presets_markdown(data, topology=True)
+        + "\n\n"
+        + (_table.markdown(COLUMNS, rows))
+    )
 
 
 if __name__ == "__main__":

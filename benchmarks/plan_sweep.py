@@ -12,8 +12,10 @@ the budgets are chosen and what the targets ask: benchmarks/README.md.
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import os
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +27,23 @@ import numpy as np
 
 import eqx_remat as er
 import zoo
-from benchmarks import _common, _measure, _models, _plots, _targets
-from benchmarks._common import of_kind
+from benchmarks import (
+    _cli,
+    _console,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _plots,
+    _results,
+    _table,
+    _targets,
+)
+from benchmarks._results import of_kind
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, presets=list(_models.PRESETS), repeats=25)
+    p = _cli.parser(__doc__, presets=list(_models.PRESETS), repeats=25)
     p.add_argument(
         "--no-clock",
         dest="clock",
@@ -38,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         help="on the device: do not time the frontier, picks and uniform "
         "checkpoints afresh (default: time them)",
     )
-    _common.int_flag(p, "--budgets", 10, "how many budgets, evenly spaced")
+    _cli.int_flag(p, "--budgets", 10, "how many budgets, evenly spaced")
     return p
 
 
@@ -95,15 +108,15 @@ def _plan_budgets(args, name, fn, model, batch, cap: int, console) -> tuple:
     (the planner reuses its compilations): the "planning" row, the budgets, each
     one's plan (`None`: nothing fits) and every plan made, in order."""
     load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
-    console.print(f"[bold]{name}[/]: planning at {_common.fmt_bytes(cap)} first")
+    console.print(f"[bold]{name}[/]: planning at {_format.fmt_bytes(cap)} first")
     top = _plan(fn, model, batch, cap, args.target)
     if top is None:
-        raise SystemExit(f"{name}: nothing fits in {_common.fmt_bytes(cap)}")
+        raise SystemExit(f"{name}: nothing fits in {_format.fmt_bytes(cap)}")
     budgets = _budgets(args, fn, model, batch, top, cap)
     results = []
     for b in budgets:
         if b != cap:  # planned already
-            console.print(f"[bold]{name}[/]: budget {_common.fmt_bytes(b)}")
+            console.print(f"[bold]{name}[/]: budget {_format.fmt_bytes(b)}")
         results.append(top if b == cap else _plan(fn, model, batch, b, args.target))
     # In the order planned: later calls predict with more compiles behind them.
     calls = ([] if cap in budgets else [top]) + results
@@ -132,7 +145,7 @@ def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]
     specs = args.checkpoint or preset.checkpoints(
         quick=args.quick, accelerator=bool(args.target)
     )
-    cands = [_common.parse_checkpoint(s, preset.depth) for s in specs]
+    cands = [er.parse_checkpoint(s, preset.depth) for s in specs]
     mesh = _measure.mesh_for(args.target) if args.target else None
     model, batch = preset.build(abstract=True), preset.inputs(abstract=True)
     if mesh is not None:
@@ -197,7 +210,7 @@ def clock_rows(args, name, fn, model, batch, plans, uniform, console) -> list[di
         {
             "group": name,
             "kind": "timed",
-            "checkpoint": _common.checkpoint_label(c),
+            "checkpoint": er.checkpoint_label(c),
             "uniform": not isinstance(c, er.ranges),
             "memory_bytes": memory,
             "measured_s": t.seconds,
@@ -278,7 +291,7 @@ def _frontier(plans: list[er.PlanResult]) -> list[dict[str, Any]]:
                 points[p.checkpoint] = p
     rows = [
         {
-            "checkpoint": _common.checkpoint_label(p.checkpoint),
+            "checkpoint": er.checkpoint_label(p.checkpoint),
             "predicted_bytes": p.predicted_bytes,
             "compiled_bytes": p.compiled_bytes,
             "memory_bytes": (
@@ -308,7 +321,7 @@ def _uniform_row(name: str, e: er.PlanEntry, cap: int) -> dict[str, Any]:
     return {
         "group": name,
         "kind": "uniform",
-        "checkpoint": _common.checkpoint_label(e.checkpoint),
+        "checkpoint": er.checkpoint_label(e.checkpoint),
         "memory_bytes": e.memory_bytes,
         "compiled": e.report is not None,
         **_entry(e, cap),
@@ -322,9 +335,7 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
         "group": name,
         "kind": "pick",
         "budget_bytes": budget,
-        "best_uniform": None
-        if best is None
-        else _common.checkpoint_label(best.checkpoint),
+        "best_uniform": None if best is None else er.checkpoint_label(best.checkpoint),
         "best_uniform_time_s": None if best is None else best.time_s,
     }
     if result is None:
@@ -333,7 +344,7 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
         (p for p in result.frontier if p.checkpoint == result.checkpoint), None
     )
     return row | {
-        "checkpoint": _common.checkpoint_label(result.checkpoint),
+        "checkpoint": er.checkpoint_label(result.checkpoint),
         "compiled_bytes": result.entry.memory_bytes,
         "predicted_bytes": None if point is None else point.predicted_bytes,
         **_entry(result.entry, budget),
@@ -343,7 +354,7 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     }
 
 
-RUN_ONLY = (*_common.RUN_ONLY, "clock")  # --target: nothing is timed
+RUN_ONLY = (*_cli.RUN_ONLY, "clock")  # --target: nothing is timed
 
 
 def _names(args) -> list[str]:
@@ -351,17 +362,16 @@ def _names(args) -> list[str]:
     return args.preset or ["transformer-tiny" if args.quick else default]
 
 
-def depth_problem(args, names: Callable = _names) -> str | None:
-    """Why a `--checkpoint` cannot checkpoint a preset of `names(args)`."""
-    depths = {f"--preset {n}": _models.PRESETS[n].depth for n in names(args)}
-    return _common.depth_problem(args.checkpoint, depths)
+def depth_problem(args) -> str | None:
+    """Why a `--checkpoint` cannot checkpoint a preset this run measures."""
+    return _cli.presets_problem(args.checkpoint, _names(args))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(
+    args = _cli.parse_args(
         _parser(), argv, "plan_sweep", check=depth_problem, run_only=RUN_ONLY
     )
-    console = _common.Console()
+    console = _console.Console()
     names = _names(args)
     devices = _measure.mesh_for(args.target).size if args.target else 1
     presets = {n: _models.PRESETS[n].on(devices) for n in names}
@@ -371,86 +381,181 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["between"] = _targets.between_uniform(rows, r["group"], r["budget_bytes"])
     hw = er.internal.hardware(args.target)[0]  # the roofline's figures
     roofline = {"peak_flops": hw.peak_flops, "bytes_per_s": hw.memory_bytes_per_s}
-    meta = _common.meta(args, seconds=time.perf_counter() - t0, roofline=roofline)
+    meta = _results.meta(args, seconds=time.perf_counter() - t0, roofline=roofline)
     where = args.target or args.platform
     described = {
         n: {"describe": p.describe(), "topology": where} for n, p in presets.items()
     }
     data = {"meta": meta, "presets": described, "rows": rows}
-    return finish(args, console, data, presets, _targets.PLAN_TARGETS, plot, show)
+    return _ending.finish(
+        args,
+        console,
+        data,
+        stem=_results.stem(args),
+        plot=plot,
+        show=show,
+        presets=presets,
+        targets=_targets.PLAN_TARGETS,
+    )
 
 
-def finish(args, console, data, presets, targets, plot, show=None, quick=True) -> dict:
-    """How both sweeps end: `data` written to `<out>/<script>-<device>.json`
-    (`-quick` too where `quick` and `--quick`) at once, then `targets` evaluated
-    on its rows, the results written again with them (JSON, CSV, `plot`) and
-    shown (`show(console, data, where)`, then the verdicts). Returns `data`."""
-    tag = (args.target or args.platform).replace(":", "_")
-    stem = f"{args.script}-{tag}" + ("-quick" if quick and args.quick else "")
-    if _common.is_main():  # what was measured, before anything else can fail
-        _common.write_json(args.out / f"{stem}.json", data)
-    data["targets"] = _targets.evaluate(data["rows"], presets, targets)
-    path = _common.write(args, stem, data, plot)
-    if show is not None:
-        show(console, data, _common.where(args, data))
-    _common.show_targets(console, data["targets"])
-    console.print(f"results in {path}")
-    return data
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """One budget's pick (a row of kind "pick"), beside the best uniform
+    candidate that fits (the fields the tables read)."""
+
+    group: str
+    budget_bytes: int
+    checkpoint: str | None  # None: nothing fits
+    best_uniform: str | None
+    best_uniform_time_s: float | None
+    compiled_bytes: int | None = None
+    predicted_bytes: int | None = None
+    time_s: float | None = None
+    compiles: int | None = None
+    # By the clock (where the device ran them).
+    measured_s: float | None = None
+    best_uniform_measured: str | None = None
+    best_uniform_measured_s: float | None = None
+    clock_ratio: float | None = None
 
 
-def show(console: _common.Console, data: dict, where: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """A checkpoint timed afresh (a row of kind "timed")."""
+
+    group: str
+    checkpoint: str
+    memory_bytes: int
+    measured_s: float
+    spread: float | None
+    predicted_s: float | None
+    predicted_measured: bool
+    roofline_s: float | None
+    on_frontier: bool
+
+
+C = _table.Column
+ms, size = _format.fmt_ms, _format.fmt_bytes
+PICKS: list[_table.Column[Pick]] = [
+    C("preset", lambda r: r.group),
+    C("budget", lambda r: size(r.budget_bytes)),
+    C("pick", lambda r: r.checkpoint or "nothing fits", code=True),
+    C("compiled", lambda r: size(r.compiled_bytes)),
+    C("predicted", lambda r: size(r.predicted_bytes)),
+    C("est. time", lambda r: ms(r.time_s)),
+    C("best uniform that fits", lambda r: r.best_uniform or "-", code=True),
+    C("its est. time", lambda r: ms(r.best_uniform_time_s)),
+    C("compiles", lambda r: "n/a" if r.compiles is None else str(r.compiles)),
+]
+"""Each budget's pick, on the console and in report.py."""
+CLOCK: list[_table.Column[Pick]] = [
+    C("preset", lambda r: r.group),
+    C("budget", lambda r: size(r.budget_bytes)),
+    C("pick", lambda r: r.checkpoint, code=True),
+    C("measured", lambda r: ms(r.measured_s)),
+    C("fastest fitting uniform", lambda r: r.best_uniform_measured, code=True),
+    C("it, measured", lambda r: ms(r.best_uniform_measured_s)),
+    C("pick / it", lambda r: f"{r.clock_ratio:.3f}x"),
+]
+"""Each pick by the clock, beside the fastest fitting uniform checkpoint."""
+TIMED: list[_table.Column[Timed]] = [
+    C("preset", lambda r: r.group),
+    C("checkpoint", lambda r: r.checkpoint, code=True),
+    C("memory", lambda r: size(r.memory_bytes)),
+    C("measured", lambda r: ms(r.measured_s)),
+    C("spread", lambda r: _format.fmt_pct(r.spread)),
+    C("predicted", lambda r: ms(r.predicted_s) + ("" if r.predicted_measured else "*")),
+    C("roofline", lambda r: ms(r.roofline_s)),
+    C("on the frontier", lambda r: "yes" if r.on_frontier else ""),
+]
+"""Every checkpoint timed afresh: predicted against measured."""
+TIMED_NOTE = (
+    "predicted: the planner's time (* estimated: a mix from its options' "
+    "measured times per layer); roofline: FLOPs at peak + bytes moved at "
+    "bandwidth, the device's figures (a CPU's by calibration); spread: "
+    "interquartile range / median"
+)
+
+
+def tables(data: dict) -> dict[str, tuple[list[_table.Column], list]]:
+    """The sweep's tables, on the console and in report.py: title -> (its
+    columns, its rows)."""
+    rows = data["rows"]
+    picks = _table.read_all(Pick, of_kind(rows, "pick"))
+    timed = _table.read_all(Timed, of_kind(rows, "timed"))
+    timed.sort(key=lambda r: (r.group, r.memory_bytes))
+    out = {"Picks": (PICKS, picks)}
+    if timed:
+        clocked = [r for r in picks if r.best_uniform_measured_s]
+        out["By the clock (every pick and uniform checkpoint timed afresh, "
+            "round-robin)"] = (CLOCK, clocked)  # fmt: skip
+        out["Timed afresh: predicted against measured"] = (TIMED, timed)
+    return out
+
+
+def _planning(data: dict) -> list[str]:
+    """What planning cost, per preset."""
+    cpus = data["meta"]["cpu_count"]
+    return [
+        f"`{r['group']}`: {data['presets'][r['group']]['describe']}, "
+        f"{data['presets'][r['group']]['topology']}. Planning {r['budgets']} "
+        f"budgets: {r['compiles']} compiles, {r['seconds']:.0f} s, "
+        f"{r.get('cpu_seconds', 0):.0f} s of CPU (load average "
+        f"{r['load_average']:.1f} on a {cpus}-core host)"
+        for r in of_kind(data["rows"], "planning")
+    ]
+
+
+def _rounds(data: dict) -> list[str]:
+    """How well a few rounds rank the checkpoints (the planner's statistic,
+    the faster half of rounds, beside the paired ratio)."""
+    return [
+        f"{r['group']}: rank correlation of k of {r['rounds']} rounds with the "
+        "other rounds' medians: "
+        + ", ".join(
+            f"k={k}: faster half {f:.2f}, paired ratio {m:.2f}"
+            for k, f, m in zip(r["k"], r["faster_half"], r["paired"])
+        )
+        for r in of_kind(data["rows"], "rounds")
+    ]
+
+
+def show(console: _console.Console, data: dict, where: str) -> None:
     for n, p in data["presets"].items():
         console.print(f"[bold]{n}[/]: {p['describe']}")
-    rows = data["rows"]
     cols = ("preset", "checkpoint", "memory", "FLOPs", "host", "est. time", "compiled")
     cells = [
         (
             r["group"],
             r["checkpoint"],
-            _common.fmt_bytes(r["memory_bytes"]),
-            _common.fmt_flops(r["flops"]),
-            _common.fmt_bytes(r["host_bytes"]) if r["host_bytes"] else "-",
-            _common.fmt_ms(r["time_s"]),
+            _format.fmt_bytes(r["memory_bytes"]),
+            _format.fmt_flops(r["flops"]),
+            _format.fmt_bytes(r["host_bytes"]) if r["host_bytes"] else "-",
+            _format.fmt_ms(r["time_s"]),
             "yes" if r["compiled"] else "no (XLA: does not fit)",
         )
-        for r in of_kind(rows, "uniform")
+        for r in of_kind(data["rows"], "uniform")
     ]
     console.table(f"Uniform candidates [{where}]", cols, cells)
-    cols = ("preset", "budget", "pick", "compiled", "predicted", "est. time")
-    cols += ("best uniform", "its time", "compiles")
-    picks = of_kind(rows, "pick")
-    cells = [[*_common.pick_cells(r, "{}"), r.get("compiles", "-")] for r in picks]
-    console.table(f"Picks [{where}]", cols, cells)
-    timed = sorted(
-        of_kind(rows, "timed"), key=lambda r: (r["group"], r["memory_bytes"])
-    )
-    if timed:
-        console.table(
-            f"Timed afresh [{where}]: predicted against measured",
-            _common.TIMED_COLUMNS,
-            [_common.timed_cells(r, "{}", "*") for r in timed],
-        )
-        console.print(
-            "predicted: the planner's time (* estimated: a mix from its options' "
-            "measured times per layer); roofline: FLOPs at peak + bytes moved at "
-            "bandwidth, the device's figures (a CPU's by calibration); spread: "
-            "interquartile range / median"
-        )
-    for r in of_kind(rows, "rounds"):
-        console.print(
-            f"{r['group']}: rank correlation of k of {r['rounds']} rounds with "
-            "the other rounds' medians: "
-            + ", ".join(
-                f"k={k}: faster half {f:.2f}, paired ratio {m:.2f}"
-                for k, f, m in zip(r["k"], r["faster_half"], r["paired"])
-            )
-        )
-    for r in of_kind(rows, "planning"):
-        console.print(
-            f"{r['group']}: planning {r['budgets']} budgets: {r['compiles']} "
-            f"compiles, {r['seconds']:.0f} s, {r['cpu_seconds']:.0f} s of CPU "
-            f"(load average {r['load_average']:.1f})"
-        )
+    for title, (columns, rows) in tables(data).items():
+        _table.show(console, f"{title} [{where}]", columns, rows)
+    if of_kind(data["rows"], "timed"):
+        console.print(TIMED_NOTE)
+    for line in _rounds(data) + _planning(data):
+        console.print(line)
+
+
+def report(data: dict) -> str:
+    """report.py's section: what planning cost, the tables, the few rounds,
+    the targets."""
+    parts = ["\n".join(f"- {line}" for line in _planning(data))]
+    for title, (columns, rows) in tables(data).items():
+        parts.append(f"{title}:\n\n{_table.markdown(columns, rows)}")
+    if of_kind(data["rows"], "timed"):
+        parts.append(TIMED_NOTE[0].upper() + TIMED_NOTE[1:] + ".")
+    parts += ["\n".join(f"- {line}" for line in _rounds(data))]
+    return "\n\n".join([p for p in parts if p] + [_table.targets_markdown(data)])
 
 
 def plot(data: dict, path: Path) -> None:
@@ -460,19 +565,25 @@ def plot(data: dict, path: Path) -> None:
     groups, clock = list(data["presets"]), bool(of_kind(data["rows"], "timed"))
     n = 2 if clock else 1
     size = (7 * len(groups), 4.6 * n)
-    fig, axes = _common.plt().subplots(n, len(groups), figsize=size, squeeze=False)
+    fig, axes = _plots.plt().subplots(n, len(groups), figsize=size, squeeze=False)
     points = []
     for i, g in enumerate(groups):
         rows = [r for r in data["rows"] if r["group"] == g]
         p = data["presets"][g]
-        title = f"{g}: {p['describe']} [{p['topology']}]"
+        title = textwrap.fill(f"{g}: {p['describe']} [{p['topology']}]", 95)
         points.append(_plot_preset(axes[0][i], rows, title))
         if clock:
             _plot_clock(axes[1][i], of_kind(rows, "timed"), g)
+    how = "measured on the device" if clock else "estimated by the roofline"
+    _plots.suptitle(
+        fig,
+        f"Planner sweep: each budget's pick and the uniform candidates, memory "
+        f"against step time ({how})\n{_plots.where_when(data['meta'])}",
+    )
     fig.tight_layout()
     for ax, (labelled, others) in zip(axes[0], points):
         _plots.label_points(ax, labelled, others, fontsize=7)
-    _common.save_figure(fig, path)
+    _plots.save_figure(fig, path)
 
 
 def _finish(ax, title: str, **labels: str) -> None:

@@ -26,7 +26,7 @@ import jax
 import optax
 
 import eqx_remat as er
-from benchmarks import _common, _models
+from benchmarks import _cli, _console, _ending, _format, _models, _results
 
 
 CHECKPOINTS = ("None", "dots", "nothing")
@@ -41,10 +41,10 @@ KINDS = (  # an op's kind: the first whose pattern matches its name
 )
 COLUMNS = {  # the table's header: a row's cell
     "checkpoint": lambda r: r["checkpoint"],
-    "temp": lambda r: _common.fmt_bytes(r["temp_bytes"]),
-    "saved": lambda r: _common.fmt_bytes(r["saved_bytes"]),
-    "XLA bytes": lambda r: _common.fmt_bytes(r["xla_bytes_accessed"]),
-    "FLOPs": lambda r: _common.fmt_flops(r["flops"]),
+    "temp": lambda r: _format.fmt_bytes(r["temp_bytes"]),
+    "saved": lambda r: _format.fmt_bytes(r["saved_bytes"]),
+    "XLA bytes": lambda r: _format.fmt_bytes(r["xla_bytes_accessed"]),
+    "FLOPs": lambda r: _format.fmt_flops(r["flops"]),
     "wall": lambda r: f"{r['wall_ratio']:.3f}x",
     "CPU": lambda r: f"{r['cpu_ratio']:.3f}x",
     "sys ms": lambda r: f"{r['sys_s'] * 1e3:.1f}",
@@ -53,12 +53,12 @@ COLUMNS = {  # the table's header: a row's cell
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__ or "", repeats=7, target=False)
-    _common.int_flag(p, "--d-model", 128, "model width")
-    _common.int_flag(p, "--seq", 128, "tokens per example")
-    _common.int_flag(p, "--batch", 4, "examples per step")
-    _common.int_flag(p, "--layers", 8, "decoder blocks")
-    _common.int_flag(p, "--steps", 3, "steps per timed round")
+    p = _cli.parser(__doc__ or "", repeats=7, target=False)
+    _cli.int_flag(p, "--d-model", 128, "model width")
+    _cli.int_flag(p, "--seq", 128, "tokens per example")
+    _cli.int_flag(p, "--batch", 4, "examples per step")
+    _cli.int_flag(p, "--layers", 8, "decoder blocks")
+    _cli.int_flag(p, "--steps", 3, "steps per timed round")
     p.add_argument(
         "--trace",
         action="store_true",
@@ -76,7 +76,7 @@ def _loss(model: eqx.Module, tokens: jax.Array) -> jax.Array:
 def _compile(preset: _models.TransformerPreset, spec: str) -> tuple[dict, tuple]:
     """The gradient step under `spec`, compiled, and what is known without running
     it: a row, and `(compiled, its arguments)`."""
-    model = preset.make(_common.parse_checkpoint(spec, preset.depth), jax.random.key(0))
+    model = preset.make(er.parse_checkpoint(spec, preset.depth), jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     tokens = preset.inputs()
 
@@ -184,16 +184,14 @@ def _problem(args) -> str | None:
     if args.d_model % (heads := _models.TransformerPreset.heads):
         what = f"must be divisible by {heads}, the number of heads"
         return f"argument --d-model: {what}. Got {args.d_model}."
-    return _common.depth_problem(args.checkpoint, {"--layers": args.layers})
+    return _cli.depth_problem(args.checkpoint, {"--layers": args.layers})
 
 
 def main(argv: list[str] | None = None) -> None:
     if XPROF_FLAG not in os.environ.get("XLA_FLAGS", ""):  # before JAX's backend
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XPROF_FLAG}"
     quick = {"d_model": 32, "seq": 16, "layers": 2, "repeats": 2, "steps": 1}
-    args = _common.parse_args(
-        _parser(), argv, "profile_step", quick=quick, check=_problem
-    )
+    args = _cli.parse_args(_parser(), argv, "profile_step", quick=quick, check=_problem)
     preset = _models.TransformerPreset(
         batch=args.batch, seq=args.seq, d_model=args.d_model, layers=args.layers
     )
@@ -206,28 +204,32 @@ def main(argv: list[str] | None = None) -> None:
         row["cpu_ratio"] = row["cpu_s"] / times[specs[0]]["cpu_s"]
         if args.trace:
             row["profile_s"] = _profile(*run, args.steps)
-    console = _common.Console()
-    console.table(
-        f"gradient step, d_model {args.d_model}, seq {args.seq}, batch {args.batch}, "
-        f"{args.layers} layers, f32; medians of {args.repeats} interleaved rounds "
-        f"of {args.steps} steps; ratios against {specs[0]}",
-        list(COLUMNS),
-        [[cell(r) for cell in COLUMNS.values()] for r in rows],
+    what = (
+        f"gradient step, d_model {args.d_model}, seq {args.seq}, batch "
+        f"{args.batch}, {args.layers} layers, f32; medians of {args.repeats} "
+        f"interleaved rounds of {args.steps} steps; ratios against {specs[0]}"
     )
-    if args.trace:
+    data = {"meta": _results.meta(args, describe=what), "rows": list(rows)}
+    _ending.finish(
+        args, _console.Console(), data, stem="profile_step", plot=None, show=show
+    )
+
+
+def show(console: _console.Console, data: dict, where: str) -> None:
+    """The step's table; with `--trace`, the time of each kind of op."""
+    rows = data["rows"]
+    cells = [[cell(r) for cell in COLUMNS.values()] for r in rows]
+    console.table(data["meta"]["describe"], list(COLUMNS), cells)
+    if "profile_s" in rows[0]:
         kinds = sorted({k for r in rows for k in r["profile_s"]})
         console.table(
             "op time per step (ms, both threads summed; traced, so slower)",
-            ["ops", *specs],
+            ["ops", *(r["checkpoint"] for r in rows)],
             [
                 [k, *(f"{r['profile_s'].get(k, 0) * 1e3:.1f}" for r in rows)]
                 for k in kinds
             ],
         )
-    data = {"meta": _common.meta(args), "rows": list(rows)}
-    if _common.is_main():
-        _common.write_json(args.out / "profile_step.json", data)
-        console.print(f"wrote {args.out / 'profile_step.json'}")
 
 
 if __name__ == "__main__":

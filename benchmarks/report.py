@@ -8,36 +8,12 @@ JSON files the other scripts wrote.
 """
 
 import argparse
-import json
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from benchmarks import _common
-from benchmarks._common import fmt_bytes, fmt_ms, fmt_pct, fmt_ratio, of_kind
-
-
-MARK = {True: "met", False: "**not met**", None: "n/a"}
-Column = tuple[str, Callable[[dict], Any]]
-
-
-def table(columns: Sequence[Column], rows: Sequence[dict]) -> str:
-    """A markdown table: one row per `rows` item, a cell per `(name, cell)`."""
-    cells = [[cell(r) for _, cell in columns] for r in rows]
-    return _common.markdown_table([name for name, _ in columns], cells)
-
-
-def code(key: str) -> Callable[[dict], str]:
-    return lambda r: f"`{r[key]}`"
-
-
-def get(key: str, fmt: Callable[[Any], str] = str) -> Callable[[dict], str]:
-    return lambda r: fmt(r.get(key))
-
-
-def fits(r: dict) -> str:
-    return "yes" if r.get("fits", True) else "no"
+from benchmarks import _format, _results
 
 
 def provenance(data: dict) -> str:
@@ -50,242 +26,50 @@ def provenance(data: dict) -> str:
     )
 
 
-def _presets(data: dict, topology: bool = False) -> str:
-    return "\n".join(
-        f"- `{n}`: {p['describe']}" + (f", {p['topology']}" if topology else "")
-        for n, p in data["presets"].items()
-    )
+def section(script: str) -> Callable[[dict], str]:
+    """The markdown of a results file that `benchmarks/<script>.py` wrote: its
+    `report(data)`, from the same row type and column spec as its console
+    tables. The script is loaded by name (`importlib`), the one place a script
+    reads another: adding an experiment is one file and one entry below."""
+
+    def report(data: dict) -> str:
+        return importlib.import_module(f"benchmarks.{script}").report(data)
+
+    report.__name__ = f"{script}.report"
+    return report
 
 
-def targets(data: dict) -> str:
-    cols = [("", lambda t: MARK[t["met"]]), ("target", get("name"))]
-    cols.append(("measured", get("measured")))
-    return table(cols, data["targets"]) if data.get("targets") else ""
-
-
-SWEEP = [
-    ("preset", get("group")),
-    ("impl", get("impl")),
-    ("checkpoint", code("checkpoint")),
-    ("temp", get("temp_bytes", fmt_bytes)),
-    ("vs None", get("temp_ratio", fmt_ratio)),
-    ("FLOPs vs None", get("flops_ratio", fmt_ratio)),
-    ("time vs None", get("time_ratio", fmt_ratio)),
-    ("peak (measured)", get("peak_bytes", fmt_bytes)),
-    ("MFU", get("mfu", fmt_pct)),
-    ("fits", fits),
-]
-
-
-def _losses(p: dict) -> str:
-    if "losses_equal" not in p:
-        return "n/a"
-    return f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})"
-
-
-PEERS = [
-    ("preset", get("group")),
-    ("ours", code("ours")),
-    ("peer", get("peer")),
-    ("temp ours/peer", get("temp_ratio", fmt_ratio)),
-    ("time ours/peer", get("time_ratio", fmt_ratio)),
-    ("losses equal", _losses),
-]
-
-
-def sweep_section(data: dict) -> str:
-    peers = table(PEERS, data["peers"]) if data.get("peers") else ""
-    sweep = _presets(data) + "\n\n" + table(SWEEP, data["rows"])
-    return "\n\n".join([sweep, peers, targets(data)])
-
-
-SEED = [
-    ("config", get("group")),
-    ("checkpoint", code("checkpoint")),
-    ("temp / chip", get("temp_bytes", fmt_bytes)),
-    ("temp+args+out / chip", get("total_bytes", fmt_bytes)),
-    ("fits", fits),
-    ("temp vs None", get("temp_ratio", fmt_ratio)),
-    ("FLOPs vs None", get("flops_ratio", fmt_ratio)),
-    ("peak (measured)", get("peak_bytes", fmt_bytes)),
-    ("step vs None", get("time_ratio", fmt_ratio)),
-]
-
-
-def seed(data: dict) -> str:
-    seed = table(SEED, data["rows"])
-    return _presets(data, topology=True) + "\n\n" + seed + "\n\n" + targets(data)
-
-
-def _by_depth(label: str, depths: list, cell: Callable, *extra: Column) -> list:
-    """Columns of a checkpoints × depths table: `cell(spec, depth)` per depth."""
-    return [
-        ("checkpoint", lambda s: f"`{s}`"),
-        *((label.format(d), lambda s, d=d: cell(s, d)) for d in depths),
-        *extra,
-    ]
-
-
-def depth(data: dict) -> str:
-    depths = sorted({r["depth"] for r in data["rows"]})
-    by = {(r["spec"], r["depth"]): r for r in data["rows"]}
-    specs = list(dict.fromkeys(r["spec"] for r in data["rows"]))
-    slopes = data["memory_slopes"]["slopes"]
-    slope = ("slope", lambda s: fmt_ratio(slopes[s]).rstrip("x"))
-    mem = _by_depth(
-        "D={}", depths, lambda s, d: fmt_bytes(by[(s, d)]["temp_bytes"]), slope
-    )
-    comp = _by_depth("D={}", depths, lambda s, d: f"{by[(s, d)]['compile_s']:.1f}")
-    return (
-        f"{data['meta']['describe']}. Compiled temp memory, and the log-log slope "
-        f"from D = {data['memory_slopes']['from_depth']}:\n\n"
-        + table(mem, specs)
-        + "\n\nTrace + lower + compile, seconds (median):\n\n"
-        + table(comp, specs)
-    )
-
-
-def compile_time(data: dict) -> str:
-    layers = sorted({r["layers"] for r in data["rows"]})
-    med = {(r["checkpoint"], r["layers"]): r["compile_s"] for r in data["rows"]}
-    ratios = data["ratio_deepest_to_shallowest"]
-    ratio = (f"{layers[-1]} / {layers[0]}", lambda s: fmt_ratio(ratios[s]))
-    cols = _by_depth("{} layers (s)", layers, lambda s, n: f"{med[(s, n)]:.2f}", ratio)
-    return (
-        f"{data['meta']['describe']}\n\n{table(cols, list(ratios))}\n\n{targets(data)}"
-    )
-
-
-def _planning(data: dict, r: dict) -> str:
-    p = data["presets"][r["group"]]
-    return (
-        f"- `{r['group']}`: {p['describe']}, {p['topology']}. Planning "
-        f"{r['budgets']} budgets: {r['compiles']} compiles, {r['seconds']:.0f} s, "
-        f"{r.get('cpu_seconds', 0):.0f} s of CPU (load average "
-        f"{r['load_average']:.1f} on a {data['meta']['cpu_count']}-core host)"
-    )
-
-
-def plan_sweep(data: dict) -> str:
-    """The planning cost, each budget's pick beside the best uniform candidate
-    that fits, the clock's figures, then the targets."""
-    cols = ["preset", "budget", "pick", "compiled", "predicted", "est. time"]
-    cols += ["best uniform that fits", "its est. time"]
-    picks = [_common.pick_cells(r, "`{}`") for r in of_kind(data["rows"], "pick")]
-    parts = ["\n".join(_planning(data, r) for r in of_kind(data["rows"], "planning"))]
-    parts.append(_common.markdown_table(cols, picks))
-    if of_kind(data["rows"], "timed"):
-        parts.append(_clock(data))
-    return "\n\n".join(parts + [targets(data)])
-
-
-CLOCK = [
-    ("preset", get("group")),
-    ("budget", get("budget_bytes", fmt_bytes)),
-    ("pick", code("checkpoint")),
-    ("measured", get("measured_s", fmt_ms)),
-    ("fastest fitting uniform", code("best_uniform_measured")),
-    ("measured", get("best_uniform_measured_s", fmt_ms)),
-    ("pick / it", lambda r: f"{r['clock_ratio']:.3f}x"),
-]
-
-
-def _clock(data: dict) -> str:
-    """Each pick's measured time beside the fastest fitting uniform
-    checkpoint's, then every checkpoint timed afresh, then the few rounds."""
-    picks = [
-        r for r in of_kind(data["rows"], "pick") if r.get("best_uniform_measured_s")
-    ]
-    timed = sorted(
-        of_kind(data["rows"], "timed"), key=lambda r: (r["group"], r["memory_bytes"])
-    )
-    points = [_common.timed_cells(r, "`{}`", " (est.)") for r in timed]
-    return (
-        "By the clock (every pick and uniform checkpoint timed afresh, "
-        "round-robin):\n\n"
-        + table(CLOCK, picks)
-        + "\n\n"
-        + _common.markdown_table(_common.TIMED_COLUMNS, points)
-        + few_rounds(of_kind(data["rows"], "rounds"))
-    )
-
-
-def few_rounds(found: list[dict]) -> str:
-    """How well a few rounds rank the checkpoints: the planner's statistic (the
-    faster half of rounds) beside the paired ratio."""
-    if not found:
-        return ""
-    rows = [
-        [r["group"], str(k), f"{ours:.2f}", f"{before:.2f}"]
-        for r in found
-        for k, ours, before in zip(r["k"], r["faster_half"], r["paired"])
-    ]
-    cols = ["preset", "k rounds", "faster half (the planner's)", "paired ratio"]
-    return (
-        f"\n\nFew rounds: every window of k consecutive rounds of the "
-        f"{found[0]['rounds']} above ranks the timed checkpoints by each "
-        "statistic; the mean rank correlation with the other rounds' "
-        "medians:\n\n" + _common.markdown_table(cols, rows)
-    )
-
-
-def _plan_time(r: dict) -> str:
-    alone = f" ({r['plain_plan_s']:.0f} s alone)" if r.get("plain_plan_s") else ""
-    return f"{r['plan_s']:.0f} s{alone}"
-
-
-BATCH = [
-    ("preset", get("group")),
-    ("budget", get("budget_bytes", fmt_bytes)),
-    ("pick", code("checkpoint")),
-    ("micro-batches", get("micro_batches")),
-    ("loss chunk", lambda r: r["loss_chunk_size"] or "whole"),
-    ("compiled", get("memory_bytes", fmt_bytes)),
-    ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
-    ("vs fastest fitting", lambda r: f"{r['ratio']:.3f}x"),
-    ("which", code("best_combination")),
-    ("planned in", _plan_time),
-]
-
-
-def batch_sweep(data: dict) -> str:
-    """Per budget: the planner's pick, its tokens/s, its time against the
-    fastest fitting combination's; then the targets."""
-    rows = table(BATCH, of_kind(data["rows"], "pick"))
-    return "\n\n".join([_presets(data), rows, targets(data)])
-
-
-BATCH_AOT = [
-    ("preset", get("group")),
-    ("what", lambda r: "plan" if r["kind"] == "aot-pick" else "MaxText's recipe"),
-    ("checkpoint", code("checkpoint")),
-    ("per-chip batch", get("per_chip_batch")),
-    ("micro-batches", lambda r: r.get("micro_batches", 1)),
-    ("loss chunk", lambda r: r.get("loss_chunk_size") or "whole"),
-    ("compiled", get("memory_bytes", fmt_bytes)),
-    ("tokens/s per chip (roofline)", lambda r: f"{r['tokens_per_s_per_chip']:,.0f}"),
-]
-
-
-def batch_aot(data: dict) -> str:
-    """The plan's pick for the global batch beside MaxText's recipe at each
-    per-chip batch that fits, in tokens/s per chip by the roofline."""
-    return _presets(data) + "\n\n" + table(BATCH_AOT, data["rows"])
-
-
+# Each section: its title, the results file's stem, the script that wrote it.
 SECTIONS = (
-    ("CPU sweep", "sweep-cpu", sweep_section),
-    ("v5e sweep", "sweep-v5e", sweep_section),
-    ("GPU sweep, NVIDIA H100", "sweep-cuda", sweep_section),
-    ("Seed claim", "seed_claim", seed),
-    ("Depth scaling", "depth_scaling", depth),
-    ("Compile time", "compile_time", compile_time),
-    ("Planner sweep, CPU", "plan_sweep-cpu", plan_sweep),
-    ("Planner sweep, v5e: the seed setting", "plan_sweep-v5e_2x4", plan_sweep),
-    ("Planner: MaxText's 16B model on v5e:16x16", "plan_sweep-v5e_16x16", plan_sweep),
-    ("Planner sweep, NVIDIA H100", "plan_sweep-cuda", plan_sweep),
-    ("Batch planner sweep, CPU", "batch_sweep-cpu", batch_sweep),
-    ("Batch planner, v5e: the seed setting", "batch_sweep-v5e_2x4", batch_aot),
+    ("CPU sweep", "sweep-cpu", section("run")),
+    ("v5e sweep", "sweep-v5e", section("run")),
+    ("GPU sweep, NVIDIA H100", "sweep-cuda", section("run")),
+    ("Seed claim", "seed_claim", section("seed_claim")),
+    ("Depth scaling", "depth_scaling", section("depth_scaling")),
+    ("Compile time", "compile_time", section("compile_time")),
+    ("Planner sweep, CPU", "plan_sweep-cpu", section("plan_sweep")),
+    (
+        "Planner sweep, v5e: the seed setting",
+        "plan_sweep-v5e_2x4",
+        section("plan_sweep"),
+    ),
+    (
+        "Planner: MaxText's 16B model on v5e:16x16",
+        "plan_sweep-v5e_16x16",
+        section("plan_sweep"),
+    ),
+    ("Planner sweep, NVIDIA H100", "plan_sweep-cuda", section("plan_sweep")),
+    (
+        "The roofline against MaxText's v5e runs",
+        "maxtext_mfu",
+        section("maxtext_mfu"),
+    ),
+    ("Batch planner sweep, CPU", "batch_sweep-cpu", section("batch_sweep")),
+    (
+        "Batch planner, v5e: the seed setting",
+        "batch_sweep-v5e_2x4",
+        section("batch_sweep"),
+    ),
 )
 
 
@@ -306,7 +90,7 @@ def summary(results: Path) -> str:
     presets' verdicts counted), with where it was measured."""
     rows, notes = [], []
     for path in sorted(results.glob("*.json")):
-        data = json.loads(path.read_text())
+        data = _results.read(path)
         if not data.get("targets"):
             continue
         mark = f"[{len(notes) + 1}]"
@@ -319,7 +103,7 @@ def summary(results: Path) -> str:
             verdict = "n/a" if not met else f"{sum(met)} of {len(met)}"
             rows.append([name, _measured(ts), verdict, mark])
     cols = ["target", "measured", "met", "where"]
-    return _common.markdown_table(cols, rows) + "\n\n" + "  \n".join(notes) + "\n"
+    return _format.markdown_table(cols, rows) + "\n\n" + "  \n".join(notes) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -327,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--results",
         type=Path,
-        default=_common.RESULTS,
+        default=_results.RESULTS,
         help="the directory of results files (default: benchmarks/results)",
     )
     p.add_argument(
@@ -347,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--results {args.results}: no results files (*.json) in it.")
     for title, name, fn in SECTIONS:
         path = args.results / f"{name}.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
+        data = _results.read(path) if path.exists() else {}
         if data and "meta" not in data:  # rows written as they come, not finished
             partial = "partial (an interrupted run's rows): rerun its command"
             print(f"skipped {path}: {partial} to finish it.", file=sys.stderr)

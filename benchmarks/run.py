@@ -16,11 +16,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _common, _measure, _models, _plots, _targets
+from benchmarks import (
+    _cli,
+    _console,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _plots,
+    _results,
+    _table,
+    _targets,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, presets=list(_models.PRESETS), runs=True)
+    p = _cli.parser(__doc__, presets=list(_models.PRESETS), runs=True)
     p.add_argument("--no-peers", action="store_true", help="only ours (default: off)")
     p.add_argument(
         "--name", metavar="STEM", help="results file stem (default: sweep-<device>)"
@@ -44,33 +55,14 @@ def presets_of(args: argparse.Namespace) -> dict[str, _models.Preset]:
 
 def _depth_problem(args: argparse.Namespace) -> str | None:
     depths = {f"--preset {n}": p.depth for n, p in presets_of(args).items()}
-    return _common.depth_problem(args.checkpoint, depths)
-
-
-def measure(args: argparse.Namespace, variants: list, console: _common.Console) -> list:
-    """One row per variant: compiled for `--target`, or each in its own process
-    (`--isolate`), or timed round-robin here."""
-    with console.progress(len(variants) + (0 if args.target else args.repeats)) as step:
-        if args.target:
-            rows = []
-            for v in variants:
-                step(f"compile {v.group} {v.impl} {v.checkpoint}")
-                rows.append(_measure.compile_aot(v, args.target))
-            return rows
-        if args.deferred:
-            rows = _measure.measure_isolated(variants, argv=args.argv, step=step)
-            _common.set_main(rows[0].get("process_index", 0) == 0)
-            return rows
-        return _measure.measure_here(
-            variants, repeats=args.repeats, limit=args.memory_limit, step=step
-        )
+    return _cli.depth_problem(args.checkpoint, depths)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _common.parse_args(
-        _parser(), argv, "run", defer=_common.isolate, check=_depth_problem
+    args = _cli.parse_args(
+        _parser(), argv, "run", defer=_cli.isolate, check=_depth_problem
     )
-    console = _common.Console()
+    console = _console.Console()
     base = presets_of(args)
     # Ours under each checkpoint, then the peers, of every preset.
     devices = 1 if args.deferred else _measure.mesh_for(args.target).size
@@ -90,17 +82,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return _measure.worker(args, variants)
     t0 = time.perf_counter()
     console.print(
-        f"run.py: {len(variants)} variants of {len(presets)} presets, each "
-        "compiled (and, but for --target, run) in turn; the default sweep takes "
-        "about 4 minutes on a 2-core CPU, --quick a minute."
+        f"run.py: {_measure.plan_of_work(args, variants, len(presets))}; the "
+        "default sweep takes about 4 minutes on a 2-core CPU, --quick a minute."
     )
-    rows = measure(args, variants, console)
+    rows = _measure.measure_all(args, variants, console)
     if args.deferred:  # the measuring processes know how many devices there are
         devices = rows[0].get("device_count") or 1
         presets = {n: p.on(devices) for n, p in base.items()}
     _measure.add_figures(rows, presets)
     data = {
-        "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0),
+        "meta": _results.meta(args, rows[0], seconds=time.perf_counter() - t0),
         "presets": {
             n: {"type": type(p).__name__, "describe": p.describe()}
             | dataclasses.asdict(p)
@@ -111,103 +102,157 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "targets": _targets.evaluate(rows, presets),
     }
     tag = (args.target or args.platform).replace(":", "_")
-    path = _common.write(
-        args, args.name or f"sweep-{tag}" + "-quick" * args.quick, data, plot
+    return _ending.finish(
+        args,
+        console,
+        data,
+        stem=args.name or _results.stem(args, f"sweep-{tag}"),
+        plot=plot,
+        show=show,
     )
-    show(console, data, _common.where(args, data))
-    console.print(LEGEND)
-    done = f"{len(rows)} variants in {data['meta']['seconds']:.0f} s"
-    if path is not None:
-        done += (
-            f"; results in {path} and beside it {path.with_suffix('.csv').name} "
-            f"(every row) and {path.with_suffix('.png').name} (the plot)"
-        )
-    console.print(done)
-    return data
 
 
 # --------------------------------------------------------------------------------------
 # Tables and the plot.
 
-SWEEP = ("impl", "checkpoint", "temp", "/None", "FLOPs", "/None", "ms", "/None")
-SWEEP += ("peak", "rate", "MFU", "HFU", "fits")
-"""The sweep table's columns, one table per preset (`LEGEND` says what each is);
-columns `n/a` in every row (the device's on a CPU) are not printed."""
 
-LEGEND = (
-    "Columns: temp = compiled temporary memory of the step (per chip for a "
-    "target); /None = that figure divided by checkpoint=None's in the same "
-    "preset; FLOPs = eqx_remat.count_flops, recomputation included; ms = median "
-    "step time; peak = measured peak device memory (AOT: the compiler's figure); "
-    "rate = tokens (or examples) per second; MFU / HFU = model / hardware FLOP "
-    "utilisation; fits = whether XLA compiled it within one device's memory. "
-    "Targets: met / NOT met against the threshold named; a note says why a "
-    "target is expected to miss here (noisy CPU timings, a strict form beside "
-    "its relaxed one)."
-)
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One variant: a preset's training step under one checkpoint, ours or a
+    peer's (the fields the tables read; the results file has more)."""
+
+    group: str  # the preset
+    impl: str  # eqx_remat, or the peer
+    checkpoint: str
+    fits: bool
+    temp_bytes: int | None = None
+    temp_ratio: float | None = None
+    flops: int | None = None
+    flops_ratio: float | None = None
+    step_s: float | None = None
+    time_ratio: float | None = None
+    peak_bytes: int | None = None
+    aot_total_bytes: int | None = None
+    tokens_per_s: float | None = None
+    examples_per_s: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    error: str | None = None
 
 
-def _rate(r: dict) -> str:
-    tput = r.get("tokens_per_s") or r.get("examples_per_s")
+def _rate(r: Row) -> str:
+    tput = r.tokens_per_s or r.examples_per_s
     if tput is None:
         return "n/a"
-    unit = "tok/s" if "tokens_per_s" in r else "ex/s"
+    unit = "tok/s" if r.tokens_per_s else "ex/s"
     for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
         if tput >= scale:
             return f"{tput / scale:.3g}{prefix} {unit}"
     return f"{tput:.2g} {unit}"
 
 
-def sweep_rows(rows: list[dict]) -> list[list[str]]:
-    """The cells of `SWEEP` for `rows` (all of one preset)."""
-    out = []
-    for r in rows:
-        step, aot = r.get("step_s"), r.get("aot_total_bytes")
-        peak = _common.fmt_bytes(r.get("peak_bytes"))
-        out.append(
-            [
-                r["impl"],
-                r["checkpoint"],
-                _common.fmt_bytes(r.get("temp_bytes")),
-                _common.fmt_ratio(r.get("temp_ratio")),
-                _common.fmt_flops(r.get("flops")),
-                _common.fmt_ratio(r.get("flops_ratio")),
-                "n/a" if step is None else f"{1e3 * step:.1f}",
-                _common.fmt_ratio(r.get("time_ratio")),
-                peak + (f" (AOT {_common.fmt_bytes(aot)})" if aot else ""),
-                _rate(r),
-                _common.fmt_pct(r.get("mfu")),
-                _common.fmt_pct(r.get("hfu")),
-                "yes" if r["fits"] else f"no: {r.get('error', '')[:60]}",
-            ]
-        )
-    return out
+def _peak(r: Row) -> str:
+    aot = f" (AOT {_format.fmt_bytes(r.aot_total_bytes)})" if r.aot_total_bytes else ""
+    return _format.fmt_bytes(r.peak_bytes) + aot
 
 
-def show(console: _common.Console, data: dict, where: str) -> None:
-    """The sweep's tables: one per preset, the peers, the targets."""
+C = _table.Column
+COLUMNS: list[_table.Column[Row]] = [
+    C("preset", lambda r: r.group),
+    C("impl", lambda r: r.impl),
+    C("checkpoint", lambda r: r.checkpoint, code=True),
+    C(
+        "temp",
+        lambda r: _format.fmt_bytes(r.temp_bytes),
+        "compiled temporary memory of the step (per chip for a target)",
+    ),
+    C(
+        "temp/None",
+        lambda r: _format.fmt_ratio(r.temp_ratio),
+        "temp divided by checkpoint=None's in the same preset",
+    ),
+    C(
+        "FLOPs",
+        lambda r: _format.fmt_flops(r.flops),
+        "eqx_remat.count_flops, recomputation included",
+    ),
+    C("FLOPs/None", lambda r: _format.fmt_ratio(r.flops_ratio), "FLOPs / None's"),
+    C(
+        "ms",
+        lambda r: "n/a" if r.step_s is None else f"{1e3 * r.step_s:.1f}",
+        "median step time",
+    ),
+    C("time/None", lambda r: _format.fmt_ratio(r.time_ratio), "ms / None's"),
+    C(
+        "peak",
+        _peak,
+        "measured peak device memory (AOT: the compiler's figure for the same "
+        "topology)",
+    ),
+    C("rate", _rate, "tokens (or examples) per second"),
+    C("MFU", lambda r: _format.fmt_pct(r.mfu), "model FLOP utilisation"),
+    C(
+        "HFU",
+        lambda r: _format.fmt_pct(r.hfu),
+        "hardware FLOP utilisation (recomputation counted)",
+    ),
+    C(
+        "fits",
+        lambda r: "yes" if r.fits else f"no: {(r.error or '')[:60]}",
+        "whether XLA compiled it within one device's memory",
+    ),
+]
+"""The sweep's columns: the console prints one table per preset (without the
+preset column), report.py one table; a column `n/a` in every row (the device's,
+on a CPU) is left out, and so is its line of the legend."""
+
+
+def _losses(p: dict) -> str:
+    if "losses_equal" not in p:
+        return "n/a"
+    return f"{'yes' if p['losses_equal'] else 'NO'} (Δ {p['loss_abs_diff']:.0e})"
+
+
+PEER_COLUMNS: list[_table.Column[dict]] = [
+    C("preset", lambda p: p["group"]),
+    C("ours", lambda p: p["ours"], code=True),
+    C("peer", lambda p: p["peer"]),
+    C("temp ours/peer", lambda p: _format.fmt_ratio(p["temp_ratio"])),
+    C("time ours/peer", lambda p: _format.fmt_ratio(p["time_ratio"])),
+    C("losses equal", _losses),
+]
+"""The peers' table (`_targets.peer_pairs`: ours beside a peer on the same
+weights), on the console and in report.py."""
+
+TARGETS_NOTE = (
+    "Targets: met / NOT met against the threshold named; a note says why a "
+    "target is expected to miss here."
+)
+
+
+def show(console: _console.Console, data: dict, where: str) -> None:
+    """The sweep's tables: one per preset, the peers, and the legend of the
+    columns shown."""
+    rows = _table.read_all(Row, data["rows"])
+    shown: dict[str, _table.Column] = {}
     for n, p in data["presets"].items():
-        rows = [r for r in data["rows"] if r["group"] == n]
-        console.table(
-            f"{n} [{where}]: {p['describe']}", SWEEP, sweep_rows(rows), left=2
-        )
+        mine = [r for r in rows if r.group == n]
+        title = f"{n} [{where}]: {p['describe']}"
+        for c in _table.show(console, title, COLUMNS[1:], mine):
+            shown[c.name] = c
     if data["peers"]:
-        console.table(
-            "Against peers (same weights)",
-            ("preset", "ours", "peer", "temp/peer", "time/peer", "loss Δ"),
-            [
-                (
-                    p["group"],
-                    p["ours"],
-                    p["peer"],
-                    _common.fmt_ratio(p["temp_ratio"]),
-                    _common.fmt_ratio(p["time_ratio"]),
-                    f"{p['loss_abs_diff']:.1e}" if "loss_abs_diff" in p else "n/a",
-                )
-                for p in data["peers"]
-            ],
-        )
-    _common.show_targets(console, data["targets"])
+        peers = "Against peers (same weights)"
+        _table.show(console, peers, PEER_COLUMNS, data["peers"], left=3)
+    console.print(_table.legend(list(shown.values())) + " " + TARGETS_NOTE)
+
+
+def report(data: dict) -> str:
+    """report.py's section: the presets, one table of every row, the peers."""
+    rows = _table.read_all(Row, data["rows"])
+    parts = [_table.presets_markdown(data), _table.markdown(COLUMNS, rows)]
+    if data.get("peers"):
+        parts.append(_table.markdown(PEER_COLUMNS, data["peers"]))
+    return "\n\n".join([*parts, _table.targets_markdown(data)])
 
 
 def _what(data: dict, cost: str) -> str:
@@ -266,7 +311,9 @@ def _plot_preset(ax: Any, data: dict, group: str, cost: str) -> list:
     )
     ys = [p[1] for p in labelled + others]
     _plots.scale_for(ax, "y", ys)
-    _plots.zero_based_if_narrow(ax, "y", ys)
+    if _plots.is_narrow(ys):  # from zero, the points would be one band
+        spread = 100 * (1 - min(ys) / max(ys))
+        ax.set_ylabel(f"temp memory ({unit})\nnot from 0: all within {spread:.0f}%")
     ax.grid(alpha=0.3)
     if len({r["impl"] for r in rows}) > 1:
         ax.legend(fontsize=8.5)
@@ -281,7 +328,7 @@ def plot(data: dict, path: Path) -> None:
     cost = "time_ratio" if timed else "flops_ratio"
     ncols = min(2, len(groups))
     nrows = -(-len(groups) // ncols)
-    fig, axes = _common.plt().subplots(
+    fig, axes = _plots.plt().subplots(
         nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows + 0.6), squeeze=False
     )
     panels = [_plot_preset(ax, data, g, cost) for ax, g in zip(axes.flat, groups)]
@@ -291,7 +338,7 @@ def plot(data: dict, path: Path) -> None:
     fig.tight_layout()
     for ax, (labelled, others) in zip(axes.flat, panels):
         _plots.label_points(ax, labelled, others)
-    _common.save_figure(fig, path)
+    _plots.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,23 @@ grid resumes unless `--fresh`.
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from benchmarks import _common, _device, _measure, _models, _plots, _targets, run
+from benchmarks import (
+    _cli,
+    _console,
+    _device,
+    _ending,
+    _format,
+    _measure,
+    _models,
+    _plots,
+    _results,
+    _table,
+    _targets,
+)
 
 
 # Each config: a preset (the seed setting, `_models.seed`, or one change to it)
@@ -45,29 +57,54 @@ REAL = ("None", "everything", "dots", "dots_no_batch", "nothing")
 REAL += ("offload_dots_no_batch", "every(4, dots_no_batch)", "recursive()")
 
 
-def _fits(r: dict) -> str:
-    return "yes" if r["fits"] else "no (XLA refuses)" if r.get("error") else "no"
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One config compiled (or run) under one checkpoint (the fields the
+    tables and the plot read)."""
+
+    group: str  # the config
+    checkpoint: str
+    fits: bool
+    temp_bytes: int | None = None  # a refused program: what XLA says it needs
+    total_bytes: int | None = None  # temp + arguments + outputs, per chip
+    temp_ratio: float | None = None
+    flops_ratio: float | None = None
+    peak_bytes: int | None = None
+    aot_total_bytes: int | None = None
+    time_ratio: float | None = None
+    mfu: float | None = None
+    error: str | None = None
+
+    def per_chip(self) -> int | None:
+        """What the plot draws against one chip's memory: temp + arguments +
+        outputs where it compiled, XLA's figure for what it needs where not."""
+        return self.total_bytes or self.temp_bytes
 
 
-COLUMNS = {  # the table's header: a row's cell
-    "config": lambda r: r["group"],
-    "checkpoint": lambda r: r["checkpoint"],
-    "temp/chip": lambda r: _common.fmt_bytes(r.get("temp_bytes")),
-    "total/chip": lambda r: _common.fmt_bytes(r.get("total_bytes")),
-    "fits": _fits,
-    "temp/None": lambda r: _common.fmt_ratio(r.get("temp_ratio")),
-    "FLOPs/None": lambda r: _common.fmt_ratio(r.get("flops_ratio")),
-}
-RUN_COLUMNS = {  # after those, for a real run
-    "peak": lambda r: _common.fmt_bytes(r.get("peak_bytes")),
-    "AOT total": lambda r: _common.fmt_bytes(r.get("aot_total_bytes")),
-    "time/None": lambda r: _common.fmt_ratio(r.get("time_ratio")),
-    "MFU": lambda r: _common.fmt_pct(r.get("mfu")),
-}
+def _fits(r: Row) -> str:
+    return "yes" if r.fits else "no (XLA refuses)" if r.error else "no"
+
+
+C = _table.Column
+COLUMNS: list[_table.Column[Row]] = [
+    C("config", lambda r: r.group),
+    C("checkpoint", lambda r: r.checkpoint, code=True),
+    C("temp/chip", lambda r: _format.fmt_bytes(r.temp_bytes)),
+    C("total/chip", lambda r: _format.fmt_bytes(r.total_bytes)),
+    C("fits", _fits),
+    C("temp/None", lambda r: _format.fmt_ratio(r.temp_ratio)),
+    C("FLOPs/None", lambda r: _format.fmt_ratio(r.flops_ratio)),
+    C("peak", lambda r: _format.fmt_bytes(r.peak_bytes)),
+    C("AOT total", lambda r: _format.fmt_bytes(r.aot_total_bytes)),
+    C("time/None", lambda r: _format.fmt_ratio(r.time_ratio)),
+    C("MFU", lambda r: _format.fmt_pct(r.mfu)),
+]
+"""The seed claim's columns, on the console and in report.py (those `n/a` in
+every row, a real run's without one, left out)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _common.parser(__doc__, presets=list(GRID), target=False, runs=True)
+    p = _cli.parser(__doc__, presets=list(GRID), target=False, runs=True)
     p.add_argument(
         "--run",
         action="store_true",
@@ -82,12 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def aot(args: argparse.Namespace, grid: dict, console: _common.Console) -> list[dict]:
+def aot(args: argparse.Namespace, grid: dict, console: _console.Console) -> list[dict]:
     """Compile each config for its v5e topology, writing the rows after each
     compile; resume the rows already written unless `--fresh`."""
     path = args.out / "seed_claim.json"
     fresh = args.fresh or not path.exists()
-    rows = [] if fresh else json.loads(path.read_text())["rows"]
+    rows = [] if fresh else _results.read(path)["rows"]
     rows = [r for r in rows if "group" in r]
     done = {(r["group"], r["checkpoint"]) for r in rows}
     for name, (preset, topology) in grid.items():
@@ -97,10 +134,10 @@ def aot(args: argparse.Namespace, grid: dict, console: _common.Console) -> list[
             what = f"{name} ({preset.describe()}, {topology}): {v.checkpoint}"
             console.print(f"[bold]{what}[/] ...")
             rows.append(_measure.compile_aot(v, topology))
-            temp = _common.fmt_bytes(rows[-1]["temp_bytes"])
+            temp = _format.fmt_bytes(rows[-1]["temp_bytes"])
             console.print(f"    temp {temp}/chip, fits: {rows[-1]['fits']}")
-            if _common.is_main():
-                _common.write_json(path, {"rows": rows})
+            if _device.is_main():
+                _results.write_json(path, {"rows": rows})
     return rows
 
 
@@ -121,21 +158,21 @@ def _problem(args: argparse.Namespace) -> str | None:
             f"{', '.join(QUICK)}: leave out --preset or --quick."
         )
     depths = {f"--preset {n}": p.depth for n, (p, _) in _grid(args).items()}
-    return _common.depth_problem(args.checkpoint, depths)
+    return _cli.depth_problem(args.checkpoint, depths)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = _common.parse_args(
+    args = _cli.parse_args(
         _parser(),
         argv,
         "seed_claim",
-        defer=_common.isolate,
+        defer=_cli.isolate,
         check=_problem,
         compiles_only=lambda a: None if _real(a) else "without --run (AOT for v5e)",
     )
     args.target = None
     real, grid = _real(args), _grid(args)
-    console, t0 = _common.Console(), time.perf_counter()
+    console, t0 = _console.Console(), time.perf_counter()
     presets = {n: preset for n, (preset, _) in grid.items()}
     if real:
         specs = args.checkpoint or REAL
@@ -144,14 +181,14 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         if args.worker:
             return _measure.worker(args, variants)
-        rows = run.measure(args, variants, console)
+        rows = _measure.measure_all(args, variants, console)
     else:
         rows = aot(args, grid, console)
     _measure.add_figures(rows, presets)
     # The AOT grid compiles each config for its own v5e slice.
     where = {} if real else {"target": "v5e (each config's slice)"}
     data = {
-        "meta": _common.meta(args, rows[0], seconds=time.perf_counter() - t0, **where),
+        "meta": _results.meta(args, rows[0], seconds=time.perf_counter() - t0, **where),
         "claim": __doc__.split("\n\n")[1],
         "presets": {
             n: {
@@ -164,51 +201,108 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "targets": _targets.evaluate(rows, presets),
     }
-    stem = "seed_claim" + "_quick" * args.quick + "_run" * real
-    path = _common.write(args, stem, data, plot)
-    show(console, data, real)
-    console.print(f"results in {path}")
-    return data
+    return _ending.finish(
+        args,
+        console,
+        data,
+        stem="seed_claim" + "_quick" * args.quick + "_run" * real,
+        plot=plot,
+        show=show,
+    )
 
 
-def show(console: _common.Console, data: dict, real: bool) -> None:
-    where = "TPU v5e per chip, compiled, not run"
-    where = f"{data['meta']['device']}, run" if real else where
-    columns = COLUMNS | (RUN_COLUMNS if real else {})
-    rows = [[cell(r) for cell in columns.values()] for r in data["rows"]]
-    console.table(f"Seed claim [{where}]", list(columns), rows, left=2)
+def show(console: _console.Console, data: dict, where: str) -> None:
+    """The table, then each config (`where` is said by the results: the grid
+    is compiled for each config's own slice)."""
+    meta = data["meta"]
+    aot = "TPU v5e per chip, compiled, not run"
+    where = aot if meta.get("target") else f"{meta['device']}, run"
+    rows = _table.read_all(Row, data["rows"])
+    _table.show(console, f"Seed claim [{where}]", COLUMNS, rows)
     for n, p in data["presets"].items():
         console.print(f"  {n}: {p['describe']}, {p['topology']}")
-    _common.show_targets(console, data["targets"])
+
+
+def report(data: dict) -> str:
+    """report.py's section: the configs, the table, the targets."""
+    rows = _table.read_all(Row, data["rows"])
+    presets = _table.presets_markdown(data, topology=True)
+    return "\n\n".join(
+        [presets, _table.markdown(COLUMNS, rows), _table.targets_markdown(data)]
+    )
+
+
+HBM_GIB = 16  # one v5e chip's memory: the plot's line
+
+
+class Bar(NamedTuple):
+    config: str
+    checkpoint: str
+    gib: float  # `Row.per_chip`, in GiB
+    fits: bool
+
+
+def bars(data: dict) -> list[Bar]:
+    """The bars of `plot`, from the results: per config and checkpoint, the
+    memory per chip that XLA's verdict (`fits`) is about, so a bar is hatched
+    (does not fit) exactly where it stands above one chip's 16 GiB."""
+    rows = _table.read_all(Row, data["rows"])
+    return [
+        Bar(r.group, r.checkpoint, r.per_chip() / _format.GiB, r.fits)
+        for r in rows
+        if r.per_chip()
+    ]
+
+
+def _change(name: str, preset: dict, base: dict) -> str:
+    """What a config changes from the first (the seed setting), for its tick."""
+    if preset is base:
+        return f"the seed setting\n{preset['topology']}"
+    said = {"shard_params": lambda v: "params " + ("sharded" if v else "replicated")}
+    said["topology"] = lambda v: f"{v} slice"
+    changed = [
+        said.get(k, lambda v, k=k: f"{k} {v}")(v)
+        for k, v in preset.items()
+        if k != "describe" and base.get(k) != v
+    ]
+    return "\n".join(changed) or name
 
 
 def plot(data: dict, path: Path) -> None:
-    """Per config and checkpoint: temp memory per chip, on a linear axis; hatched
-    where it does not fit (for a program XLA refused to compile, the memory it
-    says the program needs)."""
+    """Per config and checkpoint: memory per chip (temp + arguments + outputs;
+    for a program XLA refused, what it says it needs) on a linear axis, against
+    one chip's 16 GiB; hatched where it does not fit."""
     from matplotlib.patches import Patch
 
-    pyplot = _common.plt()
-    rows = [r for r in data["rows"] if r.get("temp_bytes") is not None]
-    configs = list(dict.fromkeys(r["group"] for r in rows))
-    specs = list(dict.fromkeys(r["checkpoint"] for r in rows))
-    fig, ax = pyplot.subplots(figsize=(11, 5))
+    pyplot = _plots.plt()
+    drawn = bars(data)
+    configs = list(dict.fromkeys(b.config for b in drawn))
+    specs = list(dict.fromkeys(b.checkpoint for b in drawn))
+    fig, ax = pyplot.subplots(figsize=(11, 5.6))
     width = 0.8 / max(1, len(specs))
     for j, s in enumerate(specs):
-        mine = [r for r in rows if r["checkpoint"] == s]
-        bars = ax.bar(
-            [configs.index(r["group"]) + j * width for r in mine],
-            [r["temp_bytes"] / _common.GiB for r in mine],
+        mine = [b for b in drawn if b.checkpoint == s]
+        patches = ax.bar(
+            [configs.index(b.config) + j * width for b in mine],
+            [b.gib for b in mine],
             width,
             color=f"C{j}",
             edgecolor="white",
             linewidth=0.5,
         )
-        for b, r in zip(bars, mine):
-            b.set_hatch("" if r["fits"] else "///")
-    line = ax.axhline(16, color="k", ls="--", lw=1, label="16 GiB, one v5e chip")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))], configs)
-    ax.set(ylabel="temp memory per chip (GiB)", ylim=(0, None))
+        for p, b in zip(patches, mine):
+            p.set_hatch("" if b.fits else "///")
+    line = ax.axhline(HBM_GIB, color="k", ls="--", lw=1, label="16 GiB, one v5e chip")
+    presets = data["presets"]
+    base = next(iter(presets.values()))
+    ticks = [f"{c}\n{_change(c, presets[c], base)}" for c in configs]
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))], ticks)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set(
+        xlabel="configuration: the seed setting, then one change to it each",
+        ylabel="memory per chip (GiB)",
+        ylim=(0, None),
+    )
     ax.grid(axis="y", alpha=0.3)
     handles = [Patch(color=f"C{j}", label=s) for j, s in enumerate(specs)]
     hatched = Patch(
@@ -216,17 +310,16 @@ def plot(data: dict, path: Path) -> None:
     )
     ax.legend(handles=[*handles, hatched, line], fontsize=8.5, ncols=2)
     meta = data["meta"]
-    how = "compiled for TPU v5e (not run)" if meta.get("target") else meta["device"]
-    first, preset = next(iter(data["presets"].items()))
-    others = "; each other config changes one thing" if len(configs) > 1 else ""
+    how = "compiled for TPU v5e, not run" if meta.get("target") else meta["device"]
+    first = next(iter(presets))
     _plots.suptitle(
         fig,
-        f"Per-chip temp memory of a zoo.Transformer training step, {how}, per "
-        f"configuration and checkpoint\n{first}: {preset['describe']}, "
-        f"{preset['topology']}{others}. Programs XLA refused: the memory it says "
-        f"they need. jax {meta['versions']['jax']}, {meta['date']}",
+        f"Seed claim: memory per chip of a zoo.Transformer training step ({how}), "
+        f"per configuration and checkpoint\n{first}: {base['describe']}. Memory: "
+        "temp + arguments + outputs; for a program XLA refused, what it says it "
+        f"needs. jax {meta['versions']['jax']}, {meta['date']}",
     )
-    _common.save_figure(fig, path)
+    _plots.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,14 @@ from helpers import needs_libtpu
 import eqx_remat as er
 import zoo
 from benchmarks import (
-    _common,
+    _cli,
+    _console,
     _device,
     _measure,
     _models,
     _peers,
+    _plots,
+    _results,
     _targets,
 )
 from benchmarks.train import config
@@ -254,7 +257,7 @@ def test_quick_keeps_the_flags_given(monkeypatch):
     def sweep(console, repeats, points, measure, key):
         raise Swept(repeats, sorted(points))
 
-    monkeypatch.setattr(compile_time.depth_scaling, "sweep", sweep)
+    monkeypatch.setattr(compile_time._depth, "sweep", sweep)
     argv = ["--quick", "--depths", "3", "5", "--repeats", "2", "--checkpoint", "dots"]
     with pytest.raises(Swept) as e:
         compile_time.main(argv)
@@ -282,7 +285,7 @@ def test_seed_claim_run_measures_each_preset_given(tmp_path, monkeypatch):
     def measure(args, variants, console):
         raise Measured([(v.group, v.checkpoint) for v in variants])
 
-    monkeypatch.setattr(seed_claim.run, "measure", measure)
+    monkeypatch.setattr(seed_claim._measure, "measure_all", measure)
     argv = ["--run", "--preset", "d2560", "batch16", "--checkpoint", "None", "dots"]
     with pytest.raises(Measured) as e:
         seed_claim.main([*argv, "--out", str(tmp_path)])
@@ -303,7 +306,7 @@ def test_report_skips_a_partial_file_and_refuses_an_empty_directory(
 
     (tmp_path / "seed_claim.json").write_text('{"rows": []}')
     (tmp_path / "compile_time.json").write_text(
-        (_common.RESULTS / "compile_time.json").read_text()
+        (_results.RESULTS / "compile_time.json").read_text()
     )
     report.main(["--results", str(tmp_path), "--no-write"])
     out, err = capsys.readouterr()
@@ -325,8 +328,8 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
     on the CPU and libtpu prints nothing."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     code = (
-        "from benchmarks import _common\n"
-        "args = _common.parse_args(_common.parser('x'), ['--device', 'auto'], 'x')\n"
+        "from benchmarks import _cli\n"
+        "args = _cli.parse_args(_cli.parser('x'), ['--device', 'auto'], 'x')\n"
         "import jax; print(jax.default_backend(), args.platform)\n"
     )
     proc = subprocess.run(
@@ -343,14 +346,33 @@ def test_auto_picks_the_cpu_without_libtpu_noise():
         assert noise not in proc.stderr, proc.stderr
 
 
-def test_sweep_explains_its_columns_and_its_strict_targets():
-    """run.py's legend names every column its tables print, and the strict
-    form of a target that has a relaxed twin says so beside its verdict."""
-    from benchmarks import _targets, run as sweep
+def test_sweep_explains_the_columns_it_shows_and_its_strict_targets():
+    """run.py's legend explains each column its tables print, and no other
+    (the CPU's tables have no peak, MFU or HFU); the strict form of a target
+    that has a relaxed twin says so beside its verdict."""
+    from benchmarks import _table, _targets, run as sweep
 
-    for column in set(sweep.SWEEP) - {"impl", "checkpoint"}:
-        assert f"{column} = " in sweep.LEGEND or f"{column} / " in sweep.LEGEND
-    rows = json.loads((ROOT / "benchmarks/results/sweep-cpu.json").read_text())["rows"]
+    def explained_cpu(sweep) -> set[str]:
+        text = "\n".join(_printed(sweep.show, _committed("sweep-cpu"), "here"))
+        legend = text[text.index("Columns: ") :]
+        return {c.name for c in sweep.COLUMNS if f" {c.name} = " in legend}
+
+    for stem in ("sweep-cpu", "sweep-cuda"):
+        data = _committed(stem)
+        text = "\n".join(_printed(sweep.show, data, "here"))
+        legend = text[text.index("Columns: ") :]
+        rows = _table.read_all(sweep.Row, data["rows"])
+        shown = {
+            c.name
+            for n in data["presets"]
+            for c in _table.shown(sweep.COLUMNS[1:], [r for r in rows if r.group == n])
+            if c.means
+        }
+        explained = {c.name for c in sweep.COLUMNS if f" {c.name} = " in legend}
+        assert explained == shown, (stem, explained ^ shown)
+    assert not {"peak", "MFU", "HFU"} & explained_cpu(sweep)
+    assert {"peak", "MFU", "HFU"} <= explained
+    rows = _committed("sweep-cpu")["rows"]
 
     class Preset:
         def layer_param_bytes(self):
@@ -362,15 +384,38 @@ def test_sweep_explains_its_columns_and_its_strict_targets():
     assert other["why"] == ""
 
 
+@pytest.mark.parametrize("stem", ["sweep-cpu", "sweep-cuda", "sweep-v5e"])
+def test_committed_verdicts_are_the_targets_judged_on_the_rows(stem):
+    from benchmarks import _targets
+
+    data = _committed(stem)
+    presets = {n: _models.PRESETS[n] for n in data["presets"]}
+    assert _targets.evaluate(data["rows"], presets) == data["targets"]
+
+
+def test_every_target_the_cpu_sweep_misses_says_why():
+    """Every target the committed CPU sweep misses has a note saying why
+    (chain-params against treeverse: a parameter-dominated stack)."""
+    from benchmarks import _targets
+
+    data = _committed("sweep-cpu")
+    presets = {n: _models.PRESETS[n] for n in data["presets"]}
+    missed = [t for t in _targets.evaluate(data["rows"], presets) if t["met"] is False]
+    assert len(missed) >= 3
+    assert all(t["why"] for t in missed), [t["name"] for t in missed if not t["why"]]
+    (params,) = [t for t in missed if "eqxi.scan (recursive)" in t["name"]]
+    assert "parameter-dominated" in params["why"]
+
+
 def test_plots_note_hidden_curves_narrow_axes_and_peers():
     """Curves drawn on top of each other are found (and said in the legend),
     a narrow range starts at zero, a chain panel names its peers' points, and
     a long figure title stays within the figure."""
-    from benchmarks import _plots, run as sweep
+    from benchmarks import run as sweep
 
     series = {"a": [1.0, 2.0], "b": [1.01, 2.0], "c": [3.0, 4.0], "d": [1.0, 2.0]}
     assert _plots.coinciding(series) == {"b": "a", "d": "a"}
-    pyplot = _common.plt()
+    pyplot = _plots.plt()
     fig, ax = pyplot.subplots()
     ax.plot([0, 1], [1.02, 1.10])
     _plots.zero_based_if_narrow(ax, "y", [1.02, 1.10])
@@ -412,57 +457,11 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
     args = argparse.Namespace(out=tmp_path)
     data = {"rows": [{"a": 1}]}
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    assert _common.write(args, "x", data, lambda d, p: p.write_text("png")) is None
-    _common.Console().print("hello from process 1")
+    assert _results.write(args, "x", data, lambda d, p: p.write_text("png")) is None
+    _console.Console().print("hello from process 1")
     assert not any(tmp_path.iterdir()) and "hello" not in capsys.readouterr().out
     monkeypatch.setattr(jax, "process_index", lambda: 0)
-    assert _common.write(args, "x", data, lambda d, p: p.write_text("png")).exists()
-
-
-@pytest.mark.parametrize(
-    "spec, expected",
-    [
-        ("None", None),
-        ("dots", "dots"),
-        ("every(4, dots)", er.every(4, "dots")),
-        ("nested(3)", er.nested(3)),
-        ("recursive()", er.recursive()),
-        ("binomial(log2)", er.binomial(6)),
-        ("every(sqrt)", er.every(8)),
-        # The spelling that needs no shell quoting.
-        ("every:4", er.every(4)),
-        ("every:4:dots", er.every(4, "dots")),
-        ("nested:3", er.nested(3)),
-        ("recursive", er.recursive()),
-        ("binomial:log2", er.binomial(6)),
-        ("ranges(4:dots, 60:None)", er.ranges((4, "dots"), (60, None))),
-        (
-            "ranges(16:every(4, dots), 16:recursive(), 32:binomial(log2))",
-            er.ranges(
-                (16, er.every(4, "dots")), (16, er.recursive()), (32, er.binomial(5))
-            ),
-        ),
-        (
-            "ranges(2:every:2:dots, 6:recursive)",
-            er.ranges((2, er.every(2, "dots")), (6, er.recursive())),
-        ),
-    ],
-)
-def test_parse_checkpoint(spec, expected):
-    c = _common.parse_checkpoint(spec, depth=64)
-    assert c == expected
-    assert _common.parse_checkpoint(_common.checkpoint_label(c), depth=64) == expected
-
-
-def test_parse_checkpoint_lists_the_forms():
-    with pytest.raises(ValueError, match=r"None, everything.*binomial\(slots"):
-        _common.parse_checkpoint("checkpoint_dots")
-    with pytest.raises(ValueError, match="needs the depth"):
-        _common.parse_checkpoint("binomial(log2)")
-    with pytest.raises(ValueError, match=r"ranges\(n:spec, ...\).*Got 'dots'"):
-        _common.parse_checkpoint("ranges(4:None, dots)")
-    with pytest.raises(ValueError, match="the count of pair 0 must be an int >= 1"):
-        _common.parse_checkpoint("ranges(0:None)")
+    assert _results.write(args, "x", data, lambda d, p: p.write_text("png")).exists()
 
 
 def _parsers() -> dict:
@@ -578,7 +577,8 @@ def test_every_checkpoint_flag_takes_the_colon_spelling(script, capsys):
         assert getattr(parser.parse_args([flag, spec]), flag[2:]) in (spec, [spec])
     with pytest.raises(SystemExit) as e:
         parser.parse_args([flag, "every:two"])
-    assert e.value.code == 2 and "every(two)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "'every:two'" in err and "got 'two'" in err
 
 
 def test_no_train_lm_flag_named_checkpoint():
@@ -596,36 +596,37 @@ def _printed(show, *args) -> list[str]:
     """The lines `show(console, *args)` prints into a 100-column console."""
     from rich.console import Console as Rich
 
-    console = _common.Console()
+    console = _console.Console()
     console.rich = Rich(width=100, record=True)
     show(console, *args)
     return console.rich.export_text().splitlines()
 
 
 def _committed(stem: str) -> dict:
-    return json.loads((_common.RESULTS / f"{stem}.json").read_text())
+    return json.loads((_results.RESULTS / f"{stem}.json").read_text())
 
 
 def test_sweep_tables_fit_100_columns():
     """The committed CPU sweep, printed as `run.py` prints it: no line wider than
     100 columns, no column `n/a` in every row (peak, MFU, HFU on a CPU)."""
-    from benchmarks import run as sweep
+    from benchmarks import _table, run as sweep
 
     data = _committed("sweep-cpu")
     lines = _printed(sweep.show, data, "cpu x1, run")
     assert lines and max(map(len, lines)) <= 100
     text = "\n".join(lines)
     assert "…" not in text  # nothing cut short
-    for header in ("temp", "/None", "FLOPs", "ms", "rate"):
+    for header in ("temp", "temp/None", "FLOPs", "ms", "rate"):
         assert header in text
     for header in ("peak", "MFU", "HFU"):
         assert header not in text
+    rows = _table.read_all(sweep.Row, data["rows"])
     for n in data["presets"]:
-        table = sweep.sweep_rows([r for r in data["rows"] if r["group"] == n])
-        keep = _common.shown_columns(sweep.SWEEP, table)
-        assert [sweep.SWEEP[i] for i in keep][:2] == ["impl", "checkpoint"]
-        for i in keep:
-            assert any(row[i] != "n/a" for row in table), (n, sweep.SWEEP[i])
+        mine = [r for r in rows if r.group == n]
+        shown = _table.shown(sweep.COLUMNS[1:], mine)
+        assert [c.name for c in shown][:2] == ["impl", "checkpoint"]
+        for c in shown:
+            assert any(str(c.cell(r)) != "n/a" for r in mine), (n, c.name)
 
 
 def test_other_tables_fit_100_columns():
@@ -636,7 +637,7 @@ def test_other_tables_fit_100_columns():
         "depth_scaling": _printed(
             depth_scaling.show, depth, list(depth["memory_slopes"]["slopes"])
         ),
-        "seed_claim": _printed(seed_claim.show, _committed("seed_claim"), False),
+        "seed_claim": _printed(seed_claim.show, _committed("seed_claim"), "here"),
     }
     for name, lines in printed.items():
         assert len(lines) > 5 and max(map(len, lines)) <= 100, name
@@ -646,17 +647,17 @@ def test_other_tables_fit_100_columns():
 def test_all_na_columns_are_not_shown():
     columns = ("a", "b", "c", "d")
     rows = [("x", "n/a", "1", ""), ("y", "n/a", "n/a", "")]
-    assert _common.shown_columns(columns, rows) == [0, 2]
-    assert _common.shown_columns(columns, []) == [0, 1, 2, 3]
+    assert _console.shown_columns(columns, rows) == [0, 2]
+    assert _console.shown_columns(columns, []) == [0, 1, 2, 3]
 
 
 def test_results_are_not_overwritten_by_default():
-    args = _common.parse_args(_common.parser("x"), ["--device", "cpu"], "x")
-    assert args.out.parent == _common.RUNS and not args.out.exists()
-    args = _common.parse_args(
-        _common.parser("x"), ["--device", "cpu", "--update-results"], "x"
+    args = _cli.parse_args(_cli.parser("x"), ["--device", "cpu"], "x")
+    assert args.out.parent == _results.RUNS and not args.out.exists()
+    args = _cli.parse_args(
+        _cli.parser("x"), ["--device", "cpu", "--update-results"], "x"
     )
-    assert args.out == _common.RESULTS
+    assert args.out == _results.RESULTS
 
 
 @pytest.mark.heavy
@@ -706,7 +707,7 @@ def test_transformer_temp_memory_at_most_flax(policy):
     """A target: `zoo.Transformer` uses no more temp memory than Flax linen's
     `nn.scan(nn.remat(...))` under each policy (CPU)."""
     preset = _models.PRESETS["transformer-tiny"]
-    ours, flax = _temp_vs_flax(preset, _common.parse_checkpoint(policy))
+    ours, flax = _temp_vs_flax(preset, er.parse_checkpoint(policy))
     assert ours <= flax
 
 
@@ -868,7 +869,7 @@ def test_step_time_verdicts_note_cpu_noise_only_for_cpu_rows():
     """The step-time verdicts against peers say that CPU timings are noisy when
     the rows were measured on a CPU, and say nothing of a CPU for the same rows
     measured on a GPU."""
-    data = json.loads((_common.RESULTS / "sweep-cpu.json").read_text())
+    data = json.loads((_results.RESULTS / "sweep-cpu.json").read_text())
     presets = {n: _models.PRESETS[n] for n in data["presets"]}
 
     def notes(rows):
@@ -897,3 +898,160 @@ def test_profile_step_quick(tmp_path):
     assert saved[0] > saved[1] > saved[2] > 0
     for r in rows.values():
         assert r["cpu_s"] > 0 and r["page_faults"] >= 0 and r["profile_s"]
+
+
+def test_run_says_the_count_its_progress_bar_ends_at(monkeypatch):
+    """run.py's header counts what its progress bar counts: with 56 variants
+    timed in 5 rounds, both say 61 (the bar ended at 61/61 under a header of
+    56 variants); in processes of their own, both say 56."""
+    import argparse
+    import contextlib
+
+    totals = []
+
+    class Console:
+        @contextlib.contextmanager
+        def progress(self, total):
+            totals.append(total)
+            yield lambda _: None
+
+    monkeypatch.setattr(_measure, "measure_here", lambda *a, **k: [])
+    monkeypatch.setattr(_measure, "measure_isolated", lambda *a, **k: [{}])
+    variants = list(range(56))
+    here = argparse.Namespace(target=None, deferred=False, repeats=5, memory_limit=None)
+    apart = argparse.Namespace(target=None, deferred=True, repeats=5, argv=[])
+    for args, n in ((here, 61), (apart, 56)):
+        header = _measure.plan_of_work(args, variants, 5)
+        _measure.measure_all(args, variants, Console())  # type: ignore[arg-type]
+        assert totals[-1] == n and header.startswith("56 variants of 5 presets")
+        assert f"({n} steps)" in header or (n == 56 and "own" in header), header
+
+
+def test_seed_claim_hatches_exactly_the_bars_above_its_line():
+    """seed_claim.png draws, per config and checkpoint, the memory per chip
+    that XLA's verdict is about: a bar is hatched ("does not fit") where it
+    stands above the 16 GiB line and only there (it drew temp memory alone:
+    12layers / dots hatched at 14 GiB, 2x2 / nothing at 10 GiB); and each
+    config's tick says what it changes."""
+    from benchmarks import seed_claim
+
+    data = _committed("seed_claim")
+    drawn = seed_claim.bars(data)
+    assert len(drawn) == len(data["rows"])
+    for b in drawn:
+        assert b.fits == (b.gib <= seed_claim.HBM_GIB), b
+    base = data["presets"]["base"]
+    assert seed_claim._change("2x2", data["presets"]["2x2"], base) == "v5e:2x2 slice"
+    assert "d_model 3072" in seed_claim._change(
+        "d3072-3B", data["presets"]["d3072-3B"], base
+    )
+
+
+# Each committed plot, and the script whose `plot(data, path)` draws it.
+PLOTS = {
+    "sweep-cpu": "run",
+    "sweep-cuda": "run",
+    "sweep-v5e": "run",
+    "seed_claim": "seed_claim",
+    "depth_scaling": "depth_scaling",
+    "compile_time": "compile_time",
+    "plan_sweep-cpu": "plan_sweep",
+    "plan_sweep-cuda": "plan_sweep",
+    "plan_sweep-v5e_2x4": "plan_sweep",
+    "plan_sweep-v5e_16x16": "plan_sweep",
+    "batch_sweep-cpu": "batch_sweep",
+    "batch_sweep-v5e_2x4": "batch_sweep",
+}
+
+
+def _drawn(stem: str, monkeypatch):
+    """The figure a script's `plot` draws from a committed results file (laid
+    out as saved, not written)."""
+    import importlib
+
+    figures = []
+
+    def keep(fig, path, rect=None):
+        fig.tight_layout(rect=rect)
+        figures.append(fig)
+
+    monkeypatch.setattr(_plots, "save_figure", keep)
+    importlib.import_module(f"benchmarks.{PLOTS[stem]}").plot(
+        _committed(stem), Path("unused.png")
+    )
+    (fig,) = figures
+    fig.canvas.draw()
+    return fig
+
+
+def _points(ax) -> list:
+    """Every data point drawn on `ax`, in display coordinates."""
+    import numpy as np
+
+    xy = [ln.get_xydata() for ln in ax.lines if ln.get_marker() not in ("", "None")]
+    xy += [c.get_offsets() for c in ax.collections if len(c.get_offsets())]
+    xy = [np.asarray(a, dtype=float).reshape(-1, 2) for a in xy]
+    xy = [a[np.isfinite(a).all(axis=1)] for a in xy]
+    return [p for a in xy if len(a) for p in ax.transData.transform(a)]
+
+
+@pytest.mark.parametrize("stem", list(PLOTS))
+def test_every_committed_plot_reads_true(stem, monkeypatch):
+    """Each plot as a reader sees it: a title within the figure that says the
+    machine and date, both axis labels on every panel, no label on another
+    or outside its panel, and no legend inside a panel over a point."""
+    fig = _drawn(stem, monkeypatch)
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    title = fig._suptitle  # type: ignore[attr-defined]
+    assert title is not None and _committed(stem)["meta"]["date"] in title.get_text()
+    box = title.get_window_extent(renderer)
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, stem
+    texts = []
+    for ax in fig.axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), (stem, ax.get_title())
+        for title in (ax.title, ax._left_title):  # type: ignore[attr-defined]
+            box = title.get_window_extent(renderer)
+            assert 0 <= box.x0 and box.x1 <= fig.bbox.x1, (stem, title.get_text())
+        frame = ax.get_window_extent(renderer).padded(1)
+        for t in ax.texts:
+            extent = t.get_window_extent(renderer)
+            inside = frame.x0 <= extent.x0 and extent.x1 <= frame.x1
+            inside &= frame.y0 <= extent.y0 and extent.y1 <= frame.y1
+            assert inside, (stem, t.get_text(), "outside its panel")
+            texts.append((t.get_text(), extent))
+        legend = ax.get_legend()
+        if legend is not None:
+            lbox = legend.get_window_extent(renderer)
+            if frame.contains(lbox.x0, lbox.y0) and frame.contains(lbox.x1, lbox.y1):
+                hidden = [p for p in _points(ax) if lbox.contains(*p)]
+                assert not hidden, (stem, ax.get_title(), "legend over a point")
+    for i, (a, ea) in enumerate(texts):
+        for b, eb in texts[i + 1 :]:
+            assert not ea.overlaps(eb), (stem, a, b)
+    _plots.plt().close(fig)
+
+
+def test_plots_join_only_measured_neighbours(monkeypatch):
+    """compile_time.png measured 4 and 64 layers: points only, no line drawing
+    8 to 32; depth_scaling.png's doublings are joined; a sweep's panel whose
+    memory spans less than a fifth of its largest spreads its points over the
+    panel (not one band at the top of an axis from zero) and says so."""
+    fig = _drawn("compile_time", monkeypatch)
+    styles = {
+        ln.get_linestyle()
+        for ax in fig.axes
+        for ln in ax.lines
+        if ln.get_label()[0] != "_"
+    }
+    assert styles <= {"None"}, styles
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["4", "64"]
+    fig = _drawn("depth_scaling", monkeypatch)
+    assert any(ln.get_linestyle() == "-" for ln in fig.axes[0].lines)
+    fig = _drawn("sweep-cpu", monkeypatch)
+    (ax,) = [
+        a for a in fig.axes if a.get_title(loc="left").startswith("chain-params-n")
+    ]
+    ys = [y for _, y in _points(ax)]
+    frame = ax.get_window_extent()
+    assert max(ys) - min(ys) > 0.6 * frame.height
+    assert "not from 0" in ax.get_ylabel()

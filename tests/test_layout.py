@@ -8,6 +8,13 @@ the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; onl
 `eqx_remat/_jax_private.py` imports `jax._src`; and no function in `eqx_remat`,
 `zoo` or `benchmarks` is over 80 lines of code.
 
+`benchmarks` is one tool (`benchmark_rule_breaks`): a script (`run.py`, a
+module without a leading underscore) imports only the shared `_x` modules (and
+`train_lm.py` the training package), never another script; a shared module never
+imports a script or the training package; the training package
+(`benchmarks/train/`) imports of the harness only `_device` (where it runs),
+which imports nothing of `benchmarks`; and the package has no import cycle.
+
 Each check is a function returning what it found, so that the checks themselves
 are tested on small made-up packages (they can fail).
 """
@@ -41,6 +48,9 @@ LAYERS = (
 )
 PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
 MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
+BENCHMARKS = "benchmarks"
+TRAIN = "train"  # the training package, benchmarks/train/
+TRAIN_MAY_IMPORT = ("_device",)  # of the harness: where it runs, nothing else
 
 
 def _imports(path: Path):
@@ -129,6 +139,37 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     except graphlib.CycleError as e:
         return e.args[1][::-1]  # graphlib lists each module before its importer
     return None
+
+
+def benchmark_rule_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """`a imports b: why` for each import in the benchmarks' `graph` (see
+    `import_graph`) that breaks the tool's rules: a script (a top-level module
+    without a leading underscore) importing another script; a shared `_x`
+    module importing a script or the training package; the training package
+    importing a module of the harness other than `TRAIN_MAY_IMPORT`, or one of
+    those importing anything of `benchmarks`."""
+
+    def kind(module: str) -> str:
+        head = module.split(".")[0]
+        if head == TRAIN:
+            return "train"
+        return (
+            "init" if head == "__init__" else "shared" if head[0] == "_" else "script"
+        )
+
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            ka, kb = kind(a), kind(b)
+            if kb == "script":
+                out.append(f"{a} imports {b}: a script")
+            elif ka == "shared" and kb == "train":
+                out.append(f"{a} imports {b}: the training package")
+            elif ka == "train" and kb == "shared" and b not in TRAIN_MAY_IMPORT:
+                out.append(f"{a} imports {b}: the measuring harness")
+            elif a in TRAIN_MAY_IMPORT and kb != "init":
+                out.append(f"{a} imports {b}: the training package's only import")
+    return out
 
 
 def forbidden_imports(package_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
@@ -290,6 +331,15 @@ def test_eqx_remat_imports_only_downwards():
     assert upward_imports(graph, LAYERS) == []
 
 
+def test_benchmarks_are_one_tool_without_a_cycle():
+    graph = import_graph(ROOT / BENCHMARKS)
+    # The parse found them.
+    assert {"_cli", "_results"} <= graph["run"] and "train.config" in graph
+    assert benchmark_rule_breaks(graph) == []
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in benchmarks: {' imports '.join(cycle)}"
+
+
 def test_eqx_remat_never_imports_zoo_or_benchmarks():
     assert forbidden_imports(ROOT / PACKAGE, CLIENTS) == []
 
@@ -378,6 +428,43 @@ def test_an_upward_import_is_found(tmp_path):
         "_stray: in no layer",
         "_sub._x imports _top",
     ]
+
+
+def test_benchmark_rule_breaks_are_found(tmp_path):
+    package = _package(
+        tmp_path,
+        BENCHMARKS,
+        {
+            "__init__.py": "",
+            "_cli.py": "import os\n",
+            "_device.py": "def f():\n    from benchmarks import _ok\n",
+            "_results.py": "def g():\n    from benchmarks.train import config\n",
+            "_ok.py": "from ._cli import parser\n",
+            "run.py": "from benchmarks import _cli, plan_sweep\n",
+            "plan_sweep.py": "from benchmarks import _ok\n",
+            "seed_claim.py": "def h():\n    from benchmarks import run\n",
+            "train_lm.py": "from benchmarks.train import main\n",
+            "train/__init__.py": "from .config import main\n",
+            "train/config.py": "from benchmarks import _device, _cli\n",
+        },
+    )
+    graph = import_graph(package)
+    assert graph["train_lm"] == {"train"} and graph["train.config"] == {
+        "_device",
+        "_cli",
+    }
+    assert benchmark_rule_breaks(graph) == [
+        "_device imports _ok: the training package's only import",
+        "_results imports train.config: the training package",
+        "run imports plan_sweep: a script",
+        "seed_claim imports run: a script",
+        "train.config imports _cli: the measuring harness",
+    ]
+    assert find_cycle(graph) is None
+    # The training package's cycle the checks found (config <-> data).
+    (package / "train/data.py").write_text("from .config import main\n")
+    (package / "train/config.py").write_text("def f():\n    from .data import x\n")
+    assert set(find_cycle(import_graph(package))) == {"train.config", "train.data"}
 
 
 def test_an_import_of_zoo_is_found(tmp_path):

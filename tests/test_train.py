@@ -7,8 +7,10 @@ the same `RunConfig` in this process share it (the script caches its optimiser).
 What must be seen from outside (return codes, one-line errors, signals) runs the
 script in a subprocess, before any compile where it can."""
 
+import contextlib
 import gc
 import hashlib
+import io
 import json
 import os
 import random
@@ -199,6 +201,32 @@ def test_stop_after_then_extend_is_bit_identical(uninterrupted, tmp_path):
     )
     assert second.first_step == 2 and second.losses == result.losses[2:]
     assert_same_state(second.state, result.state)
+
+
+def test_resuming_a_finished_run_does_nothing(uninterrupted, tmp_path, capsys):
+    """`--resume` of a run already at its last step says so and stops: no step,
+    no compile, no checkpoint saved again, no TensorBoard file added."""
+    result, reference = uninterrupted
+    save_dir = tmp_path / "run"
+    shutil.copytree(reference, save_dir)
+    before = {p.name: p.stat().st_mtime_ns for p in save_dir.rglob("*")}
+    capsys.readouterr()
+    again = train_lm.main(["--resume", "--mesh", "none", "--save-dir", str(save_dir)])
+    assert again.losses == [] and again.first_step == 8 and not again.stopped
+    assert_same_state(again.state, result.state)
+    assert {p.name: p.stat().st_mtime_ns for p in save_dir.rglob("*")} == before
+    err = capsys.readouterr().err
+    assert "already at step 8 of 8: nothing to train" in err, err
+
+
+def test_help_says_the_warmup_default_rule():
+    """`--help` gives --warmup's real default (a tenth of --steps: 2 of a
+    20-step run), not the 30 of the default 300 steps."""
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+        config.parse_args(["--help"])
+    text = " ".join(out.getvalue().split())
+    assert "--warmup INT linear warmup steps (default: a tenth of --steps" in text
+    assert "(default: 30)" not in text
 
 
 def test_extending_a_decayed_schedule_is_refused(uninterrupted):
@@ -501,8 +529,8 @@ def test_console_lines_fit_80_columns():
 
 def test_remat_spec_uses_the_shared_parser():
     """`--remat` takes the spelling of every script, and the colon spelling that
-    needs no shell quoting; both are read by `_common.parse_checkpoint`."""
-    from benchmarks._common import parse_checkpoint
+    needs no shell quoting; both are read by `er.parse_checkpoint`."""
+    from eqx_remat import parse_checkpoint
 
     for spec in ["None", "dots", "every(2)", "every(3, nothing)", "nested(2)",
                  "recursive()", "binomial(4)"]:  # fmt: skip
@@ -654,11 +682,11 @@ def test_data_trains_on_a_file_into_the_default_run_directory(
     """`--data FILE` without `--save-dir`: the run's metrics, TensorBoard events
     and plot go to a fresh benchmarks/runs/train_lm-<date>/ (here under
     tmp_path), with no checkpoint; the console shows the logged loss."""
-    import benchmarks._common as common
+    from benchmarks.train import files
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(text(20_000, 0))
-    monkeypatch.setattr(common, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(files, "RUNS", tmp_path / "runs")
     capsys.readouterr()
     result = train_lm.main([*TINY, "--data", str(corpus), "--stop-after", "4"])
     assert result.stopped and len(result.losses) == 4

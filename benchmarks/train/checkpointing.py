@@ -17,10 +17,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from benchmarks import _common, _device
+from benchmarks import _device
 
 from .config import FORMAT, RunConfig, UsageError
-from .metrics import say
+from .metrics import first_line, say
 from .model import Placement, TrainState, abstract_state
 
 
@@ -76,7 +76,7 @@ def _restore(mgr: ocp.CheckpointManager, step: int, **items: Any) -> dict[str, A
         with settled_reads():
             return mgr.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:
-        text = _common.first_line(e, 200).split(" See full TensorStore details")[0]
+        text = first_line(e, 200).split(" See full TensorStore details")[0]
         raise Damaged(f"{type(e).__name__}: {text}") from None
 
 

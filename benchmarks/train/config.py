@@ -2,6 +2,7 @@
 flags from the fields and their docstrings), and the checks made before training."""
 
 import argparse
+import ast
 import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
@@ -13,7 +14,10 @@ import numpy as np
 import optax
 import tyro
 
-from benchmarks import _common, _device
+import eqx_remat as er
+from benchmarks import _device
+
+from .files import data_problem, run_dir, writable_problem
 
 
 VOCAB_SIZE = 256  # bytes
@@ -45,7 +49,13 @@ class RunConfig:
     schedule: Literal["cosine", "constant"] = "cosine"
     """after the warmup: cosine decay to min_lr_ratio * lr at --steps, or constant
     (a run that --resume can extend)"""
-    warmup: int = 30  # linear warmup steps (unless given, a tenth of --steps)
+    warmup: Annotated[
+        int,
+        tyro.conf.arg(
+            help="linear warmup steps",
+            help_behavior_hint="(default: a tenth of --steps, rounded down)",
+        ),
+    ] = 30  # the default's, 300 steps; `run_config` sets it from --steps
     min_lr_ratio: float = 0.1  # final / peak learning rate of the cosine
     weight_decay: float = 0.1  # AdamW decay of the linear weights
     clip: float = 1.0  # global gradient norm
@@ -126,12 +136,18 @@ def _bound_problem(name: str, x: Any) -> str | None:
 USAGE = argparse.ArgumentParser(prog="train_lm.py", usage="%(prog)s [-h] [OPTIONS]")
 
 
+def help_text() -> str:
+    """The `--help` text: the package's docstring, read from its file (to
+    import the package here would be an import cycle: it imports this)."""
+    init = Path(__file__).with_name("__init__.py")
+    return ast.get_docstring(ast.parse(init.read_text()), clean=False) or ""
+
+
 def parse_args(argv: Sequence[str] | None) -> Flags:
     """The command line `argv` (default `sys.argv[1:]`) as checked `Flags` (a bad
     flag exits, status 2), with `run_dir` (`--save-dir`, else a fresh default)
     and `given` (the `RunConfig` fields spelt out) settled."""
-    from . import __doc__ as doc  # the package's: the --help text
-
+    doc = help_text()
     argv = list(sys.argv[1:] if argv is None else argv)
     config = (tyro.conf.FlagCreatePairsOff,)
     flags = tyro.cli(
@@ -142,8 +158,8 @@ def parse_args(argv: Sequence[str] | None) -> Flags:
             USAGE.error(f"argument --{name.replace('_', '-')}: {problem}")
     spoken = {a[2:].split("=")[0].replace("-", "_") for a in argv if a[:2] == "--"}
     given = frozenset(f.name for f in dataclasses.fields(RunConfig)) & spoken
-    run_dir = flags.save_dir or _common.run_dir("train_lm")  # made when written
-    return dataclasses.replace(flags, run_dir=run_dir, given=given)
+    fresh = flags.save_dir or run_dir("train_lm")  # made when written
+    return dataclasses.replace(flags, run_dir=fresh, given=given)
 
 
 def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
@@ -168,7 +184,7 @@ def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
     if flags.run.data is not None:
         yield "data", data_problem(Path(flags.run.data))
     save_dir = flags.save_dir
-    if save_dir is not None and (problem := _common.writable_problem(save_dir)):
+    if save_dir is not None and (problem := writable_problem(save_dir)):
         yield "save-dir", f"{flags.save_dir} is not a writable directory ({problem})."
 
 
@@ -176,7 +192,7 @@ def remat_problem(spec: str) -> str | None:
     """What is wrong with `--remat spec`, or `None` (forms that depend on the
     depth, `every:sqrt`, `binomial:log2`, are resolved later)."""
     try:
-        _common.parse_checkpoint(spec, depth=1)
+        er.parse_checkpoint(spec, depth=1)
     except (ValueError, TypeError) as e:
         return f"invalid checkpoint {spec!r}: {e}"
     return None
@@ -193,24 +209,6 @@ def mesh_spec(spec: str) -> tuple[str, int | None] | None:
             f"expected auto, none, dp[:DEVICES] or fsdp[:DEVICES]. Got {spec!r}."
         )
     return head, int(count) if count else None
-
-
-def data_problem(path: Path) -> str | None:
-    """Why `--data path` cannot be read, or `None`."""
-    from .data import text_files
-
-    if not path.exists():
-        return f"{path} does not exist."
-    if path.is_file():
-        return None if path.stat().st_size else f"{path} is empty."
-    if not path.is_dir():
-        return f"{path} is neither a file nor a directory."
-    if not any(p.stat().st_size for p in text_files(path)):
-        return (
-            f"{path} holds no text file with any bytes (hidden and binary files "
-            "are skipped)."
-        )
-    return None
 
 
 def run_config(flags: Flags, saved: dict[str, Any] | None, platform: str) -> RunConfig:

@@ -3,15 +3,15 @@ held-out split, and its batches: a function of the seed and the step."""
 
 import functools
 import hashlib
-import os
 import sysconfig
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from .config import RunConfig, UsageError
+from .files import text_files, walk
 
 
 class Corpus(NamedTuple):
@@ -21,38 +21,13 @@ class Corpus(NamedTuple):
     source: str  # where the bytes came from, for messages
 
 
-def _walk(
-    root: str, keep_dir: Callable, keep_file: Callable, follow: bool = True
-) -> Iterator[Path]:
-    """The files under `root` that `keep_file(entry)` keeps, in sorted path order,
-    lazily; only the directories whose name `keep_dir` keeps are entered."""
-    for e in sorted(os.scandir(root), key=lambda e: e.name):
-        if e.is_dir(follow_symlinks=follow):
-            if keep_dir(e.name):
-                yield from _walk(e.path, keep_dir, keep_file, follow)
-        elif e.is_file() and keep_file(e):
-            yield Path(e.path)
-
-
-def text_files(root: Path) -> Iterator[Path]:
-    """The text files under `root`, skipping hidden files and directories, and
-    binary files (a NUL byte in the first 8 KiB, as git tells them)."""
-    visible = lambda name: not name.startswith(".")
-    return _walk(root, visible, lambda e: visible(e.name) and not _binary(e.path))
-
-
-def _binary(path: str) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" in f.read(8192)
-
-
 def _files(data: str | None) -> Iterator[Path]:
     if data is not None:
         return iter([Path(data)]) if Path(data).is_file() else text_files(Path(data))
     stdlib = sysconfig.get_paths()["stdlib"]
     skip = {"site-packages", "dist-packages", "__pycache__"}
     is_source = lambda e: e.name.endswith(".py")
-    return _walk(stdlib, lambda name: name not in skip, is_source, follow=False)
+    return walk(stdlib, lambda name: name not in skip, is_source, follow=False)
 
 
 @functools.lru_cache(maxsize=4)

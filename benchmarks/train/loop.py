@@ -22,12 +22,20 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 import eqx_remat
-from benchmarks import _common, _device
+import eqx_remat as er
+from benchmarks import _device
 
 from . import checkpointing, config, model
 from .config import Flags, RunConfig, UsageError
 from .data import Corpus, corpus_for, sample
-from .metrics import PLOT_FILE, MetricsWriter, log_line, plot_losses, say
+from .metrics import (
+    PLOT_FILE,
+    MetricsWriter,
+    first_line,
+    log_line,
+    plot_losses,
+    say,
+)
 from .model import Placement, TrainState, eval_loss, train_step
 
 
@@ -70,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> TrainResult:
     stop = StopRequest()  # a signal before the first step stops the run after it
     try:
         run, state = prepare(args, platform, mgr)
+        if run.first >= run.last:  # --resume of a finished run: nothing to do
+            say(
+                f"train_lm.py: the run in {args.save_dir} is already at step "
+                f"{run.first} of {run.c.steps}: nothing to train, nothing "
+                "written (a larger --steps extends it)."
+            )
+            return TrainResult(state, [], run.first, None, False)
         if args.save_dir is not None and mgr is None:
             mgr = checkpointing.open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
@@ -97,7 +112,7 @@ def abandon(e: Exception, args: Flags) -> NoReturn:
     """End this process of a multi-process run now (not in JAX's shutdown, which
     waits for processes that are gone), with one line that says why, status 1."""
     me = f"process {jax.process_index()} of {jax.process_count()}"
-    first = _common.first_line(e)
+    first = first_line(e)
     if isinstance(e, jax.errors.JaxRuntimeError):
         why = (
             f"{me}: a computation shared with the other processes failed ({first}): "
@@ -127,7 +142,7 @@ def prepare(
         )
     saved = checkpointing.newest_meta(mgr) if args.resume else None
     c = config.run_config(args, saved and saved["config"], platform)
-    checkpoint = _common.parse_checkpoint(args.remat, depth=c.layers)
+    checkpoint = er.parse_checkpoint(args.remat, depth=c.layers)
     config.check_remat(args.remat, checkpoint, c.layers)
     placement = model.make_placement(config.mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
@@ -168,7 +183,7 @@ def describe(run: Run, state: TrainState) -> str:
         f"zoo.Transformer: {params:,} parameters, d_model {c.d_model}, "
         f"{c.layers} layers, {c.heads} heads\n"
         f"  batch {c.batch} x seq {c.seq}, {c.dtype}, "
-        f"remat {_common.checkpoint_label(run.checkpoint)}\n"
+        f"remat {er.checkpoint_label(run.checkpoint)}\n"
         f"  on {n} {_device.device_kind()} device{'s' * (n > 1)}, {sharding}\n"
         f"  data: {run.corpus.source}: {len(run.corpus.train):,} + "
         f"{len(run.corpus.val):,} held-out bytes\n"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _common, _device
+from benchmarks import _device
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -88,7 +88,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def plot_losses(metrics: Path, out: Path) -> None:
     """The loss curves of `metrics` (training, held out) as a PNG."""
-    pyplot = _common.plt()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
     rows = read_metrics(metrics)
     evals = [r for r in rows if r.get("eval_loss") is not None]
     fig, ax = pyplot.subplots(figsize=(7, 4))
@@ -99,4 +103,11 @@ def plot_losses(metrics: Path, out: Path) -> None:
     ax.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm.py")
     ax.grid(alpha=0.3)
     ax.legend()
-    _common.save_figure(fig, out)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    pyplot.close(fig)
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An error's first line (or its type's name)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
