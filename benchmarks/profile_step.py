@@ -11,6 +11,7 @@ the layer loops (benchmarks/README.md, "Why `None` is slower").
 
 import argparse
 import collections
+import dataclasses
 import gzip
 import json
 import os
@@ -26,7 +27,7 @@ import jax
 import optax
 
 import eqx_remat as er
-from benchmarks import _cli, _console, _ending, _format, _models, _results
+from benchmarks import _cli, _console, _ending, _format, _models, _results, _table
 
 
 CHECKPOINTS = ("None", "dots", "nothing")
@@ -39,17 +40,39 @@ KINDS = (  # an op's kind: the first whose pattern matches its name
     (r"while", None),  # its body's ops are counted
     (r"", "other"),
 )
-COLUMNS = {  # the table's header: a row's cell
-    "checkpoint": lambda r: r["checkpoint"],
-    "temp": lambda r: _format.fmt_bytes(r["temp_bytes"]),
-    "saved": lambda r: _format.fmt_bytes(r["saved_bytes"]),
-    "XLA bytes": lambda r: _format.fmt_bytes(r["xla_bytes_accessed"]),
-    "FLOPs": lambda r: _format.fmt_flops(r["flops"]),
-    "wall": lambda r: f"{r['wall_ratio']:.3f}x",
-    "CPU": lambda r: f"{r['cpu_ratio']:.3f}x",
-    "sys ms": lambda r: f"{r['sys_s'] * 1e3:.1f}",
-    "faults": lambda r: f"{r['page_faults']:.0f}",
-}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One checkpoint's step: as compiled, then timed (the fields the table
+    reads)."""
+
+    checkpoint: str
+    temp_bytes: int
+    saved_bytes: int
+    xla_bytes_accessed: float
+    flops: int
+    wall_ratio: float
+    cpu_ratio: float
+    sys_s: float
+    page_faults: float
+    profile_s: dict | None = None  # with --trace: op time per kind
+
+
+C = _table.Column
+COLUMNS: list[_table.Column[Row]] = [
+    C("checkpoint", lambda r: r.checkpoint),
+    C("temp", lambda r: _format.fmt_bytes(r.temp_bytes)),
+    C("saved", lambda r: _format.fmt_bytes(r.saved_bytes)),
+    C("XLA bytes", lambda r: _format.fmt_bytes(int(r.xla_bytes_accessed))),
+    C("FLOPs", lambda r: _format.fmt_flops(r.flops)),
+    C("wall", lambda r: f"{r.wall_ratio:.3f}x"),
+    C("CPU", lambda r: f"{r.cpu_ratio:.3f}x"),
+    C("sys ms", lambda r: f"{r.sys_s * 1e3:.1f}"),
+    C("faults", lambda r: f"{r.page_faults:.0f}"),
+]
+"""The step's table (nothing here is reported in markdown: no results file of
+it is committed, its figures depend on the machine's load)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -217,16 +240,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def show(console: _console.Console, data: dict, where: str) -> None:
     """The step's table; with `--trace`, the time of each kind of op."""
-    rows = data["rows"]
-    cells = [[cell(r) for cell in COLUMNS.values()] for r in rows]
-    console.table(data["meta"]["describe"], list(COLUMNS), cells)
-    if "profile_s" in rows[0]:
-        kinds = sorted({k for r in rows for k in r["profile_s"]})
+    rows = _table.read_all(Row, data["rows"])
+    _table.show(console, data["meta"]["describe"], COLUMNS, rows, left=1)
+    traced = [r for r in rows if r.profile_s is not None]
+    if traced:
+        kinds = sorted({k for r in traced for k in r.profile_s or {}})
         console.table(
             "op time per step (ms, both threads summed; traced, so slower)",
-            ["ops", *(r["checkpoint"] for r in rows)],
+            ["ops", *(r.checkpoint for r in traced)],
             [
-                [k, *(f"{r['profile_s'].get(k, 0) * 1e3:.1f}" for r in rows)]
+                [k, *(f"{(r.profile_s or {}).get(k, 0) * 1e3:.1f}" for r in traced)]
                 for k in kinds
             ],
         )
