@@ -5,8 +5,44 @@ import os
 # used only to compile for TPU v5e ahead of time, never as a runtime backend.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# One persistent compilation cache for every process of a test run: both of
+# pytest-xdist's workers, the docs pages and benchmark scripts the tests start (they
+# inherit this environment), and CI's later stages (`-m heavy`, `-m slow`), so a
+# program that one of them compiled is read back by the others, not compiled again.
+# Only compiling is skipped: the executable read back is the one XLA built, and its
+# `memory_analysis()`, which the memory tests read, is the same. Set in the
+# environment, before jax is imported, so that subprocesses use it too; in the
+# repository's ignored `.jax_cache/` unless JAX_COMPILATION_CACHE_DIR says where
+# (delete it at will). Every program is kept, however fast it compiled: the same
+# small programs are compiled by many tests.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache"
+    ),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+
+# ...except the programs compiled for TPU v5e ahead of time: jax 0.10.2 writes them
+# to the cache but cannot read them back (the compile-only client that libtpu
+# gives has no runtime to load them into; reading one warns "Error reading
+# persistent compilation cache entry ... PjRtCompiler must be constructed with a
+# Client"), so that client is kept away from the cache: it compiles every time.
+try:
+    from jax._src.compilation_cache import _UNSUPPORTED_RUNTIMES
+except ImportError as e:  # a jax that moved it: say so, rather than warn per test
+    raise ImportError(
+        "tests/conftest.py: jax._src.compilation_cache._UNSUPPORTED_RUNTIMES is gone "
+        "in this jax; keep TPU compile-only programs out of the persistent "
+        "compilation cache another way"
+    ) from e
+_UNSUPPORTED_RUNTIMES.add("compile_only_runtime")
 
 
 # Eight CPU devices in this process, for the multi-device tests (set before JAX
@@ -32,3 +68,33 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests of a module that share a module-scoped fixture of it run in one
+    pytest-xdist worker (`--dist loadgroup`, in pyproject.toml's addopts), so that
+    the fixture — a plan, a training run — is built once, not once per worker.
+
+    A docs page's quick case (its blocks before `<!-- docs: slow -->`) is the start
+    of its `[all]` case, which runs the same blocks and checks the same outputs:
+    where both are selected (CI's `-m "heavy or slow"`), only `[all]` runs."""
+    ids = {item.nodeid for item in items}
+    covered = [
+        item
+        for item in items
+        if item.nodeid.startswith("tests/test_docs.py::test_page_code_runs[")
+        and item.nodeid[:-1] + "[all]]" in ids
+    ]
+    if covered:
+        config.hook.pytest_deselected(items=covered)
+        items[:] = [item for item in items if item not in covered]
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        module = item.nodeid.split("::")[0]
+        if any(
+            defs and defs[-1].scope == "module" and defs[-1].baseid == module
+            for defs in info.name2fixturedefs.values()
+        ):
+            item.add_marker(pytest.mark.xdist_group(module))
