@@ -15,16 +15,16 @@ from ._inspect._memory import (
     MemoryReport as MemoryReport,
     ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
-    v5e_mesh as v5e_mesh,
 )
 from ._inspect._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
     residuals as residuals,
 )
+from ._inspect._targets import v5e_mesh as v5e_mesh
 from ._planning._api import parse_bytes as parse_bytes, plan as plan
 from ._planning._cache import clear_plan_cache as clear_plan_cache
-from ._planning._plan import DEFAULT_CANDIDATES as DEFAULT_CANDIDATES
+from ._planning._prices import DEFAULT_CANDIDATES as DEFAULT_CANDIDATES
 from ._planning._report import (
     BatchOption as BatchOption,
     FrontierPoint as FrontierPoint,
@@ -41,6 +41,7 @@ from ._policies._values import (
 from ._schedules._binomial import binomial as binomial
 from ._schedules._checkpoint import (
     Checkpoint as Checkpoint,
+    PerStack as PerStack,
     set_checkpoint as set_checkpoint,
 )
 from ._schedules._engine import Layers as Layers, Schedule as Schedule
@@ -69,6 +70,7 @@ __all__ = [
     "Layers",
     "MemoryReport",
     "POLICIES",
+    "PerStack",
     "PlanEntry",
     "PlanResult",
     "ReplicatedArgumentsWarning",

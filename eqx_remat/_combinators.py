@@ -53,7 +53,7 @@ def stack(make_layer: Callable[[Any], _T], keys: Any) -> _T:
     return eqx.filter_vmap(make_layer)(keys)
 
 
-def _depth(stacked: Any, what: str, fn: str = "scan_layers") -> int:
+def stack_depth(stacked: Any, what: str, fn: str = "scan_layers") -> int:
     leaves = jtu.tree_leaves(eqx.filter(stacked, eqx.is_array))
     if not leaves:
         raise ValueError(f"{fn} expected {what} to hold arrays. Got none.")
@@ -186,7 +186,7 @@ def _apply(
     unroll: int | bool = 1,
 ) -> Any:
     """`for i in range(depth): carry = step(stacked[i], carry)`;
-    `unroll` already normalised by the caller (`_check_unroll`)."""
+    `unroll` already normalised by the caller (`check_unroll`)."""
     if depth < 1:
         raise ValueError(f"Expected a depth >= 1 (at least one layer). Got {depth}.")
     checkpoint = normalise_checkpoint(checkpoint)
@@ -199,7 +199,7 @@ def _apply(
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 
-def _check_unroll(unroll: Any) -> int | bool:
+def check_unroll(unroll: Any) -> int | bool:
     """`unroll` as `lax.scan` takes it: a bool, or any integer type as an `int`."""
     if isinstance(unroll, bool):
         return unroll
@@ -269,14 +269,14 @@ def scan_layers(
     The output of the last layer.
     """
     if isinstance(layers, (list, tuple)):
-        _check_unroll(unroll)
+        check_unroll(unroll)
         layers = list(layers)
         check_layers(layers, fn="scan_layers")
         if _in_place(layers, carry, checkpoint, "scan_layers", "layers"):
             return _scan_list(layers, carry, xs, checkpoint)
         layers = _stack(layers)
         return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
-    _check_stacked(layers, carry, _depth(layers, "layers"))
+    _check_stacked(layers, carry, stack_depth(layers, "layers"))
     return scan_stacked(layers, carry, xs, checkpoint=checkpoint, unroll=unroll)
 
 
@@ -361,7 +361,7 @@ def _scan_list(layers: Sequence, carry: Any, xs: Any, checkpoint: Checkpoint) ->
     """`scan_layers` of a list of layers, each layer where it is."""
     carry = jtu.tree_map(jnp.asarray, carry)  # Python scalars have no shape
     if xs is not None:
-        xs_depth = _depth(xs, "xs")
+        xs_depth = stack_depth(xs, "xs")
         if xs_depth != len(layers):
             raise ValueError(
                 f"scan_layers expected xs with leading axis {len(layers)} (the "
@@ -390,9 +390,9 @@ def scan_stacked(
     `stack_layers`, [`eqx_remat.stack`][], an [`eqx_remat.Stacked`][]): without
     the check for a single layer passed as a stack, which a stack of layers
     holding one scalar each could otherwise fail."""
-    depth = _depth(layers, "layers")
+    depth = stack_depth(layers, "layers")
     if xs is not None:
-        xs_depth = _depth(xs, "xs")
+        xs_depth = stack_depth(xs, "xs")
         if xs_depth != depth:
             raise ValueError(
                 f"scan_layers expected xs with leading axis {depth} (the depth of "
@@ -407,7 +407,7 @@ def scan_stacked(
         _check_carry(c, out)
         return out
 
-    unroll = _check_unroll(unroll)
+    unroll = check_unroll(unroll)
     return _apply(step, (params, xs), carry, depth, checkpoint, unroll)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Generic, SupportsIndex, TypeVar, cast
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._combinators import _check_unroll, _depth, scan_stacked, stack_layers
+from ._combinators import check_unroll, scan_stacked, stack_depth, stack_layers
 from ._schedules._checkpoint import Checkpoint, check_checkpoint, checkpoint_field
 
 
@@ -96,12 +96,12 @@ class Stacked(eqx.Module, Generic[_M]):
         if isinstance(layers, (list, tuple)):
             layers = stack_layers(layers, fn="Stacked", what="layers")
         else:
-            _depth(layers, "layers", fn="Stacked")
+            stack_depth(layers, "layers", fn="Stacked")
         # A list of `_M`s stacks into one `_M`, which pyright cannot follow.
         self.layers = cast(_M, layers)
         self.checkpoint = check_checkpoint(checkpoint, name="Stacked: checkpoint")
         try:
-            self.unroll = _check_unroll(unroll)
+            self.unroll = check_unroll(unroll)
         except ValueError as e:
             raise ValueError(str(e).replace("scan_layers", "Stacked", 1)) from None
 
@@ -125,7 +125,7 @@ class Stacked(eqx.Module, Generic[_M]):
 
     def __len__(self) -> int:
         """The number of layers, `D`."""
-        return _depth(self.layers, "layers", fn="Stacked")
+        return stack_depth(self.layers, "layers", fn="Stacked")
 
     def unstacked(self) -> list[_M]:
         """The layers as a list of `D` separate layers (a copy of each)."""

@@ -7,9 +7,14 @@ messages). It is documented and tested, but not part of the stable API of
 `eqx_remat`: a name here may change or move in a minor release.
 """
 
+from ._inspect._hardware import (
+    HARDWARE as HARDWARE,
+    Hardware as Hardware,
+    cpu_hardware as cpu_hardware,
+)
 from ._inspect._memory import compiled_report as compiled_report
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
-from ._inspect._targets import v5e_shape as v5e_shape
+from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
 from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._clock import (
     Timing as Timing,
@@ -19,13 +24,7 @@ from ._planning._clock import (
     time_interleaved as time_interleaved,
 )
 from ._planning._compiled import needed_bytes as needed_bytes
-from ._planning._hardware import (
-    HARDWARE as HARDWARE,
-    Hardware as Hardware,
-    cpu_hardware as cpu_hardware,
-    hardware as hardware,
-)
-from ._planning._plan import roofline_seconds as roofline_seconds
+from ._planning._loop import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
     check_checkpoint as check_checkpoint,
     map_loss_chunk_sizes as map_loss_chunk_sizes,

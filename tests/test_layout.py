@@ -315,6 +315,73 @@ def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> list[st
     ]
 
 
+def private_names_imported(package_dir: Path) -> list[str]:
+    """`file.py:line name` for each `_`-prefixed name (not a module) that a
+    module of the package imports from another of its modules, by a relative
+    `from ... import` (as Equinox: what two modules share is not private)."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in _imports(path)[1]:
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            source = base.joinpath(
+                *(node.module or "").split(".") if node.module else ()
+            )
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if (source / f"{name}.py").exists() or (source / name).is_dir():
+                    continue  # a module
+                where = path.relative_to(package_dir)
+                out.append(f"{where}:{node.lineno} {name}")
+    return out
+
+
+def state_changes(path: Path) -> list[str]:
+    """`line:Class.method self.x` for each assignment to an attribute of `self`
+    in a method other than `__init__` / `__post_init__`: state kept on an
+    object instead of passed along as a value."""
+    out = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in cls.body:
+            if not isinstance(method, _FUNCTION):
+                continue
+            if method.name in ("__init__", "__post_init__"):
+                continue
+            for node in ast.walk(method):
+                targets = []
+                if isinstance(node, ast.Assign):
+                    targets = node.targets
+                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                for t in targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    ):
+                        out.append(
+                            f"{node.lineno}:{cls.name}.{method.name} {ast.unparse(t)}"
+                        )
+    return out
+
+
+def class_sizes(path: Path) -> list[tuple[str, int]]:
+    """`(line:Class, n)` for each class of the file: its lines, `class` to its
+    last line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        (f"{n.lineno}:{n.name}", n.end_lineno - n.lineno + 1)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+    ]
+
+
 # --- the repository -----------------------------------------------------------
 
 
@@ -579,3 +646,78 @@ def test_function_sizes_count_code_lines_only(tmp_path):
         "pkg/_a.py:20:C.method 4",
     ]
     assert long_functions(tmp_path, ("pkg",), 4) == []
+
+
+# --- the planner: values passed along, effects at one edge ----------------------
+
+PLANNING = ROOT / PACKAGE / "_planning"
+MAX_PLANNING_CLASS_LINES = 300
+
+
+def test_no_private_name_is_imported_across_modules():
+    assert private_names_imported(ROOT / PACKAGE) == []
+
+
+def test_no_planning_method_keeps_state_on_self():
+    files = sorted(PLANNING.glob("*.py"))
+    assert len(files) > 5  # the package was found
+    found = [f"{p.name}:{c}" for p in files for c in state_changes(p)]
+    assert found == [], found
+
+
+def test_no_planning_class_is_over_300_lines():
+    files = sorted(PLANNING.glob("*.py"))
+    sizes = [(p.name, where, n) for p in files for where, n in class_sizes(p)]
+    assert len(sizes) > 5, sizes  # parsed
+    assert [s for s in sizes if s[2] > MAX_PLANNING_CLASS_LINES] == []
+
+
+def test_private_names_imported_across_modules_are_found(tmp_path):
+    package = _package(
+        tmp_path,
+        "pkg",
+        {
+            "__init__.py": "from ._a import A as A\n",
+            "_a.py": "A = 1\n_B = 2\n",
+            "_sub/__init__.py": "",
+            "_sub/_c.py": """
+                from .. import _a
+                from .._a import A, _B
+                from ._d import _helper as helper
+                from ._d import __doc__
+            """,
+            "_sub/_d.py": "def _helper(): pass\n",
+        },
+    )
+    assert private_names_imported(package) == [
+        "_sub/_c.py:3 _B",
+        "_sub/_c.py:4 _helper",
+    ]
+
+
+def test_state_kept_on_self_is_found(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            class A:
+                def __init__(self):
+                    self.x = 1
+                def __post_init__(self):
+                    self.y = 2
+                def add(self):
+                    self.x += 1
+                    self.d["k"] = 1
+                    other.x = 3
+                def set(self, v):
+                    self.y: int = v
+            """
+        )
+    )
+    assert state_changes(path) == ["8:A.add self.x", "12:A.set self.y"]
+
+
+def test_class_sizes_count_their_lines(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("class A:\n    x = 1\n\n    y = 2\n\n\nclass B:\n    pass\n")
+    assert class_sizes(path) == [("1:A", 4), ("7:B", 2)]

@@ -1,6 +1,7 @@
 """`plan(..., micro_batches=, loss_chunks=)`: the planner chooses how to run a
 global batch (micro-batches, loss chunking and checkpoint) by time per global
-batch. Tests never time anything: the clock is the fake one of test_plan.py."""
+batch. Tests never time anything: each plan runs on a bench whose clock is
+fake (as test_plan.py's), with the CPU's figures fixed and a cache of its own."""
 
 import equinox as eqx
 import jax
@@ -10,8 +11,11 @@ from helpers import check_close
 
 import eqx_remat as er
 import zoo
-from eqx_remat._planning import _batch, _cache, _hardware, _plan
-from eqx_remat.internal import Hardware, Timing
+from eqx_remat._inspect._targets import Target
+from eqx_remat._planning._api import plan_on
+from eqx_remat._planning._bench import Bench, Timed
+from eqx_remat._planning._cache import PlanCache
+from eqx_remat.internal import Hardware, Timing, map_loss_chunk_sizes
 
 
 def _fake_clock(programs, *, rounds, warmup=True, **race):
@@ -22,18 +26,23 @@ def _fake_clock(programs, *, rounds, warmup=True, **race):
     ]
 
 
-def _deterministic_on(m: pytest.MonkeyPatch, cache: _cache.PlanCache) -> None:
-    m.setattr(_plan, "time_interleaved", _fake_clock)
-    m.setattr(_batch, "time_interleaved", _fake_clock)
-    m.setattr(
-        _hardware, "cpu_hardware", lambda: Hardware("cpu", 1e10, 1e10, None, None, "")
+CPU = Target(None, figures=Hardware("cpu", 1e10, 1e10, None, None, ""))
+
+
+def _bench(measure: bool, cache: PlanCache, bench: type[Bench] = Bench) -> Bench:
+    """A `bench` (the class) for the device at hand, with the CPU's figures
+    fixed, the fake clock, no warm-up and `cache`."""
+    return bench(
+        CPU, measure, cache=cache, clock=_fake_clock, warm=lambda programs: 0.0
     )
-    m.setattr(_cache, "CACHE", cache)
 
 
-@pytest.fixture(autouse=True)
-def _deterministic(monkeypatch):
-    _deterministic_on(monkeypatch, _cache.PlanCache())
+def _plan(fn, *args, measure=True, cache=None, bench=Bench, **kwargs):
+    """`eqx_remat.plan` on a fake bench (`bench`, the class) that measures
+    where `measure`, with `cache` (by default, a new one: nothing is
+    remembered from other tests)."""
+    cache = PlanCache() if cache is None else cache
+    return plan_on(_bench(measure, cache, bench), fn, *args, **kwargs)
 
 
 MODEL = zoo.Transformer(64, 16, 16, 2, 2, key=jax.random.key(0))
@@ -64,14 +73,13 @@ def test_micro_batches_fit_where_the_whole_batch_does_not():
     one, four = _lightest(GRAD), _lightest(er.accumulate(GRAD, 4))
     assert four < one
     budget = (one + four) // 2
-    r = er.plan(
+    r = _plan(
         GRAD,
         MODEL,
         TOKENS,
         budget_bytes=budget,
         micro_batches=(1, 2, 4),
         loss_chunks=(None, 4),
-        progress=False,
     )
     assert r.micro_batches in (2, 4)
     assert r.entry.memory_bytes is not None and r.entry.memory_bytes <= budget
@@ -94,20 +102,19 @@ def test_micro_batches_fit_where_the_whole_batch_does_not():
     check_close(grads, want, rtol=1e-4, atol=1e-6)
 
 
-ROOMY = dict(micro_batches=(1, 2), loss_chunks=(4, None), measure=True)
+ROOMY = dict(micro_batches=(1, 2), loss_chunks=(4, None))
 
 
 @pytest.fixture(scope="module")
 def roomy():
     """`(budget, result, cache)`: a plan of `ROOMY` at the budget of the whole
-    batch's `None` (where every combination fits something), from an empty
-    cache, and that cache. Planned once, read by two tests: neither changes
-    them (a test that plans again plans on a copy of the cache)."""
-    cache = _cache.PlanCache()
-    with pytest.MonkeyPatch.context() as m:
-        _deterministic_on(m, cache)
-        budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
-        r = er.plan(GRAD, MODEL, TOKENS, budget_bytes=budget, progress=False, **ROOMY)
+    batch's `None` (where every combination fits something), measured on the
+    fake clock, from an empty cache, and that cache. Planned once, read by two
+    tests: neither changes them (a test that plans again plans on a copy of
+    the cache)."""
+    cache = PlanCache()
+    budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
+    r = _plan(GRAD, MODEL, TOKENS, budget_bytes=budget, cache=cache, **ROOMY)
     return budget, r, cache
 
 
@@ -133,7 +140,7 @@ def test_with_room_the_fastest_combination_is_the_pick(roomy):
 
 
 @pytest.mark.heavy
-def test_a_combination_timed_slow_on_its_own_clock_still_races(roomy, monkeypatch):
+def test_a_combination_timed_slow_on_its_own_clock_still_races(roomy):
     """Each combination is timed on a clock of its own: the fastest one, whose
     own rounds made it look 20% slower (a busy moment), still races, and the
     race's one clock makes it the pick."""
@@ -141,29 +148,32 @@ def test_a_combination_timed_slow_on_its_own_clock_still_races(roomy, monkeypatc
     times = sorted(b.time_s for b in plain.batches)
     assert times[1] < 1.2 * times[0]  # else slowing it moves nothing
     way = (plain.micro_batches, plain.loss_chunk_size)
+    slowed = set()
 
-    def busy(planner) -> bool:  # the fastest combination's planner
-        k = 1 if planner.fn is GRAD else 2
-        return (k, _batch.map_loss_chunk_sizes(planner.args, lambda c: c)[1][0]) == way
+    class Busy(Bench):
+        """A bench on which the fastest combination's timings come out 20%
+        slower, as if the machine were busy while they were taken."""
 
-    time, slowed = _plan._Planner.time, set()
+        def time(self, problem, cs, ev) -> Timed:
+            timed = super().time(problem, cs, ev)
+            k = 1 if problem.fn is GRAD else 2
+            if (k, map_loss_chunk_sizes(problem.args, lambda c: c)[1][0]) != way:
+                return timed
+            slowed.update(timed.timings)
+            timings = {
+                c: t._replace(seconds=1.2 * t.seconds) for c, t in timed.timings.items()
+            }
+            return timed._replace(timings=timings)
 
-    def slow_time(self, cs):
-        time(self, cs)
-        for c, t in list(self.timings.items()):
-            if busy(self) and id(t) not in slowed:
-                self.timings[c] = t._replace(seconds=1.2 * t.seconds)
-                slowed.add(id(self.timings[c]))
-
-    monkeypatch.setattr(_plan._Planner, "time", slow_time)
     # The plan again, on a copy of the first one's cache: its compiles and
     # per-combination timings are taken from there (the timings through
-    # `_Planner.time`, which slows them as above); the race of the slowed
+    # `Bench.time`, which `Busy` slows as above); the race of the slowed
     # order is not there, and is run afresh.
-    again = _cache.PlanCache()
+    again = PlanCache()
     again._entries.update(cache._entries)
-    monkeypatch.setattr(_cache, "CACHE", again)
-    r = er.plan(GRAD, MODEL, TOKENS, budget_bytes=budget, progress=False, **ROOMY)
+    r = _plan(
+        GRAD, MODEL, TOKENS, budget_bytes=budget, cache=again, bench=Busy, **ROOMY
+    )
     assert slowed
     assert (r.micro_batches, r.loss_chunk_size) == way
     assert r.checkpoint == plain.checkpoint
@@ -174,14 +184,13 @@ def test_nothing_fits_with_any_combination():
     """A budget under every combination's lightest: the error says so, with
     the table of the last combination and the counts tried."""
     with pytest.raises(ValueError, match="No candidate fits") as e:
-        er.plan(
+        _plan(
             GRAD,
             MODEL,
             TOKENS,
             budget_bytes=1000,
             micro_batches=(2,),
             measure=False,
-            progress=False,
         )
     assert "micro-batch counts and loss chunk sizes tried: 2/None" in str(e.value)
 
@@ -235,14 +244,13 @@ def test_loss_chunks_that_change_nothing_are_said():
         pytest.warns(UserWarning, match="=None and 4, so loss_chunks changes nothing"),
         pytest.raises(ValueError, match="No candidate fits"),
     ):
-        er.plan(
+        _plan(
             grad,
             MODEL,
             TOKENS,
             budget_bytes=1000,
             loss_chunks=(None, 4),
             measure=False,
-            progress=False,
         )
 
 
@@ -252,14 +260,13 @@ def test_ahead_of_time_the_fewest_micro_batches_within_one_percent():
     among the combinations estimated within 1% of the least time: the
     roofline does not see what a smaller micro-batch costs a chip."""
     budget = er.memory_report(GRAD, MODEL, TOKENS).total_bytes
-    r = er.plan(
+    r = _plan(
         GRAD,
         MODEL,
         TOKENS,
         budget_bytes=budget,
         micro_batches=(1, 2, 4),
         measure=False,
-        progress=False,
     )
     assert {b.micro_batches for b in r.batches} == {1, 2, 4}
     assert not any(b.measured for b in r.batches) and not r.entry.measured

@@ -2,12 +2,10 @@
 
 import contextlib
 import functools
-import glob
-import importlib.util
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -16,13 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._util import format_bytes, split_args, traceable
 from ._flops import count_flops
-from ._targets import PLATFORMS, V5E_SLICES, VALID_TARGETS, v5e_shape
-
-
-_TPU_EXTRA_HINT = (
-    "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
-    "it with `pip install 'eqx-remat[tpu]'`."
-)
+from ._targets import Target
 
 
 class ReplicatedArgumentsWarning(UserWarning):
@@ -163,17 +155,13 @@ def memory_report(
     one chip — XLA refuses to compile it, so there is no report to return.
     """
     dynamic, _ = split_args(args)
-    target = at_hand("memory_report", target)
-    mesh = None
-    if target is None:
-        name = jax.default_backend()
-    else:
-        name, mesh = _v5e(target)
-        warn_replicated("memory_report", name, mesh, dynamic)
-        dynamic = jax.tree.map(functools.partial(_place, mesh, name), dynamic)
+    on = Target.of(target, "memory_report")
+    if on.mesh is not None:
+        warn_replicated("memory_report", on.label, on.mesh, dynamic)
+        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
 
     f, _ = traceable(fn, args)
-    with _on_mesh(mesh):
+    with contextlib.nullcontext() if on.mesh is None else jax.set_mesh(on.mesh):
         lowered = jax.jit(f).lower(dynamic)
     try:
         compiled = lowered.compile(dict(compiler_options or {}))
@@ -185,51 +173,9 @@ def memory_report(
                 "how much it needs. Nothing else can be reported for it."
             )
         raise
-    with _on_mesh(mesh, abstract=True):
+    with on.traced():
         flops = count_flops(fn, *args)
-    return compiled_report(compiled, flops=flops, target=name)
-
-
-def at_hand(fn: str, target: Any) -> Any:
-    """`target`, or `None` for the platform name of the default backend; the
-    name of another platform is a `ValueError` that names this one."""
-    if target not in PLATFORMS:
-        return target
-    if target != jax.default_backend():
-        raise ValueError(
-            f"{fn}(target={target!r}): a platform name must be the default "
-            f"backend, here {jax.default_backend()!r}. Use None for it, or "
-            '"v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
-        )
-    return None
-
-
-def traced_for(target: Any) -> contextlib.AbstractContextManager:
-    """A context in which functions are traced (not compiled) for `target`, as
-    `memory_report(..., target=target)` traces them: on a v5e target's abstract
-    mesh, so that code asking what it is traced for (zoo's flash attention)
-    sees the TPU. Nothing for `None` or a platform name."""
-    if target is None or target in PLATFORMS:
-        return contextlib.nullcontext()
-    return _on_mesh(_v5e(target)[1], abstract=True)
-
-
-def _on_mesh(
-    mesh: Mesh | None, *, abstract: bool = False
-) -> contextlib.AbstractContextManager:
-    """`jax.set_mesh(mesh)`, or nothing for `None`: a target's function is traced
-    on the target's mesh, so that code asking what it is traced for
-    (`jax.sharding.get_abstract_mesh()`: zoo's flash attention, which needs a
-    TPU) sees the target's chips, also when no argument carries a sharding.
-
-    `abstract=True`: only the abstract mesh, for tracing without compiling
-    (`count_flops`, which computes small integer values eagerly, on the default
-    backend: the target's chips cannot run anything)."""
-    if mesh is None:
-        return contextlib.nullcontext()
-    if abstract:
-        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
-    return jax.set_mesh(mesh)
+    return compiled_report(compiled, flops=flops, target=on.label)
 
 
 def compiled_report(
@@ -254,143 +200,6 @@ def compiled_report(
         flops=flops,
         target=target,
     )
-
-
-def v5e_mesh(target: str = "v5e") -> Mesh:
-    """The device mesh that `memory_report(..., target=target)` compiles for.
-
-    One axis, `"data"`, over all the chips of the slice. Use it to give
-    `jax.ShapeDtypeStruct` arguments a sharding, e.g.
-    `NamedSharding(v5e_mesh(), PartitionSpec("data"))` to split a batch across
-    the chips. The mesh is built once per target (its devices are TPU v5e chips
-    of a topology description: nothing can run on them, only compile).
-
-    **Arguments:**
-
-    - `target`: `"v5e"` (2x2, 4 chips) or `"v5e:AxB"`.
-
-    **Returns:**
-
-    A `jax.sharding.Mesh` with axis names `("data",)`.
-    """
-    return _v5e(target)[1]
-
-
-def _v5e(target: Any) -> tuple[str, Mesh]:
-    shape = v5e_shape(target)
-    if shape is None:
-        raise ValueError(
-            f"Unknown target {target!r}. It needs to be one of {VALID_TARGETS}."
-        )
-    a, b = shape
-    if shape not in V5E_SLICES:
-        slices = ", ".join(f"{a}x{b}" for a, b in V5E_SLICES)
-        raise ValueError(
-            f"Unknown target {target!r}: TPU v5e comes in slices of {slices}. "
-            f"It needs to be one of {VALID_TARGETS}."
-        )
-    if not _installed("libtpu"):
-        raise ImportError(
-            f"memory_report(target={target!r}): libtpu is not installed. "
-            + _TPU_EXTRA_HINT
-        )
-    return f"v5e:{a}x{b}", _mesh(a, b)
-
-
-@functools.lru_cache(maxsize=16)
-def _mesh(a: int, b: int) -> Mesh:
-    from jax.experimental import topologies
-
-    # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
-    # slices are made of 2x2 hosts.
-    per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
-    with _libtpu_environment(a * b):
-        try:
-            topo = topologies.get_topology_desc(
-                platform="tpu",
-                topology_name=f"v5e:{a}x{b}",
-                chip_config_name="default",
-                chips_per_host_bounds=per_host,
-                num_slices=1,
-                wrap=[False, False, False],
-            )
-        except Exception as e:  # libtpu's errors are JaxRuntimeErrors
-            if "INVALID_ARGUMENT" not in str(e):
-                raise
-            raise ValueError(
-                f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
-                f"need to be one of {VALID_TARGETS}, for a slice shape that TPU "
-                "v5e comes in."
-            ) from e
-    n = len(topo.devices)
-    return topologies.make_mesh(topo, (n,), ("data",))
-
-
-def _has_tpu() -> bool:
-    """Whether this machine has TPU chips (a TPU VM exposes them as `/dev/accel*`
-    or `/dev/vfio/*`: the test the benchmarks' `--device auto` makes)."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
-def _describe_no_slice() -> None:
-    """On a machine with libtpu installed (the `tpu` extra, for compiling for
-    v5e ahead of time) and no TPU, JAX's first use of a backend loads libtpu to
-    look for chips. Asked nothing about the slice it runs on, libtpu looks for
-    it, finds none and prints errors on stderr ("could not determine TPU
-    accelerator type", "unexpected worker hostname", a source location trace)
-    that look like a crash, though JAX then settles on the CPU as it should.
-    Tell it, the way `_libtpu_environment` does: a value the user has set is
-    kept, and a machine with TPU chips is left alone. Nothing else changes: the
-    backend JAX picks, and what libtpu compiles for a target, are the same."""
-    if _installed("libtpu") and not _has_tpu():
-        for k, v in _SLICE_DEFAULTS.items():
-            os.environ.setdefault(k, v)
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package is missing
-        return False
-
-
-# What libtpu asks a machine's metadata server when it loads, said instead (the
-# chip count is filled in per target by `_libtpu_environment`).
-_SLICE_DEFAULTS = {
-    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-    "TPU_SKIP_MDS_QUERY": "1",
-}
-
-
-@contextlib.contextmanager
-def _libtpu_environment(chips: int) -> Iterator[None]:
-    """The environment variables libtpu reads when it loads (in
-    `get_topology_desc`), set while it loads and restored afterwards: compiling
-    for the topology later needs none of them.
-
-    - `TPU_ACCELERATOR_TYPE`, `TPU_WORKER_HOSTNAMES`, `TPU_SKIP_MDS_QUERY`
-      describe a slice without querying a TPU VM's metadata server; a value the
-      user has set is kept.
-    - `ALLOW_MULTIPLE_LIBTPU_LOAD`: libtpu takes a machine-wide lock
-      (/tmp/libtpu_lockfile) when it loads, so that two processes cannot drive
-      one TPU. Compiling drives nothing, and two processes compiling at once
-      (pytest-xdist workers, parallel benchmarks) must not fail: allow several
-      loads, for this load only.
-    """
-    defaults = {**_SLICE_DEFAULTS, "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}"}
-    values = {k: v for k, v in defaults.items() if k not in os.environ}
-    values["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-    previous = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def warn_replicated(
@@ -422,14 +231,14 @@ def warn_replicated(
         f"{target!r}), PartitionSpec('data')))`. To replicate on purpose, "
         "silence eqx_remat.ReplicatedArgumentsWarning.",
         ReplicatedArgumentsWarning,
-        stacklevel=_user_stacklevel() if stacklevel is None else stacklevel + 1,
+        stacklevel=user_stacklevel() if stacklevel is None else stacklevel + 1,
     )
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _user_stacklevel() -> int:
+def user_stacklevel() -> int:
     """The `stacklevel` for a `warnings.warn` made by this function's caller that
     points at the first frame outside `eqx_remat`: the user's line, not `sys:1`
     (where too large a fixed level lands) nor the library's own."""
@@ -462,6 +271,3 @@ def _place(mesh: Mesh, name: str, x: Any) -> jax.ShapeDtypeStruct:
         sharding=sharding,
         weak_type=getattr(x, "weak_type", False),
     )
-
-
-_describe_no_slice()

@@ -1,9 +1,22 @@
-"""Target names: what `memory_report`, `plan` and the benchmarks compile for. The
-one parser of them: `None` (the default backend), a platform name, or a TPU v5e
-slice, `"v5e"` (2x2) or `"v5e:AxB"`."""
+"""Targets: what `memory_report`, `plan` and the benchmarks compile for. The one
+parser of their names (`None`: the default backend, a platform name, or a TPU
+v5e slice, `"v5e"` (2x2) or `"v5e:AxB"`), and `Target`, the value a name is
+normalised to once: its name, its mesh and its chips' figures."""
 
+import contextlib
+import dataclasses
+import functools
+import glob
+import importlib.util
+import os
 import re
+from collections.abc import Iterator
 from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from ._hardware import HARDWARE, Hardware, device_hardware
 
 
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -43,3 +56,233 @@ def v5e_shape(target: Any) -> tuple[int, int] | None:
     if match.group(1) is None:
         return 2, 2
     return int(match.group(1)), int(match.group(2))
+
+
+TPU_EXTRA_HINT = (
+    "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
+    "it with `pip install 'eqx-remat[tpu]'`."
+)
+
+
+def at_hand(fn: str, target: Any) -> Any:
+    """`target`, or `None` for the platform name of the default backend; the
+    name of another platform is a `ValueError` that names this one."""
+    if target not in PLATFORMS:
+        return target
+    if target != jax.default_backend():
+        raise ValueError(
+            f"{fn}(target={target!r}): a platform name must be the default "
+            f"backend, here {jax.default_backend()!r}. Use None for it, or "
+            '"v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
+        )
+    return None
+
+
+def v5e_mesh(target: str = "v5e") -> Mesh:
+    """The device mesh that `memory_report(..., target=target)` compiles for.
+
+    One axis, `"data"`, over all the chips of the slice. Use it to give
+    `jax.ShapeDtypeStruct` arguments a sharding, e.g.
+    `NamedSharding(v5e_mesh(), PartitionSpec("data"))` to split a batch across
+    the chips. The mesh is built once per target (its devices are TPU v5e chips
+    of a topology description: nothing can run on them, only compile).
+
+    **Arguments:**
+
+    - `target`: `"v5e"` (2x2, 4 chips) or `"v5e:AxB"`.
+
+    **Returns:**
+
+    A `jax.sharding.Mesh` with axis names `("data",)`.
+    """
+    return v5e_target(target)[1]
+
+
+def v5e_target(target: Any) -> tuple[str, Mesh]:
+    """`(name, mesh)` of a TPU v5e target: its canonical name (`"v5e:2x2"`) and
+    the mesh it compiles for; a `ValueError` for another value or a slice
+    shape v5e does not come in, an `ImportError` without libtpu."""
+    shape = v5e_shape(target)
+    if shape is None:
+        raise ValueError(
+            f"Unknown target {target!r}. It needs to be one of {VALID_TARGETS}."
+        )
+    a, b = shape
+    if shape not in V5E_SLICES:
+        slices = ", ".join(f"{a}x{b}" for a, b in V5E_SLICES)
+        raise ValueError(
+            f"Unknown target {target!r}: TPU v5e comes in slices of {slices}. "
+            f"It needs to be one of {VALID_TARGETS}."
+        )
+    if not installed("libtpu"):
+        raise ImportError(
+            f"memory_report(target={target!r}): libtpu is not installed. "
+            + TPU_EXTRA_HINT
+        )
+    return f"v5e:{a}x{b}", slice_mesh(a, b)
+
+
+@functools.lru_cache(maxsize=16)
+def slice_mesh(a: int, b: int) -> Mesh:
+    from jax.experimental import topologies
+
+    # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
+    # slices are made of 2x2 hosts.
+    per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
+    with libtpu_environment(a * b):
+        try:
+            topo = topologies.get_topology_desc(
+                platform="tpu",
+                topology_name=f"v5e:{a}x{b}",
+                chip_config_name="default",
+                chips_per_host_bounds=per_host,
+                num_slices=1,
+                wrap=[False, False, False],
+            )
+        except Exception as e:  # libtpu's errors are JaxRuntimeErrors
+            if "INVALID_ARGUMENT" not in str(e):
+                raise
+            raise ValueError(
+                f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
+                f"need to be one of {VALID_TARGETS}, for a slice shape that TPU "
+                "v5e comes in."
+            ) from e
+    n = len(topo.devices)
+    return topologies.make_mesh(topo, (n,), ("data",))
+
+
+def has_tpu() -> bool:
+    """Whether this machine has TPU chips (a TPU VM exposes them as `/dev/accel*`
+    or `/dev/vfio/*`: the test the benchmarks' `--device auto` makes)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def describe_no_slice() -> None:
+    """On a machine with libtpu installed (the `tpu` extra, for compiling for
+    v5e ahead of time) and no TPU, JAX's first use of a backend loads libtpu to
+    look for chips. Asked nothing about the slice it runs on, libtpu looks for
+    it, finds none and prints errors on stderr ("could not determine TPU
+    accelerator type", "unexpected worker hostname", a source location trace)
+    that look like a crash, though JAX then settles on the CPU as it should.
+    Tell it, the way `libtpu_environment` does: a value the user has set is
+    kept, and a machine with TPU chips is left alone. Nothing else changes: the
+    backend JAX picks, and what libtpu compiles for a target, are the same."""
+    if installed("libtpu") and not has_tpu():
+        for k, v in SLICE_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+# What libtpu asks a machine's metadata server when it loads, said instead (the
+# chip count is filled in per target by `libtpu_environment`).
+SLICE_DEFAULTS = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_SKIP_MDS_QUERY": "1",
+}
+
+
+@contextlib.contextmanager
+def libtpu_environment(chips: int) -> Iterator[None]:
+    """The environment variables libtpu reads when it loads (in
+    `get_topology_desc`), set while it loads and restored afterwards: compiling
+    for the topology later needs none of them.
+
+    - `TPU_ACCELERATOR_TYPE`, `TPU_WORKER_HOSTNAMES`, `TPU_SKIP_MDS_QUERY`
+      describe a slice without querying a TPU VM's metadata server; a value the
+      user has set is kept.
+    - `ALLOW_MULTIPLE_LIBTPU_LOAD`: libtpu takes a machine-wide lock
+      (/tmp/libtpu_lockfile) when it loads, so that two processes cannot drive
+      one TPU. Compiling drives nothing, and two processes compiling at once
+      (pytest-xdist workers, parallel benchmarks) must not fail: allow several
+      loads, for this load only.
+    """
+    defaults = {**SLICE_DEFAULTS, "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}"}
+    values = {k: v for k, v in defaults.items() if k not in os.environ}
+    values["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a function is compiled for, normalised once at the top of
+    [`eqx_remat.memory_report`][] and [`eqx_remat.plan`][]
+    (`Target.of(target)`).
+
+    - `name`: `None` for the device at hand (the default backend), else a TPU
+      v5e slice by its canonical name (`"v5e:2x4"`).
+    - `mesh`: the slice's mesh (one axis, `"data"`), `None` for the device at
+      hand.
+    - `figures`: the chips' [`eqx_remat.internal.Hardware`][] where given (a
+      what-if); `None` to look them up (`hardware`).
+    """
+
+    name: str | None
+    mesh: Mesh | None = None
+    figures: Hardware | None = None
+
+    @staticmethod
+    def of(target: Any, fn: str = "memory_report") -> "Target":
+        """`target` (`None`, a platform name, `"v5e"`, `"v5e:AxB"`) as a
+        `Target`; errors name `fn`, the function it was given to."""
+        target = at_hand(fn, target)
+        if target is None:
+            return Target(None)
+        return Target(*v5e_target(target))
+
+    @property
+    def label(self) -> str:
+        """The name, or the default backend's platform name."""
+        return jax.default_backend() if self.name is None else self.name
+
+    @property
+    def chips(self) -> int:
+        return 1 if self.mesh is None else self.mesh.size
+
+    def hardware(self) -> tuple[Hardware, bool]:
+        """`(figures of one chip, known)`: a v5e target's from the table; the
+        device at hand's measured (a CPU) or by its kind (`known` is `False`
+        where its kind is not in the table and a platform's are used)."""
+        if self.figures is not None:
+            return self.figures, True
+        if self.name is not None:
+            return HARDWARE["TPU v5 lite"], True
+        return device_hardware()
+
+    def traced(self) -> contextlib.AbstractContextManager:
+        """A context in which functions are traced (not compiled) for this
+        target: on a v5e target's abstract mesh, so that code asking what it
+        is traced for (zoo's flash attention) sees the TPU."""
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        return jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh)
+
+
+def hardware(target: str | None) -> tuple[Hardware, bool]:
+    """The figures for a [`eqx_remat.memory_report`][] target: `None` (the
+    default backend's first device), its platform name, or `"v5e[:AxB]"`.
+
+    **Returns:**
+
+    `(hardware, known)`: `known` is `False` when the device kind is not in
+    `HARDWARE` and a platform's nominal figures are used instead.
+    """
+    return Target.of(target, "hardware").hardware()
+
+
+describe_no_slice()

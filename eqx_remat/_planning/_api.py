@@ -10,19 +10,16 @@ from typing import Any, Literal, SupportsIndex
 import jax
 import numpy as np
 
-from .._inspect._memory import (
-    ReplicatedArgumentsWarning,
-    _v5e,
-    at_hand,
-    traced_for,
-    warn_replicated,
-)
+from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
+from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
 from .._util import split_args
 from .._validate import check_int
 from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
-from ._plan import _Planner, _Progress
-from ._report import PlanResult
+from ._bench import Bench, Problem
+from ._loop import compare, solve
+from ._report import PlanResult, Progress
+from ._stacks import solve_stacks
 
 
 _EXAMPLES = {
@@ -131,6 +128,42 @@ def plan(
     (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
     with XLA's figure of what it needed.
     """
+    budget, candidates = _check(
+        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
+    )
+    if progress not in (True, False, "verbose"):
+        raise ValueError(
+            f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
+        )
+    on = Target.of(target, "plan")
+    bench = Bench(on, _measuring(measure, on.name), say=Progress(progress))
+    return _run(
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
+    )
+
+
+def plan_on(
+    bench: Bench,
+    fn: Callable[..., Any],
+    *args: Any,
+    budget_bytes: SupportsIndex | str,
+    candidates: Sequence[Checkpoint] | None = None,
+    micro_batches: Sequence[SupportsIndex] | None = None,
+    loss_chunks: Sequence[SupportsIndex | None] | None = None,
+    in_axes: Any = (None, 0),
+) -> PlanResult:
+    """[`eqx_remat.plan`][] on `bench`: its target, whether it measures, its
+    clock, its cache and its progress lines."""
+    budget, candidates = _check(
+        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
+    )
+    return _run(
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
+    )
+
+
+def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
+    """`(budget, candidates)`: the arguments checked and normalised."""
     budget = parse_bytes(budget_bytes)
     lists = {"candidates": candidates, "micro_batches": micro_batches}
     lists |= {"loss_chunks": loss_chunks}
@@ -161,35 +194,37 @@ def plan(
             "plan expected arguments containing an eqx.Module with a `checkpoint` "
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
-    if progress not in (True, False, "verbose"):
+    if candidates is not None and (
+        micro_batches is not None or loss_chunks is not None
+    ):
         raise ValueError(
-            f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
+            "plan compares candidates= on one function; with micro_batches= "
+            "or loss_chunks= it solves. Pass candidates=None."
         )
-    target = at_hand("plan", target)
-    measure = _measuring(measure, target)
-    if target is not None:
-        name, mesh = _v5e(target)
-        warn_replicated("plan", name, mesh, split_args(args)[0])
-    say = _Progress(progress)
+    return budget, candidates
+
+
+def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes):
+    on = bench.target
+    if on.mesh is not None:
+        warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
     ways = None
     if micro_batches is not None or loss_chunks is not None:
-        if candidates is not None:
-            raise ValueError(
-                "plan compares candidates= on one function; with micro_batches= "
-                "or loss_chunks= it solves. Pass candidates=None."
-            )
         ways = combinations(args, micro_batches, loss_chunks, in_axes)
-    with warnings.catch_warnings(), traced_for(target):
+    with warnings.catch_warnings(), on.traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         if ways is not None:
             if loss_chunks is not None:
                 warn_if_chunks_do_nothing(fn, args, ways)
-            return plan_batches(fn, args, budget, target, measure, say, ways, in_axes)
-        planner = _Planner(fn, args, budget, target, measure, say, candidates is None)
+            return plan_batches(bench, fn, args, budget, ways, in_axes)
+        problem = Problem.of(fn, args, on)
         if candidates is not None:
-            return planner.enumerate(candidates)
-        return planner.solve()
+            return compare(bench, problem, budget, candidates)
+        stacks = bench.stacks(problem)
+        if len(stacks) > 1:
+            return solve_stacks(bench, problem, budget, stacks).result
+        return solve(bench, problem, budget).result
 
 
 def _measuring(measure: Any, target: str | None) -> bool:

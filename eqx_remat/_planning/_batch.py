@@ -8,7 +8,6 @@ Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 """
 
 import dataclasses
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, SupportsIndex
@@ -16,31 +15,34 @@ from typing import Any, NamedTuple, SupportsIndex
 import jax
 
 from .._accumulate import accumulate, check_split
-from .._inspect._memory import _user_stacklevel
-from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes
+from .._inspect._memory import user_stacklevel
+from .._schedules._checkpoint import Planned, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._util import traceable
 from .._validate import check_int
-from . import _cache
-from ._clock import on_one_clock, time_interleaved, warm_up
+from ._bench import Bench, Problem
+from ._cache import PlanCache
+from ._clock import on_one_clock
 from ._compiled import Compiled
-from ._plan import _MODEL_ERROR, _Planner, _Progress
-from ._report import BatchOption, NothingFits, PlanResult, _name
+from ._cost import MODEL_ERROR, CostModel
+from ._evidence import Evidence, total_left_s
+from ._loop import Compile, Time, Trace, answer, notes, settle, solve
+from ._report import BatchOption, NothingFits, PlanResult, checkpoint_name
 
 
 class _Way(NamedTuple):
-    """One combination: `k` micro-batches, loss chunk `c`, and the planner of
-    the function and arguments that run it."""
+    """One combination: `k` micro-batches, loss chunk `c`, and the function
+    and arguments that run it."""
 
     k: int
     c: int | None
-    planner: _Planner
+    problem: Problem
 
 
 class _Best(NamedTuple):
     way: _Way
-    checkpoint: Checkpoint
+    checkpoint: Planned
     time_s: float
     measured: bool
 
@@ -111,36 +113,32 @@ def warn_if_chunks_do_nothing(
             f"loss_chunk_size={a!r} and {b!r}, so loss_chunks changes nothing. "
             "A model's loss_chunk_size acts where the function calls its `loss` "
             "(zoo.Transformer.loss), not its `__call__`.",
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
 
 
 def plan_batches(
+    bench: Bench,
     fn,
     args: tuple,
     budget: int,
-    target: str | None,
-    measure: bool,
-    say: _Progress,
     ways: list[tuple[int, int | None]],
     in_axes: Any,
 ) -> PlanResult:
     """`plan` over the combinations `ways`: the fastest per global batch."""
+    evidence: dict[tuple[int, int | None], Evidence] = {}
 
-    made: list[_Planner] = []  # every planner, for the counts
+    def way(k: int, c: int | None) -> _Way:
+        f, a = _variant(fn, args, k, c, in_axes, bench.cache)
+        return _Way(k, c, Problem.of(f, a, bench.target))
 
-    def planner(k: int, c: int | None, solving: bool) -> _Planner:
-        f, a = _variant(fn, args, k, c, in_axes)
-        made.append(_Planner(f, a, budget, target, measure, say, solving))
-        return made[-1]
-
-    solved, result = _solve_first(ways, planner, say)
+    solved, result = _solve_first(bench, ways, way, budget, evidence)
     bests = [
         _Best(solved, result.checkpoint, result.entry.time_s, result.entry.measured)
     ]
     for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
-        say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best = _try(_Way(k, c, planner(k, c, False)), solved, bests[0])
+        bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
+        best = _try(bench, way(k, c), solved, bests[0], budget, evidence)
         if best is not None:
             bests.append(best)
     bests.sort(key=lambda b: b.time_s)
@@ -148,40 +146,48 @@ def plan_batches(
     # matmul too small to keep it busy): within 1% of the least estimate, the
     # fewest micro-batches.
     close = [b for b in bests if b.time_s <= 1.01 * bests[0].time_s]
-    pick = bests[0] if measure else min(close, key=lambda b: b.way.k)
-    if measure and len(bests) > 1:
-        pick = _race(bests, solved)
+    pick = bests[0] if bench.measure else min(close, key=lambda b: b.way.k)
+    if bench.measure and len(bests) > 1:
+        pick = _race(bench, bests, solved, evidence)
         same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
         bests = sorted((pick if same(b) else b for b in bests), key=lambda b: b.time_s)
-    p = pick.way.planner
-    entry = p.entry(p.compiled[pick.checkpoint], pick.time_s)._replace(
+    return _batch_result(bench, result, pick, bests, evidence, in_axes)
+
+
+def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
+    ev = evidence[pick.way.k, pick.way.c]
+    m = CostModel(None, ev, bench.hardware)
+    entry = m.entry(ev.records[pick.checkpoint], pick.time_s)._replace(
         time_s=pick.time_s, measured=pick.measured
     )
-    seconds = say.elapsed()
-    say(
+    seconds = bench.say.elapsed()
+    bench.say(
         f"done: micro_batches={pick.way.k}, loss_chunk_size={pick.way.c}, "
-        f"checkpoint={_name(pick.checkpoint)}, {seconds:.1f} s"
+        f"checkpoint={checkpoint_name(pick.checkpoint)}, {seconds:.1f} s"
     )
     options = [
         BatchOption(
             b.way.k,
             b.way.c,
             b.checkpoint,
-            b.way.planner.compiled[b.checkpoint].memory_bytes or 0,
+            evidence[b.way.k, b.way.c].records[b.checkpoint].memory_bytes or 0,
             b.time_s,
             b.measured,
         )
         for b in bests
     ]
+    said = [*result.notes]
+    for e in evidence.values():
+        said += notes(bench, CostModel(None, e, bench.hardware), ())
     return dataclasses.replace(
         result,
         checkpoint=pick.checkpoint,
         entry=entry,
-        budget_bytes=min(q.budget for q in made),
-        notes=tuple(dict.fromkeys(n for q in made for n in q.notes)),
-        compiles=sum(q.compiles for q in made),
+        budget_bytes=min(e.budget for e in evidence.values()),
+        notes=tuple(dict.fromkeys(said)),
+        compiles=sum(e.compiles for e in evidence.values()),
         seconds=seconds,
-        timed_seconds=sum(q.timed_s for q in made),
+        timed_seconds=sum(e.timed_s for e in evidence.values()),
         micro_batches=pick.way.k,
         loss_chunk_size=pick.way.c,
         in_axes=in_axes,
@@ -189,13 +195,17 @@ def plan_batches(
     )
 
 
-def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any):
+def _variant(
+    fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache | None = None
+):
     """The function and arguments of `k` micro-batches and loss chunk `c`:
     `accumulate(fn, k)` (one per function and `k`, kept in the plan cache,
     so that later plans find what this one compiled), arguments whose
-    `loss_chunk_size` fields are `c`."""
-    if k > 1:
-        fn = _cache.CACHE.get(
+    `loss_chunk_size` fields are `c`. Without a `cache`, a new function."""
+    if k > 1 and cache is None:
+        fn = accumulate(fn, k, in_axes=in_axes)
+    elif k > 1 and cache is not None:
+        fn = cache.get(
             fn,
             ("accumulate", id(fn), k, repr(in_axes)),
             lambda: accumulate(fn, k, in_axes=in_axes),
@@ -205,7 +215,9 @@ def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any):
     return fn, args
 
 
-def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
+def _solve_first(
+    bench: Bench, ways, way, budget: int, evidence
+) -> tuple[_Way, PlanResult]:
     """Solve, in full, the first combination for which something fits: where
     the lightest options (`recursive()`, `"nothing"`) both need more than
     the budget plus the model's error, the combination is passed over after two
@@ -214,18 +226,18 @@ def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
     2-layer transformer, `save_names('mlp_hidden')` 1% less than
     `"nothing"`: it spares the backward pass a recomputed buffer)."""
     for i, (k, c) in enumerate(ways):
-        last = i == len(ways) - 1
-        probe = None if last else planner(k, c, False)
-        if probe is not None and not any(
-            _near(probe.compile(light), probe.budget)
-            for light in (recursive(), "nothing")
-        ):
-            say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
-            continue
-        say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
-        p = planner(k, c, True)
+        w = way(k, c)
+        if i < len(ways) - 1:
+            ev = bench.start(w.problem, budget)
+            for light in (recursive(), "nothing"):
+                ev = answer(bench, w.problem, ev, Compile(light))
+            evidence[k, c] = ev
+            if not any(_near(r, ev.budget) for r in ev.records.values()):
+                bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+                continue
+        bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
         try:
-            return _Way(k, c, p), p.solve()
+            solved = solve(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
                 tried = ", ".join(f"{k}/{c}" for k, c in ways)
@@ -233,93 +245,116 @@ def _solve_first(ways, planner, say) -> tuple[_Way, PlanResult]:
                     f"{e}\n(With the last of the micro-batch counts and loss "
                     f"chunk sizes tried: {tried}.)"
                 ) from None
-            say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+            bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+            continue
+        # The probe's compiles count too: its records are the solve's first.
+        probe = evidence.get((k, c))
+        evidence[k, c] = solved.evidence
+        if probe is not None:
+            evidence[k, c] = dataclasses.replace(
+                solved.evidence, fresh={**probe.fresh, **solved.evidence.fresh}
+            )
+        return w, solved.result
     raise AssertionError("unreachable")
 
 
 def _near(record: Compiled, budget: int) -> bool:
     """Whether `record` compiled within the budget plus the model's error
-    (`_MODEL_ERROR`): another option may then fit."""
-    limit = (1 + _MODEL_ERROR) * budget
+    (`MODEL_ERROR`): another option may then fit."""
+    limit = (1 + MODEL_ERROR) * budget
     return record.report is not None and record.report.total_bytes <= limit
 
 
-def _try(way: _Way, solved: _Way, pick: _Best) -> _Best | None:
+def _times(
+    bench: Bench, problem: Problem, ev: Evidence, cs: Sequence[Planned], prices=None
+) -> tuple[Evidence, dict[Planned, tuple[float, bool]]]:
+    """`cs`' times: measured where they ran, else the roofline's (tracing what
+    it needs priced)."""
+    model = lambda ev: CostModel(prices, ev, bench.hardware, problem.share)
+    need = [c for c in cs if c not in ev.timings]
+    ev = settle(
+        bench,
+        problem,
+        ev,
+        lambda ev: next((Trace(c) for c in need if not model(ev).priced(c)), None),
+    )
+    m = model(ev)
+    return ev, {
+        c: (m.time_s(c, 0.0) if c in ev.timings else (m.roofline(c), False)) for c in cs
+    }
+
+
+def _try(
+    bench: Bench, way: _Way, solved: _Way, pick: _Best, budget: int, evidence
+) -> _Best | None:
     """`way`'s fastest fitting option among the solved pick and up to two of
     the options faster than it (on the solved combination's clock), fastest
     first, where their memory, scaled as the pick's scaled, fits."""
-    p, s = way.planner, solved.planner
-    before = s.compiled[pick.checkpoint].memory_bytes
-    record = p.compile(pick.checkpoint, before)
+    s_ev = evidence[solved.k, solved.c]
+    before = s_ev.records[pick.checkpoint].memory_bytes
+    ev = bench.start(way.problem, budget)
+    ev = answer(bench, way.problem, ev, Compile(pick.checkpoint, before))
+    evidence[way.k, way.c] = ev
+    record = ev.records[pick.checkpoint]
     if record.memory_bytes is None or before is None:
         return None
     scale = record.memory_bytes / before
-    faster = sorted((t, c) for c, t in _times(s).items() if t < pick.time_s)
+    compiled = [
+        c
+        for c, r in s_ev.records.items()
+        if r.report is not None and not isinstance(c, ranges)
+    ]
+    prices = bench.prices(solved.problem)
+    s_ev, times = _times(bench, solved.problem, s_ev, compiled, prices)
+    evidence[solved.k, solved.c] = s_ev
+    faster = sorted((t, c) for c, (t, _) in times.items() if t < pick.time_s)
     tried = 0
     for _, c in faster:
-        memory = s.compiled[c].memory_bytes
-        if tried == 2 or memory is None or memory * scale > p.budget:
+        memory = s_ev.records[c].memory_bytes
+        if tried == 2 or memory is None or memory * scale > ev.budget:
             continue
         tried += 1
-        if p._fits(p.compile(c, memory * scale)):
+        ev = answer(bench, way.problem, ev, Compile(c, memory * scale))
+        if ev.fits(ev.records[c]):
             break
-    fitting = [c for c, r in p.compiled.items() if p._fits(r)]
+    fitting = [c for c, r in ev.records.items() if ev.fits(r)]
     if not fitting:
+        evidence[way.k, way.c] = ev
         return None
-    if p.measure:
-        p.time(fitting)
-    timed = {c: p.time_s(c, p.roofline(c)) for c in fitting}
+    if bench.measure:
+        ev = answer(bench, way.problem, ev, Time(tuple(fitting)))
+    ev, timed = _times(bench, way.problem, ev, fitting)
+    evidence[way.k, way.c] = ev
     c = min(timed, key=lambda c: timed[c][0])
     return _Best(way, c, *timed[c])
 
 
-def _times(p: _Planner) -> dict[Checkpoint, float]:
-    """The solved combination's time for each compiled option that is not a
-    mix, measured where it ran, else the roofline's."""
-    return {
-        c: p.time_s(c, p.roofline(c))[0]
-        for c, r in p.compiled.items()
-        if r.report is not None and not isinstance(c, ranges)
-    }
-
-
-def _race(bests: list[_Best], solved: _Way) -> _Best:
+def _race(bench: Bench, bests: list[_Best], solved: _Way, evidence) -> _Best:
     """The four fastest bests, run round-robin on one clock (the solved
     combination's): the fastest in those rounds. Each combination timed its
     programs on a clock of its own, at another moment and beside other
     programs, so how far apart two bests were timed says little: every one
-    of the four races, not only those close to the fastest."""
-    run = [b for b in bests if b.way.planner.runnable(b.checkpoint)][:4]
+    of the four races, not only those close to the fastest. The race runs
+    2 to 31 rounds after a warm-up: as many as fit in what is left of the
+    compile time of every combination planned."""
+    run = [b for b in bests if b.checkpoint in evidence[b.way.k, b.way.c].runnable][:4]
     if len(run) < 2:
         return bests[0]
-    programs = [b.way.planner._program(b.checkpoint) for b in run]
-    key = solved.planner._k(
-        "batch-race", tuple((b.way.k, b.way.c, b.checkpoint) for b in run)
-    )
-
-    def measure():
-        """After a warm-up, 2 to 31 rounds: as many as fit in what is left of
-        the compile time of every combination planned (each was timed on its
-        own clock: the race puts the bests on one)."""
-        start = time.perf_counter()
-        warm = warm_up(programs)
-        done = {id(b.way.planner): b.way.planner for b in bests}.values()
-        left = sum(q.left_s() for q in done) - warm
-        out = time_interleaved(programs, rounds=31, warmup=False, seconds=left)
-        took = time.perf_counter() - start
-        solved.planner.timed_s += took
-        solved.planner.say(
-            f"raced {len(run)} combinations in {out[0].rounds} rounds, {took:.1f} s "
-            f"({left + warm:.1f} s left of the compiles' time)"
-        )
-        return out
-
-    timings = _cache.CACHE.get(solved.planner.fn, key, measure)
+    programs = [
+        bench.program(b.way.problem, evidence[b.way.k, b.way.c].records[b.checkpoint])
+        for b in run
+    ]
+    what = tuple((b.way.k, b.way.c, b.checkpoint) for b in run)
+    left = total_left_s(list(evidence.values()))
+    timings, took = bench.race_programs((solved.problem, what), programs, left)
+    s = evidence[solved.k, solved.c]
+    evidence[solved.k, solved.c] = s.timed({}, took)
     timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
-    solved.planner.say(
+    bench.say(
         "raced the bests of "
         + ", ".join(f"{b.way.k}/{b.way.c}" for b in run)
-        + f" (micro-batches/loss chunk): {run[i].way.k}/{run[i].way.c} fastest"
+        + f" (micro-batches/loss chunk): {run[i].way.k}/{run[i].way.c} fastest, "
+        f"{took:.1f} s"
     )
     return run[i]._replace(time_s=timings[i].seconds, measured=True)

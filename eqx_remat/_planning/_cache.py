@@ -63,7 +63,7 @@ def clear_plan_cache() -> None:
     CACHE.clear()
 
 
-def _key(fn: Callable, args: tuple, target: Any) -> Any:
+def cache_key(fn: Callable, args: tuple, target: Any) -> Any:
     """The cache key of `fn(*args)` compiled for `target`, or `None` where the
     static arguments are not hashable."""
     leaves, treedef = jtu.tree_flatten(args)

@@ -94,7 +94,8 @@ def device_memory_bytes(*, free: bool = True) -> int | None:
         return None
 
 
-def _run(program: Callable[[], Any]) -> float:
+def run_once(program: Callable[[], Any]) -> float:
+    """Run `program` once, to completion: the seconds it took."""
     start = time.perf_counter()
     jax.block_until_ready(program())
     return time.perf_counter() - start
@@ -105,7 +106,7 @@ def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
     long that took, to size the rounds that follow."""
     start = time.perf_counter()
     for p in programs:
-        _run(p)
+        run_once(p)
     return time.perf_counter() - start
 
 
@@ -142,6 +143,8 @@ def time_interleaved(
     warmup: bool = True,
     seconds: float = math.inf,
     keep: Callable[[list[Timing]], Sequence[int]] | None = None,
+    run: Callable[[Callable[[], Any]], float] = run_once,
+    now: Callable[[], float] = time.perf_counter,
 ) -> list[Timing]:
     """Time each of `programs` (callables that run one step) in up to `rounds`
     interleaved rounds, after one warm-up run each (`warmup`): their
@@ -157,17 +160,19 @@ def time_interleaved(
     program left). A program is ruled out only on as many rounds as half of
     `seconds` affords every program: on two, the ones whose two rounds were
     slow by chance would be ruled out and keep their slow times. With
-    neither, `rounds` rounds of every program."""
+    neither, `rounds` rounds of every program. `run` runs a program once
+    and says how long it took, `now` reads the clock that `seconds` is on."""
     if warmup:
-        warm_up(programs)
+        for p in programs:
+            run(p)
     times: list[list[float]] = [[] for _ in programs]
     running = list(range(len(programs)))
     shuffle = random.Random(0).shuffle
-    start = time.perf_counter()
+    start = now()
     racing = False
     for r in range(rounds):
         if r >= 2:
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             next_round = sum(times[i][-1] for i in running)
             racing = racing or elapsed + next_round > seconds / 2
             if keep is not None and racing:
@@ -181,7 +186,7 @@ def time_interleaved(
         order = running.copy()
         shuffle(order)
         for i in order:
-            times[i].append(_run(programs[i]))
+            times[i].append(run(programs[i]))
     return [timing(ts) for ts in times]
 
 

@@ -10,7 +10,7 @@ import jax
 
 from .._inspect._flops import count_flops
 from .._inspect._memory import MemoryReport, compiled_report, memory_report
-from .._schedules._checkpoint import Checkpoint, set_checkpoint
+from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args, traceable
 
 
@@ -56,7 +56,7 @@ class Compiled(NamedTuple):
       target is the device at hand), else `None`.
     """
 
-    checkpoint: Checkpoint
+    checkpoint: Planned
     report: MemoryReport | None
     error: str | None
     flops: int
@@ -81,7 +81,7 @@ class Compiled(NamedTuple):
 
 
 def compile_checkpoint(
-    fn: Callable, args: tuple, c: Checkpoint, target: str | None, *, runnable: bool
+    fn: Callable, args: tuple, c: Planned, target: str | None, *, runnable: bool
 ) -> Compiled:
     """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
     `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
@@ -115,7 +115,7 @@ def _compile(
     return report, executable
 
 
-class _Program(NamedTuple):
+class Program(NamedTuple):
     """One step of a compiled checkpoint, ready to run on the planner's
     inputs: `program()` runs it."""
 

@@ -4,13 +4,21 @@ fits."""
 
 import dataclasses
 import math
+import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 from .._accumulate import accumulate
 from .._inspect._memory import MemoryReport
-from .._schedules._checkpoint import Checkpoint, map_loss_chunk_sizes, set_checkpoint
+from .._schedules._checkpoint import (
+    Checkpoint,
+    PerStack,
+    Planned,
+    map_loss_chunk_sizes,
+    set_checkpoint,
+)
 from .._schedules._ranges import ranges
 from .._util import format_bytes, format_flops
 from ._compiled import Compiled
@@ -44,7 +52,7 @@ class PlanEntry(NamedTuple):
     - `measured`: whether `time_s` was measured by running it.
     """
 
-    checkpoint: Checkpoint
+    checkpoint: Planned
     memory_bytes: int | None
     flops: int
     fits: bool
@@ -75,7 +83,7 @@ class FrontierPoint(NamedTuple):
     - `measured`: whether `time_s` was measured by running it.
     """
 
-    checkpoint: Checkpoint
+    checkpoint: Planned
     predicted_bytes: int
     compiled_bytes: int | None
     flops: int
@@ -103,7 +111,7 @@ class BatchOption(NamedTuple):
 
     micro_batches: int
     loss_chunk_size: int | None
-    checkpoint: Checkpoint
+    checkpoint: Planned
     memory_bytes: int
     time_s: float
     measured: bool
@@ -138,6 +146,10 @@ class PlanResult:
       with `loss_chunks=`, else the model's own; `None` where the model has
       none): `apply` sets it where it was planned.
     - `in_axes`: the batch axes `plan` was given, for `step`.
+    - `estimate`: how a time not measured was estimated: the roofline, and,
+      on a chip whose published runs were compared with it, the fraction of
+      its rate they reach (`"roofline; MaxText's measured v5e runs reach 0.79
+      of it"`): printed beside the estimates.
     - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
       found for each (micro-batches, loss chunking) combination that fits, as
       [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
@@ -145,7 +157,7 @@ class PlanResult:
       [Which combination][which-combination]).
     """
 
-    checkpoint: Checkpoint
+    checkpoint: Planned
     entry: PlanEntry
     table: tuple[PlanEntry, ...]
     budget_bytes: int
@@ -159,6 +171,7 @@ class PlanResult:
     loss_chunk_size: int | None = None
     in_axes: Any = (None, 0)
     batches: tuple[BatchOption, ...] = ()
+    estimate: str = "roofline"
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
@@ -194,10 +207,10 @@ class PlanResult:
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
             f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
         ]
-        how = "measured" if e.measured else "estimated"
+        how = "measured" if e.measured else f"estimated: {self.estimate}"
         lines.append(
             f"  {format_bytes(e.memory_bytes or 0)} compiled, "
-            f"{format_flops(e.flops)} FLOPs, {_format_time(e.time_s)} per step "
+            f"{format_flops(e.flops)} FLOPs, {format_time(e.time_s)} per step "
             f"({how})"
         )
         lines += [_wrap(f"note: {n}", "  ", "    ") for n in self.notes]
@@ -210,17 +223,38 @@ class PlanResult:
             ]
         if self.table:
             lines.append(_table(self.table, self.entry, names))
+        estimated = not e.measured or any(
+            not p.measured for p in (*self.frontier, *self.table, *self.batches)
+        )
+        if estimated:
+            lines.append(_wrap(f"(est.): {self.estimate}", "", "  "))
         legend = names.legend()
         if legend:
             lines += ["where:"] + [_wrap(line, "  ", "    ") for line in legend]
         return "\n".join(lines)
 
 
+class Progress:
+    """Lines on stderr (`plan: ...`): the stages (`progress=True`), or every
+    step too (`"verbose"`)."""
+
+    def __init__(self, level: bool | str):
+        self.level = 2 if level == "verbose" else int(bool(level))
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str, *, detail: bool = False) -> None:
+        if self.level > int(detail):
+            print(f"plan: {message}", file=sys.stderr, flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
 class NothingFits(ValueError):
     """No candidate fits the budget (a `ValueError`, as `plan` documents)."""
 
 
-def _raise_nothing_fits(
+def raise_nothing_fits(
     table: Sequence[PlanEntry], budget: int, target: str
 ) -> NoReturn:
     def render(names: _Names) -> str:
@@ -241,11 +275,11 @@ def _raise_nothing_fits(
         f"No candidate fits in budget_bytes={format_bytes(budget)} "
         f"[{target}]. Of the checkpoints compiled, the least memory is "
         f"{format_bytes(smallest)} ({smallest} bytes), with "
-        f"checkpoint={_name(best.checkpoint)}.\n" + listed
+        f"checkpoint={checkpoint_name(best.checkpoint)}.\n" + listed
     )
 
 
-def _name(c: Checkpoint) -> str:
+def checkpoint_name(c: Planned) -> str:
     return repr(c) if c is None or isinstance(c, str) else str(c)
 
 
@@ -257,25 +291,34 @@ class _Names:
     `longest` characters, short aliases (`P1`, `P2`, ...) with a legend; a
     `ranges` mix is named by its parts."""
 
-    def __init__(self, checkpoints: Sequence[Checkpoint], longest: float | int):
+    def __init__(self, checkpoints: Sequence[Planned], longest: float | int):
         self.alias: dict[Checkpoint, str] = {}
         for c in checkpoints:
-            parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
-            for p in parts:
-                if len(_name(p)) > longest and p not in self.alias:
+            for p in _parts(c):
+                if len(checkpoint_name(p)) > longest and p not in self.alias:
                     self.alias[p] = f"P{len(self.alias) + 1}"
 
-    def short(self, c: Checkpoint) -> str:
+    def short(self, c: Planned) -> str:
+        if isinstance(c, PerStack):
+            inner = ", ".join(f"{p!r}: {self.short(k)}" for p, k in c.items())
+            return f"{{{inner}}}"
         if isinstance(c, ranges):
             inner = ", ".join(f"({n}, {self.short(p)})" for n, p in c.parts)
             return f"ranges({inner})"
-        return self.alias.get(c, _name(c))
+        return self.alias.get(c, checkpoint_name(c))
 
     def legend(self) -> list[str]:
-        return [f"{a} = {_name(c)}" for c, a in self.alias.items()]
+        return [f"{a} = {checkpoint_name(c)}" for c, a in self.alias.items()]
 
 
-def _fit(checkpoints: Sequence[Checkpoint], render: Callable[[_Names], str]) -> str:
+def _parts(c: Planned) -> list[Checkpoint]:
+    """The checkpoints `c` is made of: a mix's parts, each stack's."""
+    if isinstance(c, PerStack):
+        return [p for k in c.values() for p in _parts(k)]
+    return [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+
+
+def _fit(checkpoints: Sequence[Planned], render: Callable[[_Names], str]) -> str:
     """`render(names)` with names in full where that fits `_COLUMNS`, else
     with the longest ones aliased, fewer first."""
     text = ""
@@ -304,10 +347,10 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) 
             (
                 "*" if chosen is not None and e.checkpoint == chosen.checkpoint else "",
                 names.short(e.checkpoint),
-                _format_memory(e),
+                format_memory(e),
                 format_flops(e.flops),
                 f"{e.flops / base:.2f}x",
-                _format_time(e.time_s) + ("" if e.measured else " (est.)"),
+                format_time(e.time_s) + ("" if e.measured else " (est.)"),
                 "yes" if e.fits else "no",
             )
         )
@@ -315,7 +358,7 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) 
 
 
 def _frontier_table(
-    points: Sequence[FrontierPoint], chosen: Checkpoint, names: _Names
+    points: Sequence[FrontierPoint], chosen: Planned, names: _Names
 ) -> str:
     rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
     for p in points:
@@ -323,11 +366,11 @@ def _frontier_table(
             (
                 "*" if p.checkpoint == chosen else "",
                 names.short(p.checkpoint),
-                _bytes(p.predicted_bytes),
-                "-" if p.compiled_bytes is None else _bytes(p.compiled_bytes),
+                format_size(p.predicted_bytes),
+                "-" if p.compiled_bytes is None else format_size(p.compiled_bytes),
                 format_flops(p.flops),
-                _bytes(p.host_bytes) if p.host_bytes else "-",
-                _format_time(p.time_s) + ("" if p.measured else " (est.)"),
+                format_size(p.host_bytes) if p.host_bytes else "-",
+                format_time(p.time_s) + ("" if p.measured else " (est.)"),
             )
         )
     return _columns(rows)
@@ -347,8 +390,8 @@ def _batch_table(result: PlanResult, names: _Names) -> str:
                 str(b.micro_batches),
                 str(b.loss_chunk_size),
                 names.short(b.checkpoint),
-                _bytes(b.memory_bytes),
-                _format_time(b.time_s) + ("" if b.measured else " (est.)"),
+                format_size(b.memory_bytes),
+                format_time(b.time_s) + ("" if b.measured else " (est.)"),
             )
         )
     return _columns(rows)
@@ -361,19 +404,19 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     )
 
 
-def _bytes(n: Real) -> str:
+def format_size(n: Real) -> str:
     """A predicted or compiled size: never below zero."""
     return format_bytes(max(int(n), 0))
 
 
-def _format_time(seconds: float) -> str:
+def format_time(seconds: float) -> str:
     for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= size:
             return f"{seconds / size:.3g} {unit}"
     return f"{seconds * 1e9:.3g} ns"
 
 
-def _format_memory(e: PlanEntry | Compiled) -> str:
+def format_memory(e: PlanEntry | Compiled) -> str:
     if e.memory_bytes is None:
         return "too large (XLA)"
     if e.report is not None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .._combinators import stacking_lists
 from .._inspect._flops import FlopCount, count_flops
+from .._inspect._hardware import Hardware
 from .._inspect._jaxpr import (
     checkpoint_names,
     is_literal,
@@ -30,10 +31,14 @@ from .._inspect._jaxpr import (
     sub_jaxprs,
 )
 from .._policies._values import offload_names, save_names
-from .._schedules._checkpoint import Checkpoint, set_checkpoint
+from .._schedules._checkpoint import (
+    Checkpoint,
+    Planned,
+    checkpoint_paths,
+    set_checkpoint,
+)
 from .._schedules._engine import Layers, Schedule
 from .._util import traceable
-from ._hardware import Hardware
 
 
 # --- the stacks ---------------------------------------------------------------
@@ -47,9 +52,10 @@ class _Probe(Schedule):
 
     seen: list = dataclasses.field(compare=False, hash=False)
     policy: Any = None
+    path: str = ""
 
     def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
-        self.seen.append(layers.depth)
+        self.seen.append((self.path, layers.depth))
         return layers.run(carry, 0, layers.depth), carry
 
     def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
@@ -63,8 +69,17 @@ def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
     """The depth of every stack whose `checkpoint` field is in `args` and that
     `fn` differentiates, in the order `fn` runs them: `fn` is traced once
     (`jax.eval_shape`), with every `checkpoint` field set to a probe."""
-    seen: list[int] = []
-    f, dynamic = traceable(fn, set_checkpoint(args, _Probe(seen)))
+    return [depth for _, depth in stacks_of(fn, args)]
+
+
+def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
+    """`(path, depth)` of every run of a stack whose `checkpoint` field is in
+    `args` and that `fn` differentiates, in the order `fn` runs them (`path`:
+    the field's, as [`eqx_remat.set_checkpoint`][] takes it): `fn` is traced
+    once (`jax.eval_shape`), each `checkpoint` field set to a probe."""
+    seen: list[tuple[str, int]] = []
+    probes = {p: _Probe(seen, path=p) for p in checkpoint_paths(args)}
+    f, dynamic = traceable(fn, set_checkpoint(args, probes))
     with stacking_lists():
         jax.eval_shape(f, dynamic)
     return seen
@@ -159,7 +174,7 @@ def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> f
 def price(
     fn: Callable[..., Any],
     args: tuple,
-    checkpoint: Checkpoint,
+    checkpoint: Planned,
     depths: frozenset[int],
 ) -> tuple[int, int, int, int, list[str]]:
     """`(bytes, host_bytes, flops, moved, tags)`: what `checkpoint` keeps across

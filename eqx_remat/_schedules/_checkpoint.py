@@ -7,7 +7,7 @@ expected and what was got, as Equinox's do.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeVar
 
 import equinox as eqx
@@ -26,10 +26,70 @@ Checkpoint: TypeAlias = None | str | Callable[..., Any] | Schedule
 a JAX policy callable, or a [`eqx_remat.Schedule`][]."""
 
 
+class PerStack(Mapping):
+    """A checkpoint for each stack of a model, by the path of its `checkpoint`
+    field (as [`eqx_remat.set_checkpoint`][] takes a mapping): a hashable,
+    read-only mapping that compares by value, in the order given.
+
+    ```python
+    import eqx_remat
+
+    c = eqx_remat.PerStack({".encoder.checkpoint": "nothing", ".head.checkpoint": None})
+    print(c[".encoder.checkpoint"], c == eqx_remat.PerStack(dict(c)))
+    ```
+
+    ```text
+    nothing True
+    ```
+    """
+
+    _pairs: tuple[tuple[str, Any], ...]
+
+    def __init__(self, checkpoints: Mapping[str, Any]):
+        pairs = tuple((str(p), c) for p, c in dict(checkpoints).items())
+        for path, c in pairs:
+            check_checkpoint(c, name=f"PerStack: checkpoint of {path!r}")
+        object.__setattr__(self, "_pairs", pairs)
+
+    def __getitem__(self, path: str) -> Any:
+        for p, c in self._pairs:
+            if p == path:
+                return c
+        raise KeyError(path)
+
+    def __iter__(self):
+        return iter(p for p, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __hash__(self) -> int:
+        return hash(self._pairs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PerStack) and self._pairs == other._pairs
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("PerStack is read-only")
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{p!r}: {_label(c)}" for p, c in self._pairs)
+        return f"PerStack({{{inner}}})"
+
+
+Planned: TypeAlias = Checkpoint | PerStack
+"""What the planner compiles and returns: one checkpoint for every stack, or a
+[`eqx_remat.PerStack`][]."""
+
+
+def _label(c: Any) -> str:
+    return repr(c) if c is None or isinstance(c, str) else str(c)
+
+
 # The schedules a `checkpoint` may be, as messages list them; a part of a
 # `ranges(...)` may be any of them but `ranges`.
 _SCHEDULES = "eqx_remat.every, nested, recursive, binomial, ranges"
-_SCHEDULES_IN_RANGES = "eqx_remat.every, nested, recursive, binomial"
+SCHEDULES_IN_RANGES = "eqx_remat.every, nested, recursive, binomial"
 
 
 def normalise_checkpoint(
@@ -123,23 +183,43 @@ def map_fields(
     (modules nested inside others included) is replaced by `fn(v)`, and the
     list of the fields' old values, in the order met. The rest of the tree,
     arrays included, is kept as it is."""
-    found: list[Any] = []
+    out, found = map_fields_at(tree, is_field, lambda _, v: fn(v))
+    return out, [v for _, v in found]
 
-    def replace(x):
+
+def map_fields_at(
+    tree: _T,
+    is_field: Callable[[dataclasses.Field], bool],
+    fn: Callable[[str, Any], Any],
+) -> tuple[_T, list[tuple[str, Any]]]:
+    """`map_fields`, telling `fn` the path of each field too (`fn(path, v)`):
+    where it sits in `tree`, as `jax.tree_util.keystr` writes a path, then the
+    field's name (`".encoder.checkpoint"`, `"[0].checkpoint"`); the list is
+    of `(path, old value)` pairs."""
+    found: list[tuple[str, Any]] = []
+
+    def replace(prefix: str, x: Any) -> Any:
         if not _is_module(x):
             return x
         new = object.__new__(type(x))
         for f in dataclasses.fields(x):
             value = getattr(x, f.name)
+            here = f"{prefix}.{f.name}"
             if is_field(f):
-                found.append(value)
-                value = fn(value)
+                found.append((here, value))
+                value = fn(here, value)
             else:
-                value = jtu.tree_map(replace, value, is_leaf=_is_module)
+                value = jtu.tree_map_with_path(
+                    lambda p, v, here=here: replace(here + jtu.keystr(p), v),
+                    value,
+                    is_leaf=_is_module,
+                )
             object.__setattr__(new, f.name, value)
         return new
 
-    out = jtu.tree_map(replace, tree, is_leaf=_is_module)
+    out = jtu.tree_map_with_path(
+        lambda p, v: replace(jtu.keystr(p), v), tree, is_leaf=_is_module
+    )
     return out, found
 
 
@@ -161,14 +241,36 @@ def map_loss_chunk_sizes(
     return map_fields(tree, lambda f: f.name == "loss_chunk_size", fn)
 
 
-def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
-    """A copy of `tree` with every `checkpoint` field replaced by `spec`.
+def checkpoint_paths(tree: Any) -> list[str]:
+    """The path of every checkpoint field of `tree`, in the order met (as
+    [`eqx_remat.set_checkpoint`][] takes them: `".encoder.checkpoint"`)."""
+    return [
+        path for path, _ in map_fields_at(tree, _is_checkpoint_field, lambda p, v: v)[1]
+    ]
+
+
+def set_checkpoint(tree: _T, spec: Checkpoint | Mapping[str, Checkpoint]) -> _T:
+    """A copy of `tree` with every `checkpoint` field replaced by `spec`; or,
+    with a mapping `{path: checkpoint}`, each field named by a path replaced by
+    its checkpoint (and the others kept).
 
     Works on any pytree: zoo models, modules nested inside other modules, lists of
     models, models of your own that hold their layers in an
     [`eqx_remat.Stacked`][] (its `checkpoint` is found wherever it sits). Use it
     to change the schedule of a trained model, or to compare schedules on the
-    same weights.
+    same weights. A model with several stacks (an encoder and a decoder) can
+    give each its own:
+
+    ```python
+    model = eqx_remat.set_checkpoint(
+        model, {".encoder.checkpoint": "nothing", ".decoder.checkpoint": None}
+    )
+    ```
+
+    A path is where the field sits in `tree`, as `jax.tree_util.keystr` writes
+    it, then the field's name; [`eqx_remat.PlanResult`][]`.stacks` names them
+    so, and a path that names no checkpoint field is an error that lists those
+    there are.
 
     The `checkpoint` field is static: it is part of the tree's structure, and so
     of the structure of anything built from the model — an optimiser state made
@@ -185,20 +287,38 @@ def set_checkpoint(tree: _T, spec: Checkpoint) -> _T:
 
     - `tree`: any pytree containing `eqx.Module`s with a `checkpoint` field
       (an [`eqx_remat.Stacked`][], a zoo model).
-    - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule.
+    - `spec`: the new checkpoint: `None`, a policy or its name, or a schedule;
+      or a mapping from paths to such checkpoints.
 
     **Returns:**
 
-    The same pytree, with the same arrays, and `spec` in every `checkpoint` field.
+    The same pytree, with the same arrays, and `spec` in every `checkpoint`
+    field (or in those it names).
 
     **Raises:**
 
-    `ValueError` for an invalid `spec`, or when `tree` holds no module with a
-    `checkpoint` field (a wrong or mistyped tree would otherwise silently get no
-    checkpointing).
+    `ValueError` for an invalid `spec` (naming the path of a bad one in a
+    mapping), a path that names no checkpoint field, or when `tree` holds no
+    module with a `checkpoint` field (a wrong or mistyped tree would otherwise
+    silently get no checkpointing).
     """
-    check_checkpoint(spec, name="set_checkpoint: spec")
-    out, found = map_checkpoints(tree, lambda _: spec)
+    if isinstance(spec, Mapping):
+        for path, c in spec.items():
+            check_checkpoint(c, name=f"set_checkpoint: spec[{path!r}]")
+        out, found = map_fields_at(
+            tree, _is_checkpoint_field, lambda p, v: spec.get(p, v)
+        )
+        paths = [p for p, _ in found]
+        unknown = [p for p in spec if p not in paths]
+        if found and unknown:
+            raise ValueError(
+                f"set_checkpoint expected paths of checkpoint fields of the tree, "
+                f"which are {', '.join(map(repr, paths))}. Got {unknown[0]!r}, "
+                "which names none."
+            )
+    else:
+        check_checkpoint(spec, name="set_checkpoint: spec")
+        out, found = map_checkpoints(tree, lambda _: spec)
     if not found:
         raise ValueError(
             "set_checkpoint expected a pytree containing an eqx.Module with a "

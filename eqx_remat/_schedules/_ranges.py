@@ -26,7 +26,7 @@ from typing import Any
 import jax
 
 from .._validate import check_int
-from ._checkpoint import _SCHEDULES_IN_RANGES, Checkpoint, check_checkpoint
+from ._checkpoint import SCHEDULES_IN_RANGES, Checkpoint, check_checkpoint
 from ._engine import Layers, Schedule
 from ._unrolled import Layer, run_unrolled
 
@@ -115,7 +115,7 @@ class ranges(Schedule):
             check_checkpoint(
                 c,
                 name=f"ranges: pair {k} ({n}, {c!r}):",
-                schedules=_SCHEDULES_IN_RANGES,
+                schedules=SCHEDULES_IN_RANGES,
             )
             checked.append((n, c))
         object.__setattr__(self, "parts", tuple(checked))

@@ -1,0 +1,292 @@
+"""The planner's one effectful part: the bench compiles, runs, times and races
+programs, and remembers what it learnt between calls (in one `PlanCache`).
+Everything it returns is a record to fold into an `Evidence`; it keeps no
+count and no record of a call. The search (`_loop`) asks it; a test hands the
+search a bench with a fake clock and a cache of its own."""
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from .._inspect._targets import Target
+from .._schedules._checkpoint import Planned, set_checkpoint
+from .._schedules._ranges import ranges
+from .._util import split_args
+from . import _cache
+from ._cache import PlanCache, cache_key
+from ._clock import (
+    Timing,
+    concrete,
+    contenders,
+    device_memory_bytes,
+    on_one_clock,
+    time_interleaved,
+    warm_up,
+)
+from ._compiled import Compiled, Program, compile_checkpoint
+from ._evidence import Evidence, Price, Race
+from ._prices import Prices, price_function, trace_price
+from ._report import Progress
+from ._solve import share_per_chip, stack_depths, stacks_of
+
+
+class Problem(NamedTuple):
+    """One function and its arguments, as the bench knows them: `key`, their
+    cache key (`None` where the arguments cannot be hashed: nothing is
+    remembered), and `share`, the part of the activations one chip holds."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    key: Any
+    share: float
+
+    @staticmethod
+    def of(fn: Callable[..., Any], args: tuple, target: Target) -> "Problem":
+        share = share_per_chip(args, target.chips)
+        return Problem(fn, args, cache_key(fn, args, target.name), share)
+
+    def k(self, *what: Any) -> Any:
+        """The cache key of `what`, for this function and arguments."""
+        return None if self.key is None else (self.key, *what)
+
+
+class Timed(NamedTuple):
+    """What one timing session said: the new step times, the seconds it took,
+    and the rounds (least, most, how many ran the most)."""
+
+    timings: dict[Planned, Timing]
+    seconds: float
+    rounds: tuple[int, int, int] = (0, 0, 0)
+
+
+class Bench:
+    """Compiles and runs programs for one `target`, times them where `measure`
+    (the target is the device at hand), and remembers in `cache` (by default
+    the one [`eqx_remat.clear_plan_cache`][] empties). The clock is
+    `clock` (as `time_interleaved`) after `warm` (as `warm_up`); `free_memory`
+    says what the device has free; `compile` compiles one checkpoint (as
+    `compile_checkpoint`): each may be replaced, e.g. by a test's fakes."""
+
+    def __init__(
+        self,
+        target: Target,
+        measure: bool,
+        *,
+        say: Progress | None = None,
+        cache: PlanCache | None = None,
+        clock: Callable[..., list[Timing]] = time_interleaved,
+        warm: Callable[[Sequence[Callable[[], Any]]], float] = warm_up,
+        free_memory: Callable[[], int | None] = device_memory_bytes,
+        compile: Callable[..., Compiled] = compile_checkpoint,
+    ):
+        self.target = target
+        self.measure = measure
+        self.say = Progress(False) if say is None else say
+        self.cache = _cache.CACHE if cache is None else cache
+        self.clock, self.warm, self.free_memory = clock, warm, free_memory
+        self.compile_fn = compile
+        self.hardware, self.known = target.hardware()
+        # Arrays to run programs on, made once per problem (at its first run).
+        self.inputs: dict[Any, list] = {}
+
+    def capacity(self) -> int | None:
+        """What one device holds: the device's limit (not what is free now: the
+        same on every process of a multi-process run), a target's chip, or
+        `None` for the host's memory."""
+        if self.target.name is not None:
+            return self.hardware.memory_bytes
+        if jax.default_backend() == "cpu":
+            return None
+        return device_memory_bytes(free=False)
+
+    # --- tracing -----------------------------------------------------------------
+
+    def prices(self, problem: Problem) -> Prices:
+        """`problem`'s stacks and per-layer options, priced once."""
+        return self.cache.get(
+            problem.fn,
+            problem.k("prices"),
+            lambda: price_function(
+                problem.fn, problem.args, self.hardware, problem.share, self.say
+            ),
+        )
+
+    def stacks(self, problem: Problem) -> list[tuple[str, int]]:
+        """`(path, depth)` of each stack `problem` differentiates, once each,
+        in the order it first runs them (traced once)."""
+        return self.cache.get(
+            problem.fn,
+            problem.k("stacks"),
+            lambda: list(dict(stacks_of(problem.fn, problem.args)).items()),
+        )
+
+    def price(self, problem: Problem, c: Planned) -> Price:
+        """`c` priced by tracing (once)."""
+        depths = self.cache.get(
+            problem.fn,
+            problem.k("depths"),
+            lambda: frozenset(stack_depths(problem.fn, problem.args)),
+        )
+        return self.cache.get(
+            problem.fn,
+            problem.k("price", c),
+            lambda: trace_price(problem.fn, problem.args, c, depths),
+        )
+
+    def start(self, problem: Problem, asked: int) -> Evidence:
+        """The evidence a call starts from: the budget, what one device holds,
+        and the mixes earlier calls compiled (and raced)."""
+        mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
+        raced = frozenset(
+            c
+            for c in mixes
+            if self.cache.has(problem.fn, problem.k("time", c))
+            and self.cache.has(problem.fn, problem.k("compiled", c))
+        )
+        return Evidence(
+            asked, self.capacity(), earlier_mixes=dict(mixes), raced_mixes=raced
+        )
+
+    # --- compiling ---------------------------------------------------------------
+
+    def compile(self, problem: Problem, c: Planned) -> tuple[Compiled, float | None]:
+        """`(record, seconds)`: `c` compiled (`seconds` it took), or taken from
+        the cache (`seconds` is `None`). A program compiled by a call that did
+        not measure has no executable: compiled again to be timed. Whether it
+        can run here: `runnable`."""
+        key = problem.k("compiled", c)
+        record: Compiled | None = None
+        if self.cache.has(problem.fn, key):
+            record = self.cache.get(problem.fn, key, lambda: None)
+        if record is not None and not (
+            self.measure and record.report is not None and record.executable is None
+        ):
+            return record, None
+        record = self.compile_fn(
+            problem.fn, problem.args, c, self.target.name, runnable=self.measure
+        )
+        self.cache.put(problem.fn, key, record)
+        if isinstance(c, ranges) and record.report is not None:
+            mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
+            mixes[c] = record.report.total_bytes
+        return record, record.compile_s
+
+    def runnable(self, record: Compiled | None) -> bool:
+        """Whether `record` was compiled for the device at hand and fits what
+        it has free (arguments, outputs and temporaries)."""
+        if record is None or record.executable is None or record.report is None:
+            return False
+        free = self.free_memory()
+        return free is None or record.report.total_bytes <= free
+
+    def program(self, problem: Problem, record: Compiled) -> Program:
+        """`record`'s program, ready to run on `problem`'s inputs."""
+        inputs = self.inputs.get(problem.key)
+        if inputs is None:
+            dynamic = split_args(problem.args)[0]
+            inputs = jax.tree.leaves(concrete(dynamic))
+            self.inputs[problem.key] = inputs
+        dynamic = split_args(set_checkpoint(problem.args, record.checkpoint))[0]
+        return Program(record, jax.tree.unflatten(jax.tree.structure(dynamic), inputs))
+
+    # --- timing --------------------------------------------------------------------
+
+    def time(self, problem: Problem, cs: Sequence[Planned], ev: Evidence) -> Timed:
+        """The step time of each of `cs` that can run here and has no time yet
+        in `ev`: from the cache, or measured round-robin with the fastest
+        program already timed, each program's time the ratio of the mean of
+        its faster half of rounds to that one's (one clock for the whole
+        plan), after a warm-up run each. Rounds of every program (at least
+        two) while they fit in half of what is left of this call's compile
+        time, then, as a race, more rounds (at most 21 in all) of those no
+        other program beats by `RULED_OUT` in both time and memory, while
+        they fit in the rest."""
+        known: dict[Planned, Timing] = {}
+        new = []
+        for c in dict.fromkeys(cs):
+            if c in ev.timings or c not in ev.runnable:
+                continue
+            key = problem.k("time", c)
+            if self.cache.has(problem.fn, key):
+                known[c] = self.cache.get(problem.fn, key, lambda: None)
+            else:
+                new.append(c)
+        if not new:
+            return Timed(known, 0.0)
+        timings = {**ev.timings, **known}
+        timed = [c for c in timings if c in ev.runnable]
+        reference = min(timed, key=lambda c: timings[c].seconds) if timed else None
+        run = new + ([reference] if reference is not None else [])
+        programs = [self.program(problem, ev.records[c]) for c in run]
+        memory = [ev.records[c].memory_bytes or 0 for c in run]
+        pivot = len(run) - 1 if reference is not None else None
+        start = time.perf_counter()
+        warm = self.warm(programs)
+        out = self.clock(
+            programs,
+            rounds=21,
+            warmup=False,
+            seconds=ev.left_s - warm,
+            keep=lambda ts: contenders(ts, memory, always=pivot),
+        )
+        took = time.perf_counter() - start
+        most = max(t.rounds for t in out)
+        if reference is not None:  # on the clock of the plan's earlier rounds
+            out = on_one_clock(out, -1, timings[reference].seconds, by="faster_half")
+        else:  # on the clock of the fastest program that ran every round
+            raced = [i for i, t in enumerate(out) if t.rounds == most]
+            fastest = min(raced, key=lambda i: out[i].faster_half)
+            out = on_one_clock(out, fastest, by="faster_half")
+        for c, t in zip(new, out):
+            known[c] = t
+            self.cache.put(problem.fn, problem.k("time", c), t)
+        rounds = [t.rounds for t in out[: len(new)]]
+        return Timed(known, took, (min(rounds), most, rounds.count(most)))
+
+    def race(
+        self, problem: Problem, run: Sequence[Planned], ev: Evidence, go: bool
+    ) -> tuple[Race, float]:
+        """`(race, seconds)`: `run` (the pick, then its rivals) round-robin
+        after a warm-up, on the clock of `run[1]`'s earlier timing: 2 to 31
+        rounds, as many as fit in what is left of this call's compile time.
+        An earlier call's race of the same programs is taken from the cache;
+        else the race is run only where `go` (there is time for it)."""
+        key = problem.k("race", tuple(run))
+        if not go and not self.cache.has(problem.fn, key):
+            return Race(tuple(run), None), 0.0
+        start = time.perf_counter()
+
+        def measure() -> tuple[Timing, ...]:
+            programs = [self.program(problem, ev.records[c]) for c in run]
+            warm = self.warm(programs)
+            out = self.clock(
+                programs, rounds=31, warmup=False, seconds=ev.left_s - warm
+            )
+            return tuple(
+                on_one_clock(out, 1, ev.timings[run[1]].seconds, by="faster_half")
+            )
+
+        timings = self.cache.get(problem.fn, key, measure)
+        for c, t in zip(run, timings):
+            old = ev.timings.get(c)
+            if old is None or t.rounds >= old.rounds:
+                self.cache.put(problem.fn, problem.k("time", c), t)
+        return Race(tuple(run), timings), time.perf_counter() - start
+
+    def race_programs(
+        self, key: tuple[Problem, Any], programs: Sequence[Program], seconds: float
+    ) -> tuple[list[Timing], float]:
+        """`(timings, seconds taken)`: `programs` (of several problems) run
+        round-robin after a warm-up, 2 to 31 rounds within `seconds`; an
+        earlier race under `key` (a problem and what was raced) is reused."""
+        problem, what = key
+        start = time.perf_counter()
+
+        def measure() -> list[Timing]:
+            warm = self.warm(programs)
+            return self.clock(programs, rounds=31, warmup=False, seconds=seconds - warm)
+
+        timings = self.cache.get(problem.fn, problem.k("batch-race", what), measure)
+        return timings, time.perf_counter() - start

@@ -1,0 +1,207 @@
+"""What compiles and clocks have said about one function, as one frozen value.
+
+The planner's search folds each answer of its bench (a compiled program, a
+refusal with XLA's figure, step times, a race, a price) into a new `Evidence`;
+nothing is reassigned. What follows from it is derived here: the budget in
+force (the asked budget, at most what one device holds and what XLA said it
+holds), whether a record fits, how many programs were compiled and how long
+compiling and timing took.
+"""
+
+import dataclasses
+import types
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from .._schedules._checkpoint import Planned
+from .._schedules._ranges import ranges
+from ._clock import Timing
+from ._compiled import Compiled
+
+
+class Price(NamedTuple):
+    """What tracing a function under one checkpoint told: the bytes it keeps
+    across its stacks on the device and on the host, its FLOPs (loop trip
+    counts and recomputation included) and the bytes it moves through device
+    memory (the whole program's, all chips together)."""
+
+    device: int
+    host: int
+    flops: int
+    moved: int
+
+
+class Race(NamedTuple):
+    """Programs run round-robin on one clock: `run[0]` is the pick, the rest
+    its rivals; `timings` in that order (`None` where there was no time left
+    to run them and no earlier race to reuse)."""
+
+    run: tuple[Planned, ...]
+    timings: tuple[Timing, ...] | None
+
+
+def _frozen(mapping: Mapping) -> Mapping:
+    return types.MappingProxyType(dict(mapping))
+
+
+def _empty() -> Mapping:
+    return _frozen({})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Evidence:
+    """What compiles and clocks have said, for one function and arguments.
+
+    Every method that adds returns a new value. The attributes:
+
+    - `asked`: the budget asked for, in bytes.
+    - `capacity`: what one device holds, where known (`None`: the host's).
+    - `records`: each program compiled (or taken from the cache) by this call,
+      in order: a [`Compiled`][eqx_remat._planning._compiled.Compiled] record
+      (a refusal has `report=None` and XLA's message).
+    - `predicted`: the memory the model predicted for each record when it
+      asked for it (`None`: nothing to predict from yet).
+    - `fresh`: the records compiled by this call (not taken from the cache),
+      with the seconds compiling took.
+    - `timings`: measured step times.
+    - `timed_s`: seconds spent running programs to time them.
+    - `earlier_mixes`: compiled mixes' memory, from earlier calls for the same
+      function (this call's are in `records`).
+    - `raced_mixes`: mixes earlier calls raced (compiled and timed: cached).
+    - `priced`: checkpoints priced by tracing, besides the per-layer options.
+    - `races`: the races run, in order.
+    - `runnable`: the records that can run here (compiled for the device at
+      hand, within what it had free).
+    - `offered`: what the clock was asked to time (timed, or not runnable).
+    """
+
+    asked: int
+    capacity: int | None = None
+    records: Mapping[Planned, Compiled] = dataclasses.field(default_factory=_empty)
+    predicted: Mapping[Planned, float | None] = dataclasses.field(
+        default_factory=_empty
+    )
+    fresh: Mapping[Planned, float] = dataclasses.field(default_factory=_empty)
+    timings: Mapping[Planned, Timing] = dataclasses.field(default_factory=_empty)
+    timed_s: float = 0.0
+    earlier_mixes: Mapping[ranges, int] = dataclasses.field(default_factory=_empty)
+    raced_mixes: frozenset = frozenset()
+    priced: Mapping[Planned, Price] = dataclasses.field(default_factory=_empty)
+    races: tuple[Race, ...] = ()
+    runnable: frozenset = frozenset()
+    offered: frozenset = frozenset()
+
+    # --- adding ----------------------------------------------------------------
+
+    def compiled(
+        self,
+        record: Compiled,
+        fresh_s: float | None,
+        predicted: float | int | None,
+        runnable: bool = False,
+    ) -> "Evidence":
+        """With `record` (compiled by this call in `fresh_s` seconds, or taken
+        from the cache: `None`), the memory predicted for it, and whether it
+        can run here."""
+        c = record.checkpoint
+        if c in self.records:
+            return self
+        fresh = self.fresh if fresh_s is None else {**self.fresh, c: fresh_s}
+        return dataclasses.replace(
+            self,
+            records=_frozen({**self.records, c: record}),
+            predicted=_frozen(
+                {**self.predicted, c: None if predicted is None else float(predicted)}
+            ),
+            fresh=_frozen(fresh),
+            runnable=self.runnable | ({c} if runnable else set()),
+        )
+
+    def timed(
+        self,
+        timings: Mapping[Planned, Timing],
+        seconds: float,
+        offered: Sequence[Planned] = (),
+    ) -> "Evidence":
+        """With step times `timings` (replacing earlier ones), `seconds` more
+        spent running programs, and what the clock was `offered`."""
+        return dataclasses.replace(
+            self,
+            timings=_frozen({**self.timings, **timings}),
+            timed_s=self.timed_s + seconds,
+            offered=self.offered | set(offered) | set(timings),
+        )
+
+    def raced(self, race: Race, seconds: float) -> "Evidence":
+        """With `race`: each program's time is the race's where the race ran
+        at least as many rounds as timed it before."""
+        better = {}
+        for c, t in zip(race.run, race.timings or ()):
+            old = self.timings.get(c)
+            if old is None or t.rounds >= old.rounds:
+                better[c] = t
+        out = self.timed(better, seconds)
+        return dataclasses.replace(out, races=(*self.races, race))
+
+    def with_price(self, c: Planned, price: Price) -> "Evidence":
+        return dataclasses.replace(self, priced=_frozen({**self.priced, c: price}))
+
+    # --- what follows ------------------------------------------------------------
+
+    @property
+    def xla_capacity(self) -> int | None:
+        """The least of what XLA's refusals say one device holds, if any said."""
+        said = [
+            r.available_bytes
+            for r in self.records.values()
+            if r.available_bytes is not None
+        ]
+        return min(said, default=None)
+
+    @property
+    def budget(self) -> int:
+        """The budget in force: the asked one, at most what one device holds
+        and what XLA said one device holds."""
+        limits = [self.asked, self.capacity, self.xla_capacity]
+        return min(x for x in limits if x is not None)
+
+    def fits(self, record: Compiled) -> bool:
+        return record.report is not None and record.report.total_bytes <= self.budget
+
+    @property
+    def mixes(self) -> Mapping[ranges, int]:
+        """Compiled mixes' memory: earlier calls' and this call's."""
+        mine = {
+            c: r.report.total_bytes
+            for c, r in self.records.items()
+            if isinstance(c, ranges) and r.report is not None
+        }
+        return _frozen({**self.earlier_mixes, **mine})
+
+    def failed_mixes(self) -> list[ranges]:
+        """The mixes this call compiled that do not fit, in order."""
+        return [
+            c
+            for c, r in self.records.items()
+            if isinstance(c, ranges) and not self.fits(r)
+        ]
+
+    @property
+    def compiles(self) -> int:
+        """How many programs this call compiled (not taken from the cache)."""
+        return len(self.fresh)
+
+    @property
+    def compile_s(self) -> float:
+        return float(sum(self.fresh.values()))
+
+    @property
+    def left_s(self) -> float:
+        """What is left of the time timing may take: this call's fresh
+        compiles' time, less what timing took so far."""
+        return self.compile_s - self.timed_s
+
+
+def total_left_s(evidence: Sequence[Evidence]) -> float:
+    """What is left of the timing allowance of several functions' evidence."""
+    return float(sum(e.left_s for e in evidence))

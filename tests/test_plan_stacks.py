@@ -1,0 +1,237 @@
+"""`plan` on a model with several stacks: each stack gets its own checkpoint,
+chosen together under one budget; `set_checkpoint` by path. Tests never time
+anything: the bench's clock is fake (a step time from FLOPs and memory)."""
+
+import itertools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import check_close
+
+import eqx_remat as er
+from eqx_remat._inspect._targets import Target
+from eqx_remat._planning._api import plan_on
+from eqx_remat._planning._bench import Bench, Problem
+from eqx_remat._planning._cache import PlanCache
+from eqx_remat._planning._evidence import Evidence
+from eqx_remat._planning._report import Progress
+from eqx_remat._planning._solve import Option, lower_hull
+from eqx_remat._planning._stacks import (
+    StackOptions,
+    StackPrices,
+    StacksModel,
+    greedy,
+)
+from eqx_remat.internal import Hardware, Timing
+
+
+def _fake_seconds(record) -> float:
+    return record.flops * 1e-10 + record.report.temp_bytes * 1e-13
+
+
+def _fake_clock(programs, *, rounds, warmup=True, **race):
+    return [Timing(_fake_seconds(p.record), 0.0, rounds) for p in programs]
+
+
+_CPU = Hardware("cpu", 1e10, 1e10, None, None, "fixed for the tests")
+CACHE = PlanCache()
+
+
+def _bench(**kwargs) -> Bench:
+    kwargs = {"cache": CACHE, "clock": _fake_clock, **kwargs}
+    return Bench(
+        Target(None, figures=_CPU),
+        True,
+        say=Progress(False),
+        warm=lambda programs: 0.0,
+        **kwargs,
+    )
+
+
+class Block(eqx.Module):
+    norm: eqx.nn.LayerNorm
+    mlp: eqx.nn.MLP
+
+    def __init__(self, width, *, key):
+        self.norm = eqx.nn.LayerNorm(width)
+        self.mlp = eqx.nn.MLP(width, width, 2 * width, depth=1, key=key)
+
+    def __call__(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class EncoderDecoder(eqx.Module):
+    """An encoder and a decoder of other widths and depths: two stacks."""
+
+    encoder: er.Stacked
+    project: eqx.nn.Linear
+    decoder: er.Stacked
+
+    def __init__(self, *, key):
+        ekey, pkey, dkey = jax.random.split(key, 3)
+        self.encoder = er.Stacked([Block(8, key=k) for k in jax.random.split(ekey, 4)])
+        self.project = eqx.nn.Linear(8, 24, key=pkey)
+        self.decoder = er.Stacked([Block(24, key=k) for k in jax.random.split(dkey, 3)])
+
+    def __call__(self, x):
+        return self.decoder(self.project(self.encoder(x)))
+
+
+MODEL = EncoderDecoder(key=jax.random.key(0))
+X = jax.random.normal(jax.random.key(1), (32, 8))
+GRAD = eqx.filter_grad(lambda m, x: jnp.mean(jax.vmap(m)(x) ** 2))
+PATHS = (".encoder.checkpoint", ".decoder.checkpoint")
+UNIFORM = (None, "dots", "nothing")
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """Every pair of uniform options (one per stack), compiled: its memory and
+    its time by the tests' clock."""
+    bench = _bench()
+    problem = Problem.of(GRAD, (MODEL, X), bench.target)
+    out = {}
+    for a, b in itertools.product(UNIFORM, UNIFORM):
+        c = er.PerStack({f"[0]{PATHS[0]}": a, f"[0]{PATHS[1]}": b})
+        record, _ = bench.compile(problem, c)
+        out[a, b] = record.memory_bytes, _fake_seconds(record)
+    return out
+
+
+# --- set_checkpoint by path --------------------------------------------------------
+
+
+def test_set_checkpoint_by_path_sets_each_stack():
+    model = er.set_checkpoint(MODEL, {PATHS[0]: "nothing", PATHS[1]: er.every(2)})
+    assert model.encoder.checkpoint == "nothing"
+    assert model.decoder.checkpoint == er.every(2)
+    # The others are kept.
+    model = er.set_checkpoint(model, {PATHS[1]: None})
+    assert model.encoder.checkpoint == "nothing" and model.decoder.checkpoint is None
+    # A PerStack is such a mapping: hashable, compared by value.
+    c = er.PerStack({PATHS[0]: "dots", PATHS[1]: None})
+    assert c == er.PerStack(dict(c)) and hash(c) == hash(er.PerStack(dict(c)))
+    assert c != er.PerStack({PATHS[1]: None, PATHS[0]: "dots"})  # the order
+    assert er.set_checkpoint(MODEL, c).encoder.checkpoint == "dots"
+
+
+def test_a_path_that_names_no_stack_is_an_error_listing_those_there_are():
+    with pytest.raises(ValueError, match=r"'\.encoder\.checkpoint'.*Got '\.enc'"):
+        er.set_checkpoint(MODEL, {".enc": "nothing"})
+    with pytest.raises(ValueError, match=r"spec\['\.encoder\.checkpoint'\].*dot"):
+        er.set_checkpoint(MODEL, {PATHS[0]: "dot"})
+    with pytest.raises(ValueError, match="PerStack: checkpoint of"):
+        er.PerStack({PATHS[0]: "dot"})
+
+
+# --- planning ------------------------------------------------------------------------
+
+
+def _budgets(pairs):
+    memories = sorted({m for m, _ in pairs.values()})
+    return [memories[0], *((a + b) // 2 for a, b in zip(memories, memories[1:]))]
+
+
+@pytest.mark.heavy
+def test_each_stack_gets_its_own_checkpoint_that_fits_and_beats_every_pair(pairs):
+    same_everywhere_beaten = 0
+    for budget in _budgets(pairs)[:4]:
+        result = plan_on(_bench(), GRAD, MODEL, X, budget_bytes=budget)
+        assert isinstance(result.checkpoint, er.PerStack), str(result)
+        assert tuple(result.checkpoint) == PATHS
+        entry = result.entry
+        assert entry.fits and entry.memory_bytes <= budget, str(result)
+        fitting = [t for m, t in pairs.values() if m <= budget]
+        assert entry.time_s <= min(fitting) * (1 + 1e-9), str(result)
+        same = [t for (a, b), (m, t) in pairs.items() if a == b and m <= budget]
+        same_everywhere_beaten += bool(same) and entry.time_s < min(same)
+        # Applied, each stack gets its own; gradients as without checkpointing.
+        model = result.apply(MODEL)
+        for path, part in zip(PATHS, (model.encoder, model.decoder)):
+            assert part.checkpoint == result.checkpoint[path]
+        want = GRAD(er.set_checkpoint(MODEL, None), X)
+        got = GRAD(model, X)
+        check_close(er.set_checkpoint(got, None), want, rtol=1e-5, atol=1e-6)
+        assert "'.encoder.checkpoint'" in str(result)
+    assert same_everywhere_beaten >= 1
+
+
+def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
+    # Hand-made prices of two stacks (no compile): every plan the greedy
+    # returns is predicted to fit, and costs no more than the cheapest pair
+    # of uniform options predicted to fit.
+    def options(scale):
+        return tuple(
+            Option(c, b * scale, 0.0, 0.0, t * scale, 0)
+            for c, b, t in (
+                (None, 10.0, 1.0),
+                ("dots", 6.0, 1.5),
+                ("nothing", 2.0, 3.0),
+            )
+        )
+
+    stacks = []
+    for path, depth, scale in ((".a", 6, 1.0), (".b", 3, 4.0)):
+        opts = options(scale)
+        stacks.append(StackOptions(path, depth, opts, tuple(lower_hull(opts))))
+    prices = StackPrices(tuple(stacks), 0.0, 0)
+    record_base = 100.0
+    m = StacksModel(prices, Evidence(2**40), _CPU)
+
+    def cost(layers):
+        return sum(
+            (s.depth - n) * lo.time + n * hi.time
+            for s, (lo, hi, n) in zip(stacks, layers)
+        )
+
+    def memory(layers):
+        return record_base + m.bytes(layers)
+
+    predict = lambda layers: memory(layers)  # noqa: E731
+    m = _with_base(m, record_base)
+    lightest = [(s.options[2], s.options[2], 0) for s in stacks]
+    for budget in np.linspace(memory(lightest) - 10, 300, 25):
+        got = greedy(m, float(budget))
+        pairs = [
+            [(a, a, 0), (b, b, 0)]
+            for a, b in itertools.product(stacks[0].options, stacks[1].options)
+        ]
+        fitting = [p for p in pairs if predict(p) <= budget]
+        if not fitting:
+            assert got is None
+            continue
+        assert got is not None and predict(got) <= budget + 1e-9
+        assert cost(got) <= min(map(cost, fitting)) + 1e-9
+        # Against every plan with one stack mixed (two options over its
+        # layers) and the other uniform: no worse than the best of them by
+        # more than one layer's step on a stack (the rounding).
+        mixed = [p for p in _one_stack_mixed(stacks) if predict(p) <= budget]
+        step = max(s.depth and (s.options[2].time - s.options[0].time) for s in stacks)
+        assert cost(got) <= min(map(cost, mixed)) + step + 1e-9
+
+
+def _one_stack_mixed(stacks):
+    """Every plan of the two stacks with one stack on two options (`n` layers
+    of the second) and the other on one."""
+    out = []
+    for k in range(2):
+        mix, other = stacks[k], stacks[1 - k]
+        for a, b, o in itertools.product(mix.options, mix.options, other.options):
+            for n in range(mix.depth + 1):
+                plan = [None, None]
+                plan[k], plan[1 - k] = (a, b, n), (o, o, 0)
+                out.append(plan)
+    return out
+
+
+def _with_base(m: StacksModel, base: float) -> StacksModel:
+    """`m` whose base memory is `base` (as if learnt from a compiled plan)."""
+
+    class Known(StacksModel):
+        def base(self, total: float) -> float | None:
+            return base
+
+    return Known(m.prices, m.evidence, m.hardware)
