@@ -207,7 +207,7 @@ class PlanResult:
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
             f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
         ]
-        how = "measured" if e.measured else f"estimated: {self.estimate}"
+        how = "measured" if e.measured else "estimated"
         lines.append(
             f"  {format_bytes(e.memory_bytes or 0)} compiled, "
             f"{format_flops(e.flops)} FLOPs, {format_time(e.time_s)} per step "
@@ -227,7 +227,7 @@ class PlanResult:
             not p.measured for p in (*self.frontier, *self.table, *self.batches)
         )
         if estimated:
-            lines.append(_wrap(f"(est.): {self.estimate}", "", "  "))
+            lines.append(_wrap(f"estimated: {self.estimate}", "", "  "))
         legend = names.legend()
         if legend:
             lines += ["where:"] + [_wrap(line, "  ", "    ") for line in legend]
