@@ -16,7 +16,7 @@ import jax
 
 from .._accumulate import accumulate, check_split
 from .._inspect._memory import user_stacklevel
-from .._schedules._checkpoint import Planned, map_loss_chunk_sizes
+from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
 from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._util import traceable
@@ -28,7 +28,7 @@ from ._compiled import Compiled
 from ._cost import MODEL_ERROR, CostModel
 from ._evidence import Evidence, total_left_s
 from ._loop import Compile, Time, Trace, answer, notes, settle, solve
-from ._report import BatchOption, NothingFits, PlanResult, checkpoint_name
+from ._report import BatchOption, NothingFits, PlanResult
 
 
 class _Way(NamedTuple):

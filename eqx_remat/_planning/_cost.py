@@ -148,15 +148,7 @@ class CostModel:
             if c == o.checkpoint:
                 return memory - self.per * v.bytes
             known.append((v.bytes, memory - self.per * v.bytes))
-        if not known:
-            return None
-        known.sort()
-        below = [k for k in known if k[0] <= o.bytes]
-        above = [k for k in known if k[0] >= o.bytes]
-        if not below or not above:
-            return (below or above)[-1 if below else 0][1]
-        (b0, m0), (b1, m1) = below[-1], above[0]
-        return m0 if b1 == b0 else m0 + (m1 - m0) * (o.bytes - b0) / (b1 - b0)
+        return interpolate(known, o.bytes)
 
     def predict(self, o: Option) -> float | None:
         """Predicted memory of `o` on every layer, or `None` before anything
@@ -349,6 +341,21 @@ def mix_predictor(m: CostModel) -> Predict:
         return np.asarray(memory + by_heavy.get(heavy.checkpoint, margin))
 
     return predict
+
+
+def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:
+    """The value at `x` of the points `known` (`(x, value)` pairs): joined by
+    straight lines, held beyond the first and the last; `None` for no point.
+    A base memory learnt from compiled programs, by their saved bytes."""
+    if not known:
+        return None
+    known = sorted(known)
+    below = [k for k in known if k[0] <= x]
+    above = [k for k in known if k[0] >= x]
+    if not below or not above:
+        return (below or above)[-1 if below else 0][1]
+    (b0, m0), (b1, m1) = below[-1], above[0]
+    return m0 if b1 == b0 else m0 + (m1 - m0) * (x - b0) / (b1 - b0)
 
 
 def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:

@@ -26,7 +26,12 @@ from typing import Any, NamedTuple
 
 from .._inspect._memory import ReplicatedArgumentsWarning
 from .._inspect._targets import Target
-from .._schedules._checkpoint import Checkpoint, Planned, map_checkpoints
+from .._schedules._checkpoint import (
+    Checkpoint,
+    Planned,
+    checkpoint_name,
+    map_checkpoints,
+)
 from .._schedules._ranges import ranges
 from .._util import format_bytes
 from ._bench import Bench, Problem
@@ -37,7 +42,6 @@ from ._report import (
     FrontierPoint,
     PlanEntry,
     PlanResult,
-    checkpoint_name,
     format_memory,
     format_size,
     format_time,

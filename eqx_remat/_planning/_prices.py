@@ -11,12 +11,17 @@ from .._inspect._flops import count_flops
 from .._inspect._hardware import Hardware
 from .._policies._values import save_names
 from .._schedules._binomial import binomial
-from .._schedules._checkpoint import Checkpoint, Planned, set_checkpoint
+from .._schedules._checkpoint import (
+    Checkpoint,
+    Planned,
+    checkpoint_name,
+    set_checkpoint,
+)
 from .._schedules._engine import Schedule
 from .._schedules._uniform import every, nested, recursive
 from .._util import format_flops
 from ._evidence import Price
-from ._report import checkpoint_name, format_size
+from ._report import format_size
 from ._solve import (
     Option,
     per_layer_options,

@@ -16,6 +16,7 @@ from .._schedules._checkpoint import (
     Checkpoint,
     PerStack,
     Planned,
+    checkpoint_name,
     map_loss_chunk_sizes,
     set_checkpoint,
 )
@@ -277,10 +278,6 @@ def raise_nothing_fits(
         f"{format_bytes(smallest)} ({smallest} bytes), with "
         f"checkpoint={checkpoint_name(best.checkpoint)}.\n" + listed
     )
-
-
-def checkpoint_name(c: Planned) -> str:
-    return repr(c) if c is None or isinstance(c, str) else str(c)
 
 
 _COLUMNS = 100

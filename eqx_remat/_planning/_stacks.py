@@ -29,14 +29,13 @@ from .._policies._values import save_names
 from .._schedules._checkpoint import Checkpoint, PerStack
 from .._schedules._ranges import ranges
 from ._bench import Bench, Problem
-from ._cost import MODEL_ERROR, CostModel, pareto_points
+from ._cost import MODEL_ERROR, CostModel, interpolate, pareto_points
 from ._evidence import Evidence
 from ._loop import MIX_TRIES, Compile, Solved, Time, answer, finish
 from ._report import (
     FrontierPoint,
     PlanEntry,
     PlanResult,
-    checkpoint_name,
     raise_nothing_fits,
 )
 from ._solve import (
@@ -271,20 +270,13 @@ class StacksModel:
         """Memory besides the stacks' saved values at `total` saved bytes:
         learnt from compiled plans (exact at one, interpolated in bytes
         between them, held beyond)."""
-        known = sorted(
+        known = [
             (self.bytes(layers), r.memory_bytes - self.bytes(layers))
             for c, layers in self.known().items()
             for r in [self.evidence.records[c]]
             if r.memory_bytes is not None
-        )
-        if not known:
-            return None
-        below = [k for k in known if k[0] <= total]
-        above = [k for k in known if k[0] >= total]
-        if not below or not above:
-            return (below or above)[-1 if below else 0][1]
-        (b0, m0), (b1, m1) = below[-1], above[0]
-        return m0 if b1 == b0 else m0 + (m1 - m0) * (total - b0) / (b1 - b0)
+        ]
+        return interpolate(known, total)
 
     def predict(self, layers: Sequence[Layers]) -> float:
         c = self.plan_of(layers)
@@ -512,7 +504,3 @@ def relative(c: Any) -> Any:
         return c
     (head,) = heads
     return PerStack({p[len(head) :]: k for p, k in c.items()})
-
-
-def describe(c: PerStack) -> str:
-    return ", ".join(f"{p}: {checkpoint_name(k)}" for p, k in c.items())

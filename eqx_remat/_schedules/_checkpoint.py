@@ -73,7 +73,7 @@ class PerStack(Mapping):
         raise AttributeError("PerStack is read-only")
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{p!r}: {_label(c)}" for p, c in self._pairs)
+        inner = ", ".join(f"{p!r}: {checkpoint_name(c)}" for p, c in self._pairs)
         return f"PerStack({{{inner}}})"
 
 
@@ -82,7 +82,9 @@ Planned: TypeAlias = Checkpoint | PerStack
 [`eqx_remat.PerStack`][]."""
 
 
-def _label(c: Any) -> str:
+def checkpoint_name(c: Any) -> str:
+    """`c` as messages and tables print it: a name or `None` as its repr
+    (`'dots'`), anything else as its `str`."""
     return repr(c) if c is None or isinstance(c, str) else str(c)
 
 
