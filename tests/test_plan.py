@@ -875,7 +875,11 @@ def test_progress_on_stderr_only_when_asked(capsys, tiny_table):
     err = capsys.readouterr().err
     for line in ("1 stack(s) of 4 layers", "plan: done"):
         assert line in err, err
-    assert "priced 'dots'" not in err and len(err.splitlines()) <= 8, err
+    # The stages, and each compile with the reason it was needed.
+    compiled = [x for x in err.splitlines() if ": compiled: " in x]
+    assert compiled and all("; why: " in x for x in compiled), err
+    assert "priced 'dots'" not in err, err
+    assert len(err.splitlines()) - len(compiled) <= 8, err
     assert re.search(r"compiles?, \d+\.\d s", err), err
     plan(TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB", progress="verbose")
     err = capsys.readouterr().err

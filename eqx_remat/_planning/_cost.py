@@ -31,6 +31,9 @@ from ._solve import Mix, Option, Predict, Real, linear, roofline_time
 # compiled, at least: options whose per-layer bytes are equal, or nearly, can
 # differ by a few percent once XLA assigns their buffers.
 MODEL_ERROR = 0.05
+# How far the roofline, scaled to the clock, may be from a program's measured
+# time, at least (more where a timed option says so: `CostModel.time_error`).
+TIME_ERROR = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,21 +80,67 @@ class CostModel:
 
     def options(self) -> list[Option]:
         """The per-layer options, each with its time per layer: measured (its
-        step time over the depth) where it ran, else the roofline's, scaled."""
+        step time over the depth) where it ran, else the roofline's, scaled.
+        One per price: options that keep the same bytes for the same FLOPs
+        and roofline time (within 0.1%) are one program to the model, and the
+        one that stands for them is the fastest timed, else one compiled,
+        else the first."""
         if self.prices is None:
             return []
-        scale = self.scale()
-        out = []
-        for o in self.prices.options:
-            t = self.evidence.timings.get(o.checkpoint)
-            time_per = o.time * scale if t is None else t.seconds / self.per
-            out.append(o._replace(time=time_per))
+        scale, ev = self.scale(), self.evidence
+        kept: list[Option] = []  # as priced
+        out: list[Option] = []
+        for p in self.prices.options:
+            t = ev.timings.get(p.checkpoint)
+            o = p._replace(time=p.time * scale if t is None else t.seconds / self.per)
+            i = next((i for i, q in enumerate(kept) if _same_price(p, q)), None)
+            if i is None:
+                kept.append(p)
+                out.append(o)
+            elif _stands_for(ev, o, out[i]):
+                out[i] = o
         return out
 
     def time_s(self, c: Planned, estimate: float) -> tuple[float, bool]:
         """`(seconds, measured)`: `c`'s measured step time, else `estimate`."""
         t = self.evidence.timings.get(c)
         return (estimate, False) if t is None else (t.seconds, True)
+
+    def time_error(self) -> float:
+        """How far the scaled roofline may be from the clock: the most it was
+        off for a timed per-layer option, and at least `TIME_ERROR`."""
+        scale, prices = self.scale(), self.prices
+        errors = [
+            abs(t.seconds / (scale * o.time * self.per) - 1)
+            for o in (prices.options if prices else ())
+            for t in [self.evidence.timings.get(o.checkpoint)]
+            if t is not None and o.time > 0
+        ]
+        return max([TIME_ERROR, *errors])
+
+    def contenders(self) -> list[tuple[Option, float]]:
+        """The per-layer options (one per price, `options`) that can be the
+        fastest that fits, lightest first, each with its memory (compiled,
+        else predicted): those that fit when compiled or are predicted to
+        within `model_error`, and whose time (measured, else estimated) the
+        model cannot tell from the fastest of them's: within its error
+        (`time_error`) either way."""
+        ev, error = self.evidence, self.model_error()
+        near = []
+        for o in self.options():
+            record = ev.records.get(o.checkpoint)
+            if record is not None:
+                if ev.fits(record):
+                    near.append((o, float(record.memory_bytes or 0)))
+                continue
+            predicted = self.predict(o)
+            if predicted is not None and predicted <= ev.budget * (1 + error):
+                near.append((o, predicted))
+        if not near:
+            return []
+        e = self.time_error()
+        bar = min(o.time for o, _ in near) * ((1 + e) / (1 - e) if e < 1 else math.inf)
+        return sorted(((o, m) for o, m in near if o.time <= bar), key=lambda p: p[1])
 
     def priced(self, c: Planned) -> bool:
         """Whether `roofline(c)` can answer (`c` or its parts priced)."""
@@ -341,6 +390,25 @@ def mix_predictor(m: CostModel) -> Predict:
         return np.asarray(memory + by_heavy.get(heavy.checkpoint, margin))
 
     return predict
+
+
+def _same_price(a: Option, b: Option) -> bool:
+    """Whether `a` and `b` keep the same bytes for the same FLOPs and time."""
+    return (
+        (a.bytes, a.host_bytes) == (b.bytes, b.host_bytes)
+        and math.isclose(a.total_flops, b.total_flops, rel_tol=1e-3)
+        and math.isclose(a.time, b.time, rel_tol=1e-3)
+    )
+
+
+def _stands_for(ev: Evidence, o: Option, twin: Option) -> bool:
+    """Whether `o` rather than `twin` (the same price) stands for both: the
+    faster timed, else a compiled one."""
+    if o.checkpoint in ev.timings:
+        return twin.checkpoint not in ev.timings or o.time < twin.time
+    return twin.checkpoint not in ev.timings and (
+        o.checkpoint in ev.records and twin.checkpoint not in ev.records
+    )
 
 
 def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:

@@ -7,7 +7,9 @@ request to the bench (`Bench`, the only part with effects) and folds its
 answer into new `Evidence`, until the stage asks for nothing; the stage's
 answer is then read off the model. The stages, in order:
 
-1. measure (on the device at hand): every per-layer option compiled and run;
+1. measure (on the device at hand): the lightest option compiled, then the
+   options that may fit and that the model cannot rank apart within its
+   error (`CostModel.contenders`), compiled and run;
 2. choose: the cheapest mix predicted to fit (`best_mix`), its options and
    then the mix compiled, until what is compiled fits;
 3. the cheapest compiled: options estimated faster and that may fit, compiled
@@ -58,10 +60,12 @@ _MOST_STEPS = 1000
 
 
 class Compile(NamedTuple):
-    """Compile `checkpoint` (the model predicted `predicted` bytes for it)."""
+    """Compile `checkpoint` (the model predicted `predicted` bytes for it),
+    for the reason `why` (said in the progress line)."""
 
     checkpoint: Planned
     predicted: float | int | None = None
+    why: str = ""
 
 
 class Time(NamedTuple):
@@ -139,8 +143,9 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
     bench.say(
         f"{what}: {checkpoint_name(c)}: {format_memory(record)}{pred}, "
         f"{'fits' if out.fits(record) else 'does not fit'}"
-        + (f" ({fresh_s:.1f} s)" if fresh_s is not None else " (cached)"),
-        detail=True,
+        + (f" ({fresh_s:.1f} s)" if fresh_s is not None else " (cached)")
+        + (f"; why: {request.why}" if request.why else ""),
+        detail=not request.why,
     )
     return out
 
@@ -248,15 +253,41 @@ def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 
 def _ask_options(m: CostModel) -> Request | None:
-    """Every per-layer option compiled (lightest prediction first as known),
-    then every one timed."""
-    assert m.prices is not None
-    cs = [o.checkpoint for o in m.prices.options]
-    for o in m.prices.options:
-        if o.checkpoint not in m.evidence.records:
-            return Compile(o.checkpoint, m.predict(o))
-    untimed = tuple(c for c in cs if c not in m.evidence.offered)
-    return Time(untimed) if untimed else None
+    """On the device at hand, before the search: the lightest option compiled
+    (the base memory every prediction starts from), then each of the
+    `contenders` (the options that may fit and that the model cannot rank
+    apart), lightest first, then those that fit timed; again while timing
+    moves the bar (the scale, and the model's error, are the clock's)."""
+    ev = m.evidence
+    assert m.prices is not None  # the roofline's order: not moved by the clock
+    lightest = min(m.prices.options, key=lambda o: (o.bytes, o.time))
+    if lightest.checkpoint not in ev.records:
+        why = "the lightest option: the base memory of every prediction"
+        return Compile(lightest.checkpoint, m.predict(lightest), why)
+    contenders = m.contenders()
+    fastest = min(contenders, key=lambda p: p[0].time)[0] if contenders else None
+    for o, predicted in contenders:
+        if o.checkpoint not in ev.records:
+            assert fastest is not None
+            return Compile(o.checkpoint, predicted, _close(m, o, fastest))
+    run = tuple(
+        o.checkpoint
+        for o, _ in contenders
+        if ev.fits(ev.records[o.checkpoint]) and o.checkpoint not in ev.offered
+    )
+    return Time(run) if run else None
+
+
+def _close(m: CostModel, o, fastest) -> str:
+    """Why contender `o` is compiled: how close the model puts it to the
+    fastest contender."""
+    if o.checkpoint == fastest.checkpoint:
+        return "the fastest option predicted to fit"
+    return (
+        f"may fit, estimated {o.time / fastest.time:.3f}x "
+        f"{checkpoint_name(fastest.checkpoint)}, which the model (off by up to "
+        f"{m.time_error():.0%} either way) cannot tell apart"
+    )
 
 
 def search(m: CostModel) -> Request | FrontierPoint | None:
@@ -269,9 +300,10 @@ def search(m: CostModel) -> Request | FrontierPoint | None:
     ev = m.evidence
     options = m.options()
     hull = lower_hull(options)
-    for o in (hull[-1], hull[0]):
+    for o, why in ((hull[-1], "cheapest"), (hull[0], "lightest")):
         if o.checkpoint not in ev.records:
-            return Compile(o.checkpoint, m.predict(o))
+            why = f"the {why} end of the lower hull: its base memory"
+            return Compile(o.checkpoint, m.predict(o), why)
     failed = ev.failed_mixes()
     most = m.per if m.per > 1 and len(failed) < MIX_TRIES else 0
     limits: dict[tuple, int] = {}
@@ -289,16 +321,19 @@ def search(m: CostModel) -> Request | FrontierPoint | None:
     )
     if best is None:  # before saying nothing fits: what may, by the model's error
         near = m.may_fit(options, m.model_error())
-        return Compile(near[0][0].checkpoint, near[0][1]) if near else None
+        why = "no mix is predicted to fit; this may, by the model's error"
+        return Compile(near[0][0].checkpoint, near[0][1], why) if near else None
     ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
     for o in ends:
         if o.checkpoint not in ev.records:
-            return Compile(o.checkpoint, m.predict(o))
+            why = "the pick" if best.n == 0 else "an end of the best mix: its base"
+            return Compile(o.checkpoint, m.predict(o), why)
     if best.n == 0:
         return m.uniform_point(best.light)
     point = m.mix_point(best)
     if point.checkpoint not in ev.records:
-        return Compile(point.checkpoint, best.predicted)
+        why = "the mix predicted to fit, estimated fastest"
+        return Compile(point.checkpoint, best.predicted, why)
     return point
 
 
@@ -306,18 +341,20 @@ def _ask_cheaper(
     m: CostModel, todo: Sequence[tuple[Checkpoint, float]]
 ) -> Request | None:
     """The options estimated faster than the pick that may fit (`todo`), the
-    mixes earlier calls raced, then every compiled option timed."""
+    mixes earlier calls raced, then every compiled one that fits timed."""
     ev = m.evidence
     for c, predicted in todo:
         if c not in ev.records:
-            return Compile(c, predicted)
+            return Compile(c, predicted, "estimated faster than the pick; may fit")
     for c in ev.raced_mixes:
         if c not in ev.records:
-            return Compile(c)
+            return Compile(c, None, "a mix an earlier call raced")
     run = tuple(
         c
-        for c in ev.records
-        if (not isinstance(c, ranges) or c in ev.raced_mixes) and c not in ev.offered
+        for c, r in ev.records.items()
+        if (not isinstance(c, ranges) or c in ev.raced_mixes)
+        and c not in ev.offered
+        and ev.fits(r)
     )
     return Time(run) if run else None
 
@@ -377,7 +414,7 @@ def _schedule(
         if m.floor(c) > ev.budget:
             continue
         if c not in ev.records:
-            return Compile(c)
+            return Compile(c, None, "a schedule estimated faster than the pick")
         if not ev.fits(ev.records[c]):
             continue
         if c not in ev.offered:
@@ -474,7 +511,14 @@ def _nothing_fits(
         bench,
         problem,
         ev,
-        lambda ev: next((Compile(c) for c in lightest if c not in ev.records), None),
+        lambda ev: next(
+            (
+                Compile(c, None, "nothing fits: a schedule that may need less")
+                for c in lightest
+                if c not in ev.records
+            ),
+            None,
+        ),
     )
     ev = settle(bench, problem, ev, lambda ev: _ask_prices(model(ev), list(ev.records)))
     m = model(ev)
