@@ -249,7 +249,12 @@ def presets_problem(specs: Sequence[str] | None, names: Sequence[str]) -> str | 
     `_models.PRESETS`), or `None`."""
     from ._models import PRESETS
 
-    return depth_problem(specs, {f"--preset {n}": PRESETS[n].depth for n in names})
+    depths = {
+        f"--preset {n}" + (f" {path}" if path else ""): depth
+        for n in names
+        for path, depth in PRESETS[n].stack_depths().items()
+    }
+    return depth_problem(specs, depths)
 
 
 def writable_problem(path: Path) -> str | None:

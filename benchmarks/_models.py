@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
 import zoo
@@ -34,6 +35,11 @@ class Preset:
     @property
     def depth(self) -> int:
         return self.layers
+
+    def stack_depths(self) -> dict[str, int]:
+        """The depth of each stack a checkpoint applies to, by the path of its
+        `checkpoint` field in the model (one stack: `{"": depth}`)."""
+        return {"": self.depth}
 
     @property
     def fsdp(self) -> bool:
@@ -218,6 +224,91 @@ class MLPPreset(Preset):
         return _normal((self.batch, self.size), abstract=abstract)
 
 
+class Block(eqx.Module):
+    """The block of the tutorial *Checkpoint your own Equinox model*: a
+    pre-norm residual MLP, 4x wide, with the zoo's `Dense` projections
+    (weights `(in, out)`) and its up projection tagged `"mlp_hidden"`, so that
+    the planner has a name policy to try."""
+
+    norm: eqx.nn.LayerNorm
+    up: zoo.Dense
+    down: zoo.Dense
+
+    def __init__(self, width: int, *, key: jax.Array):
+        ukey, dkey = jax.random.split(key)
+        self.norm = eqx.nn.LayerNorm(width)
+        self.up = zoo.Dense(width, 4 * width, key=ukey)
+        self.down = zoo.Dense(4 * width, width, key=dkey)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Tagged as zoo.Transformer tags it: the up projection, before the GELU.
+        hidden = checkpoint_name(self.up(self.norm(x)), "mlp_hidden")
+        return x + self.down(jax.nn.gelu(hidden))
+
+
+class EncoderDecoder(eqx.Module):
+    """Two stacks of `Block`s, each an `eqx_remat.Stacked` with its own
+    `checkpoint`: an encoder into a decoder of another width and depth (the
+    tutorial's model with several stacks)."""
+
+    encoder: er.Stacked[Block]
+    project: zoo.Dense
+    decoder: er.Stacked[Block]
+
+    def __init__(self, width, layers, decoder_width, decoder_layers, *, key):
+        ekey, pkey, dkey = jax.random.split(key, 3)
+        keys = jax.random.split(ekey, layers)
+        self.encoder = er.Stacked([Block(width, key=k) for k in keys])
+        self.project = zoo.Dense(width, decoder_width, key=pkey)
+        keys = jax.random.split(dkey, decoder_layers)
+        self.decoder = er.Stacked([Block(decoder_width, key=k) for k in keys])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.decoder(self.project(self.encoder(x)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderDecoderPreset(Preset):
+    """Two stacks under one budget (`EncoderDecoder`): a checkpoint applies to
+    each stack, and `plan` gives each its own. `layers` and `width` are the
+    encoder's."""
+
+    layers: int = 6
+    width: int = 96
+    decoder_layers: int = 3
+    decoder_width: int = 288
+
+    # Each stack's per-layer options as the planner prices them, but
+    # "dots_no_batch": under `jax.vmap` these blocks' products have no batch
+    # dimension, and it is "dots" (the same program). "dots" and the name
+    # policy keep the same value (the up projection; `down`'s output is not
+    # needed backwards): two names, one program, timed apart.
+    CHECKPOINTS = ("None", "dots", "nothing", "save_names(mlp_hidden)")
+    QUICK = ("None", "nothing")
+
+    def stack_depths(self) -> dict[str, int]:
+        return {
+            ".encoder.checkpoint": self.layers,
+            ".decoder.checkpoint": self.decoder_layers,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"encoder {self.layers} blocks of width {self.width} -> decoder "
+            f"{self.decoder_layers} of width {self.decoder_width} (the own-model "
+            f"tutorial's residual MLP block, 4x wide), batch {self.batch}, float32"
+        )
+
+    def make(self, checkpoint, key):
+        model = EncoderDecoder(
+            self.width, self.layers, self.decoder_width, self.decoder_layers, key=key
+        )
+        return er.set_checkpoint(model, checkpoint)
+
+    def inputs(self, *, abstract=False):
+        return _normal((self.batch, self.width), abstract=abstract)
+
+
 def seed(**changes: Any) -> TransformerPreset:
     """The seed claim's transformer, the one place it is defined: batch 32,
     seq 2048, 24 layers, d_model 2048 with head dim 128, vocab 32000, bfloat16,
@@ -284,12 +375,18 @@ PRESETS: dict[str, Preset] = {
         per_device=True,
         specs=("nothing",),
     ),
+    # Two stacks under one budget (plan_sweep.py): a narrow, deep encoder into a
+    # wide, shallow decoder; activations dominate (None: ~90 MiB, weights ~11).
+    "encoder-decoder": EncoderDecoderPreset(batch=512),
     # End-to-end smoke test (--quick).
     "transformer-tiny": TransformerPreset(
         batch=2, vocab=64, seq=16, d_model=32, heads=2, layers=2
     ),
     "chain-tiny": ChainPreset(batch=2, width=8, layers=16),
     "chain-params-tiny": ChainPreset(batch=2, width=64, layers=8, specs=ALL),
+    "encoder-decoder-tiny": EncoderDecoderPreset(
+        batch=8, width=8, layers=4, decoder_width=24, decoder_layers=2
+    ),
 }
 
 DEFAULT = ("transformer-s", "chain-s", "mlp-s", "chain-params", "chain-params-novmap")

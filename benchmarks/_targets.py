@@ -22,6 +22,11 @@ NOTHING_BETWEEN = (
     "no budget lies between two uniform checkpoints of the frontier: one of them "
     "is both the smallest and the fastest"
 )
+NOTHING_BETWEEN_SAME = (
+    "no budget lies between two combinations that put one checkpoint on every "
+    "stack on their measured frontier: one of them is both the smallest and the "
+    "fastest"
+)
 
 
 def _ours(rows: Rows, group: str) -> dict[str, dict[str, Any]]:
@@ -226,6 +231,12 @@ def between_measured(timed: Rows, budget: int) -> bool:
     return _between(pareto([r for r in timed if r["uniform"]], "measured_s"), budget)
 
 
+def between_same(same: Rows, budget: int) -> bool:
+    """Several stacks: the same on the combinations that put one checkpoint on
+    every stack, as measured (`same`: their `memory_bytes` and `measured_s`)."""
+    return _between(pareto(same, "measured_s"), budget)
+
+
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Spearman's rank correlation of `xs` and `ys` (ties share their mean
     rank); `None` for fewer than 3 points or a constant side."""
@@ -302,7 +313,7 @@ def _share(name, metric, at_least, between, gains):
     return _verdict(name, metric, at_least, share, measured, why, True)
 
 
-@_check("pick")
+@_check("pick", "between")
 def cheaper_between(picks, group, preset, at_least=0.5):
     """Estimated: the pick costs strictly less than the best fitting uniform
     candidate at `at_least` of the budgets `between` uniform points."""
@@ -351,6 +362,32 @@ def clock_pick_vs_uniform(picks, group, preset, at_most=1.03):
     ratios = [r["clock_ratio"] for r in picks]
     rivals = "uniform checkpoint (every budget)"
     return _raced(picks, ratios, at_most, max(ratios), rivals)
+
+
+@_check("pick", "best_combination_s")
+def clock_pick_vs_combinations(picks, group, preset, at_most=1.03):
+    """Several stacks, by the clock, every budget: the pick / the fastest
+    fitting combination of one uniform checkpoint per stack."""
+    ratios = [r["combination_ratio"] for r in picks]
+    rivals = "combination of uniform checkpoints per stack (every budget)"
+    return _raced(picks, ratios, at_most, max(ratios), rivals)
+
+
+@_check("pick", "best_same_s")
+def clock_faster_than_same(picks, group, preset, at_least=0.5):
+    """Several stacks, by the clock: the pick is strictly faster than the
+    fastest fitting combination that puts one checkpoint on every stack at
+    `at_least` of the budgets between those combinations' points."""
+    between = [r for r in picks if r["same_between"]]
+    gains = [1 - r["same_ratio"] for r in between if r["same_ratio"] < 1.0]
+    name = (
+        f"measured: pick faster than one checkpoint on every stack at >= "
+        f"{at_least:.0%} of the budgets between their points"
+    )
+    v = _share(name, "step_s", at_least, between, gains)
+    if not between:
+        v["why"] = NOTHING_BETWEEN_SAME
+    return v
 
 
 @_check("pick")
@@ -428,6 +465,8 @@ PLAN_TARGETS = (
     (_models.Preset, clock_faster_between),
     (_models.Preset, rank_correlation),
     (_models.Preset, rank_correlation, "roofline_s", 0.8),
+    (_models.Preset, clock_pick_vs_combinations),
+    (_models.Preset, clock_faster_than_same),
 )
 BATCH_TARGETS = (
     (_models.Preset, batch_pick_vs_combinations),

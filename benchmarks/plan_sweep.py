@@ -1,11 +1,14 @@
 """The planner's frontier: `eqx_remat.plan` at `--budgets` budgets, from its
 lightest option's compiled memory to `None`'s, each pick beside every uniform
 candidate; on the device, every frontier point, pick and uniform checkpoint is
-then timed afresh in `--repeats` interleaved rounds (`--no-clock`: not). How
+then timed afresh in `--repeats` interleaved rounds (`--no-clock`: not). A
+preset of several stacks (`encoder-decoder`) is planned the same way, and each
+pick is timed beside every combination of one uniform candidate per stack. How
 the budgets are chosen and what the targets ask: benchmarks/README.md.
 
     python benchmarks/plan_sweep.py                                 # transformer-s, CPU
     python benchmarks/plan_sweep.py --preset transformer-s transformer-w  # + 8x FLOPs
+    python benchmarks/plan_sweep.py --preset encoder-decoder        # two stacks
     python benchmarks/plan_sweep.py --target v5e:2x4 --preset seed-llama  # v5e AOT
     python benchmarks/plan_sweep.py --quick                         # tiny (tests)
 """
@@ -14,10 +17,11 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +107,20 @@ def _budgets(args, fn, model, batch, top: er.PlanResult, cap: int) -> list[int]:
     return sorted(set(budgets) | {(lo + hi) // 2 for lo, hi in pairs if hi > 1.01 * lo})
 
 
-def _plan_budgets(args, name, fn, model, batch, cap: int, console) -> tuple:
-    """Plan at `cap`, then at each of `_budgets` with the same function object
-    (the planner reuses its compilations): the "planning" row, the budgets, each
-    one's plan (`None`: nothing fits) and every plan made, in order."""
+def _plan_budgets(args, name, fn, model, batch, cap: int, console, choose=None):
+    """Plan at `cap`, then at each budget (`choose(top)`, the plan at `cap`
+    given; default `_budgets`) with the same function object (the planner
+    reuses its compilations): the "planning" row, the budgets, each one's plan
+    (`None`: nothing fits) and every plan made, in order."""
     load0, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
     console.print(f"[bold]{name}[/]: planning at {_format.fmt_bytes(cap)} first")
     top = _plan(fn, model, batch, cap, args.target)
     if top is None:
         raise SystemExit(f"{name}: nothing fits in {_format.fmt_bytes(cap)}")
-    budgets = _budgets(args, fn, model, batch, top, cap)
+    if choose is None:
+        budgets = _budgets(args, fn, model, batch, top, cap)
+    else:
+        budgets = choose(top)
     results = []
     for b in budgets:
         if b != cap:  # planned already
@@ -134,14 +142,17 @@ def _plan_budgets(args, name, fn, model, batch, cap: int, console) -> tuple:
     console.print(
         f"[bold]{name}[/]: planned {len(budgets)} budgets in {row['seconds']:.0f} s "
         f"({row['cpu_seconds']:.0f} s of CPU, load average {row['load_average']:.1f}), "
-        f"{row['compiles']} compiles; uniform candidates next"
+        f"{row['compiles']} compiles"
     )
     return row, budgets, results, plans
 
 
 def sweep_preset(args, name: str, preset: _models.Preset, console) -> list[dict]:
     """The rows of one preset: "planning", "uniform", "pick", "frontier" and,
-    timed on the device, "timed" and "rounds"."""
+    timed on the device, "timed" and "rounds" (several stacks:
+    `sweep_stacks`)."""
+    if len(preset.stack_depths()) > 1:
+        return sweep_stacks(args, name, preset, console)
     specs = args.checkpoint or preset.checkpoints(
         quick=args.quick, accelerator=bool(args.target)
     )
@@ -192,16 +203,10 @@ def clock_rows(args, name, fn, model, batch, plans, uniform, console) -> list[di
         f"[bold]{name}[/]: timing {len(predicted)} checkpoints afresh, "
         f"{args.repeats} interleaved rounds"
     )
-    _, dynamic = er.internal.traceable(fn, (model, batch))
-    leaves = jax.tree.leaves(er.internal.concrete(dynamic))
-    programs, memories, backend = [], [], jax.default_backend()
-    for c in predicted:
-        f, dyn = er.internal.traceable(fn, er.set_checkpoint((model, batch), c))
-        exe = jax.jit(f).lower(dyn).compile()
-        report = er.internal.compiled_report(exe, flops=0, target=backend)
-        memories.append(report.total_bytes)
-        inputs = jax.tree.unflatten(jax.tree.structure(dyn), leaves)
-        programs.append(functools.partial(exe, inputs))
+    leaves = _leaves(fn, model, batch)
+    programs, memories = zip(
+        *(_program(fn, model, batch, c, leaves) for c in predicted)
+    )
     timings = er.internal.time_interleaved(programs, rounds=args.repeats)
     # Each checkpoint's time: its median ratio, round by round, to the fastest.
     fastest = min(range(len(timings)), key=lambda i: timings[i].seconds)
@@ -224,6 +229,23 @@ def clock_rows(args, name, fn, model, batch, plans, uniform, console) -> list[di
         }
         for (c, p), t, memory in zip(predicted.items(), timings, memories)
     ]
+
+
+def _leaves(fn, model, batch) -> list:
+    """The arrays every program of `fn` runs on (made once, concrete)."""
+    _, dynamic = er.internal.traceable(fn, (model, batch))
+    return jax.tree.leaves(er.internal.concrete(dynamic))
+
+
+def _program(fn, model, batch, c, leaves) -> tuple[Callable[[], Any], int]:
+    """`fn` with `c` set on `model` (one checkpoint, or one per stack),
+    compiled: one step on `leaves`, and its compiled memory (arguments,
+    outputs and temporaries)."""
+    f, dyn = er.internal.traceable(fn, (er.set_checkpoint(model, c), batch))
+    exe = jax.jit(f).lower(dyn).compile()
+    report = er.internal.compiled_report(exe, flops=0, target=jax.default_backend())
+    inputs = jax.tree.unflatten(jax.tree.structure(dyn), leaves)
+    return functools.partial(exe, inputs), report.total_bytes
 
 
 def few_rounds(name: str, timed: list[dict], ks=(2, 3, 5)) -> dict[str, Any]:
@@ -354,6 +376,173 @@ def _pick_row(name, budget, result, uniform) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------------------
+# Several stacks: the pick against every combination of uniform checkpoints.
+
+
+def stacks_label(c: er.PerStack) -> str:
+    """`nothing / dots`: each stack's checkpoint, in the order of the stacks
+    (`stack_names`)."""
+    return " / ".join(er.checkpoint_label(k) for k in c.values())
+
+
+def stack_names(paths: Iterable[str]) -> str:
+    """`encoder / decoder`: each stack by the name of the field that holds it
+    (`.encoder.checkpoint`)."""
+    return " / ".join(p.removesuffix(".checkpoint").lstrip(".") for p in paths)
+
+
+def _per_stack(c: Any, paths: Sequence[str]) -> er.PerStack:
+    """`c` as one checkpoint per stack, in the order of `paths`."""
+    if isinstance(c, er.PerStack):
+        return er.PerStack({p: c[p] for p in paths})
+    return er.PerStack(dict.fromkeys(paths, c))
+
+
+def sweep_stacks(args, name: str, preset: _models.Preset, console) -> list[dict]:
+    """A preset of several stacks: every combination of one uniform candidate
+    per stack compiled (a "combination" row each), the plan at each budget (a
+    "pick" row each) and, on the device, every combination and pick timed in
+    the same interleaved rounds."""
+    depths = preset.stack_depths()
+    specs = args.checkpoint or preset.checkpoints(quick=args.quick, accelerator=False)
+    choices = [[er.parse_checkpoint(s, d) for s in specs] for d in depths.values()]
+    combos = [er.PerStack(dict(zip(depths, cs))) for cs in itertools.product(*choices)]
+    model, batch = preset.build(abstract=True), preset.inputs(abstract=True)
+    fn = _step(preset, None)
+    leaves = _leaves(fn, model, batch)
+    console.print(
+        f"[bold]{name}[/]: compiling {len(combos)} combinations of one uniform "
+        f"checkpoint per stack ({len(specs)} per stack)"
+    )
+    programs = {c: _program(fn, model, batch, c, leaves) for c in combos}
+    memory = {c: m for c, (_, m) in programs.items()}
+    none = _per_stack(None, list(depths))
+    if none not in memory:  # for the budgets only
+        memory[none] = er.memory_report(
+            fn, er.set_checkpoint(model, None), batch
+        ).total_bytes
+    planning, budgets, results, _ = _plan_budgets(
+        args,
+        name,
+        fn,
+        model,
+        batch,
+        2**50,
+        console,
+        choose=lambda top: _stack_budgets(args, top, memory, combos),
+    )
+    picks = [
+        None if r is None else _per_stack(r.checkpoint, list(depths)) for r in results
+    ]
+    for c in dict.fromkeys(c for c in picks if c is not None and c not in programs):
+        programs[c] = _program(fn, model, batch, c, leaves)
+    timings: dict[er.PerStack, er.internal.Timing] = {}
+    if args.clock:
+        console.print(
+            f"[bold]{name}[/]: timing {len(combos)} combinations and "
+            f"{len(programs) - len(combos)} other picks, {args.repeats} "
+            "interleaved rounds"
+        )
+        raw = er.internal.time_interleaved(
+            [f for f, _ in programs.values()], rounds=args.repeats
+        )
+        fastest = min(range(len(raw)), key=lambda i: raw[i].seconds)
+        timings = dict(zip(programs, er.internal.on_one_clock(raw, fastest)))
+    rows = [planning]
+    rows += [_combination_row(name, c, programs[c][1], timings.get(c)) for c in combos]
+    rows += [
+        _stack_pick_row(name, b, r, c, programs, timings, combos)
+        for b, r, c in zip(budgets, results, picks)
+    ]
+    return rows
+
+
+def _stack_budgets(args, top, memory: dict, combos: list) -> list[int]:
+    """`--budgets` evenly spaced from the least compiled memory (of `top`'s
+    frontier and of the combinations) to 1.1x every stack on `None`'s, and
+    half-way between the memories of neighbouring combinations that put one
+    checkpoint on every stack (where a checkpoint per stack can win)."""
+    compiled = [p.compiled_bytes for p in top.frontier if p.compiled_bytes]
+    low = min([*compiled, *(memory[c] for c in combos)])
+    high = int(1.1 * max(memory.values()))
+    if args.budgets == 1:
+        budgets = [high]
+    else:
+        budgets = [int(round(b)) for b in np.linspace(low, high, args.budgets)]
+    same = sorted({memory[c] for c in combos if _same(c)})
+    pairs = zip(same, same[1:])
+    return sorted(set(budgets) | {(lo + hi) // 2 for lo, hi in pairs if hi > 1.01 * lo})
+
+
+def _same(c: er.PerStack) -> bool:
+    """Whether `c` puts one checkpoint on every stack."""
+    return len(set(c.values())) == 1
+
+
+def _measured(t: er.internal.Timing | None) -> dict[str, Any]:
+    if t is None:
+        return {}
+    return {"measured_s": t.seconds, "spread": t.spread, "times_s": list(t.times)}
+
+
+def _combination_row(name, c, memory: int, t) -> dict[str, Any]:
+    return {
+        "group": name,
+        "kind": "combination",
+        "checkpoint": stacks_label(c),
+        "checkpoints": {p: er.checkpoint_label(k) for p, k in c.items()},
+        "same": _same(c),
+        "memory_bytes": memory,
+        **_measured(t),
+    }
+
+
+def _stack_pick_row(name, budget, result, c, programs, timings, combos) -> dict:
+    """A budget's pick (`c`, of `result`), and by the clock beside the fastest
+    fitting combination and the fastest fitting one that puts one checkpoint
+    on every stack, both from the same rounds."""
+    row: dict[str, Any] = {"group": name, "kind": "pick", "budget_bytes": budget}
+    if result is None:
+        return row | {"checkpoint": None, "fits": False}
+    point = next(
+        (p for p in result.frontier if p.checkpoint == result.checkpoint), None
+    )
+    row |= {
+        "checkpoint": stacks_label(c),
+        "checkpoints": {p: er.checkpoint_label(k) for p, k in c.items()},
+        "compiled_bytes": result.entry.memory_bytes,
+        "predicted_bytes": None if point is None else point.predicted_bytes,
+        **_entry(result.entry, budget),
+        "memory_bytes": programs[c][1],
+        "compiles": result.compiles,
+        "seconds": result.seconds,
+        "notes": list(result.notes),
+    }
+    mine = timings.get(c)
+    if mine is None:
+        return row
+    row |= {"measured_s": mine.seconds, "spread": mine.spread}
+    fitting = [k for k in combos if programs[k][1] <= budget]
+    for key, rivals in (
+        ("combination", fitting),
+        ("same", [k for k in fitting if _same(k)]),
+    ):
+        if not rivals:
+            continue
+        best = min(rivals, key=lambda k: timings[k].seconds)
+        row[f"best_{key}"] = stacks_label(best)
+        row[f"best_{key}_s"] = timings[best].seconds
+        row[f"{key}_ratio"] = er.internal.paired_ratio(mine, timings[best])
+    same = [
+        {"memory_bytes": programs[k][1], "measured_s": timings[k].seconds}
+        for k in combos
+        if _same(k)
+    ]
+    row["same_between"] = _targets.between_same(same, budget)
+    return row
+
+
 RUN_ONLY = (*_cli.RUN_ONLY, "clock")  # --target: nothing is timed
 
 
@@ -363,7 +552,15 @@ def _names(args) -> list[str]:
 
 
 def depth_problem(args) -> str | None:
-    """Why a `--checkpoint` cannot checkpoint a preset this run measures."""
+    """Why a `--checkpoint` cannot checkpoint a preset this run measures, or
+    why a preset cannot be measured as asked."""
+    for n in _names(args):
+        if args.target and len(_models.PRESETS[n].stack_depths()) > 1:
+            return (
+                f"--preset {n}: a preset of several stacks is measured by the "
+                "clock, against every combination of uniform checkpoints: run "
+                "it without --target."
+            )
     return _cli.presets_problem(args.checkpoint, _names(args))
 
 
@@ -378,7 +575,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = [r for n, p in presets.items() for r in sweep_preset(args, n, p, console)]
     for r in of_kind(rows, "pick"):
-        r["between"] = _targets.between_uniform(rows, r["group"], r["budget_bytes"])
+        if r["group"] not in _stacked(rows):
+            r["between"] = _targets.between_uniform(rows, r["group"], r["budget_bytes"])
     hw = er.internal.hardware(args.target)[0]  # the roofline's figures
     roofline = {"peak_flops": hw.peak_flops, "bytes_per_s": hw.memory_bytes_per_s}
     meta = _results.meta(args, seconds=time.perf_counter() - t0, roofline=roofline)
@@ -387,16 +585,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         n: {"describe": p.describe(), "topology": where} for n, p in presets.items()
     }
     data = {"meta": meta, "presets": described, "rows": rows}
+    # A run of presets of several stacks only has a results file of its own.
+    stacks = all(len(p.stack_depths()) > 1 for p in presets.values())
+    tag = (args.target or args.platform).replace(":", "_")
     return _ending.finish(
         args,
         console,
         data,
-        stem=_results.stem(args),
+        stem=_results.stem(args, f"plan_sweep-stacks-{tag}" if stacks else None),
         plot=plot,
         show=show,
         presets=presets,
         targets=_targets.PLAN_TARGETS,
     )
+
+
+def _stacked(rows: list[dict]) -> set[str]:
+    """The presets of several stacks (those with "combination" rows)."""
+    return {r["group"] for r in of_kind(rows, "combination")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,6 +641,43 @@ class Timed:
     on_frontier: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class StackPick:
+    """Several stacks: one budget's pick (a row of kind "pick"), by the clock
+    beside the fastest fitting combination of one uniform checkpoint per stack
+    and the fastest fitting one that puts one checkpoint on every stack."""
+
+    group: str
+    budget_bytes: int
+    checkpoint: str | None  # None: nothing fits
+    compiled_bytes: int | None = None
+    predicted_bytes: int | None = None
+    time_s: float | None = None
+    compiles: int | None = None
+    # By the clock (where the device ran them).
+    measured_s: float | None = None
+    best_combination: str | None = None
+    best_combination_s: float | None = None
+    combination_ratio: float | None = None
+    best_same: str | None = None
+    best_same_s: float | None = None
+    same_ratio: float | None = None
+    same_between: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Combination:
+    """Several stacks: one uniform checkpoint per stack, compiled and timed (a
+    row of kind "combination")."""
+
+    group: str
+    checkpoint: str
+    same: bool  # one checkpoint on every stack
+    memory_bytes: int
+    measured_s: float | None = None
+    spread: float | None = None
+
+
 C = _table.Column
 ms, size = _format.fmt_ms, _format.fmt_bytes
 PICKS: list[_table.Column[Pick]] = [
@@ -470,6 +713,43 @@ TIMED: list[_table.Column[Timed]] = [
     C("on the frontier", lambda r: "yes" if r.on_frontier else ""),
 ]
 """Every checkpoint timed afresh: predicted against measured."""
+STACK_PICKS: list[_table.Column[StackPick]] = [
+    C("preset", lambda r: r.group),
+    C("budget", lambda r: size(r.budget_bytes)),
+    C("pick", lambda r: r.checkpoint or "nothing fits", code=True),
+    C("compiled", lambda r: size(r.compiled_bytes)),
+    C("predicted", lambda r: size(r.predicted_bytes)),
+    C("est. time", lambda r: ms(r.time_s)),
+    C("compiles", lambda r: "n/a" if r.compiles is None else str(r.compiles)),
+]
+"""Several stacks: each budget's pick, as the planner says."""
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}x"
+
+
+STACK_CLOCK: list[_table.Column[StackPick]] = [
+    C("budget", lambda r: size(r.budget_bytes)),
+    C("pick, measured", lambda r: ms(r.measured_s)),
+    C("fastest fitting combination", lambda r: r.best_combination or "-", code=True),
+    C("pick / it", lambda r: _ratio(r.combination_ratio)),
+    C("fastest fitting, one on every stack", lambda r: r.best_same or "-", code=True),
+    C("pick / that", lambda r: _ratio(r.same_ratio)),
+    C("between its points", lambda r: "yes" if r.same_between else ""),
+]
+"""Several stacks: each pick by the clock (the budgets of the table of picks,
+in its order), beside the fastest fitting combination and the fastest
+fitting one that puts one checkpoint on every stack."""
+COMBINATIONS: list[_table.Column[Combination]] = [
+    C("preset", lambda r: r.group),
+    C("checkpoint per stack", lambda r: r.checkpoint, code=True),
+    C("one everywhere", lambda r: "yes" if r.same else ""),
+    C("memory", lambda r: size(r.memory_bytes)),
+    C("measured", lambda r: ms(r.measured_s)),
+    C("spread", lambda r: _format.fmt_pct(r.spread)),
+]
+"""Several stacks: every combination of one uniform checkpoint per stack."""
 TIMED_NOTE = (
     "predicted: the planner's time (* estimated: a mix from its options' "
     "measured times per layer); roofline: FLOPs at peak + bytes moved at "
@@ -481,16 +761,43 @@ TIMED_NOTE = (
 def tables(data: dict) -> dict[str, tuple[list[_table.Column], list]]:
     """The sweep's tables, on the console and in report.py: title -> (its
     columns, its rows)."""
-    rows = data["rows"]
-    picks = _table.read_all(Pick, of_kind(rows, "pick"))
+    rows, stacked = data["rows"], _stacked(data["rows"])
+    mine = [r for r in of_kind(rows, "pick") if r["group"] not in stacked]
+    picks = _table.read_all(Pick, mine)
     timed = _table.read_all(Timed, of_kind(rows, "timed"))
     timed.sort(key=lambda r: (r.group, r.memory_bytes))
-    out = {"Picks": (PICKS, picks)}
+    out = {"Picks": (PICKS, picks)} if picks or not stacked else {}
     if timed:
         clocked = [r for r in picks if r.best_uniform_measured_s]
         out["By the clock (every pick and uniform checkpoint timed afresh, "
             "round-robin)"] = (CLOCK, clocked)  # fmt: skip
         out["Timed afresh: predicted against measured"] = (TIMED, timed)
+    if stacked:
+        out |= _stack_tables(rows, stacked)
+    return out
+
+
+def _stack_tables(rows: list[dict], stacked: set[str]) -> dict[str, tuple]:
+    """The tables of the presets of several stacks."""
+    picks = [r for r in of_kind(rows, "pick") if r["group"] in stacked]
+    picks = _table.read_all(StackPick, picks)
+    combos = _table.read_all(Combination, of_kind(rows, "combination"))
+    combos.sort(key=lambda r: (r.group, r.memory_bytes))
+    names = [stack_names(r["checkpoints"]) for r in of_kind(rows, "combination")]
+    order = "; ".join(dict.fromkeys(names))  # the stacks, in their checkpoints' order
+    out = {f"Several stacks: each budget's pick ({order})": (STACK_PICKS, picks)}
+    clocked = [r for r in picks if r.best_combination_s]
+    if clocked:
+        title = (
+            "Several stacks by the clock: each pick beside every combination of "
+            "one uniform checkpoint per stack, timed in the same rounds"
+        )
+        out[title] = (STACK_CLOCK, clocked)
+    title = (
+        "Several stacks: every combination of one uniform checkpoint per stack "
+        f"({order})"
+    )
+    out[title] = (COMBINATIONS, combos)
     return out
 
 
@@ -537,7 +844,8 @@ def show(console: _console.Console, data: dict, where: str) -> None:
         )
         for r in of_kind(data["rows"], "uniform")
     ]
-    console.table(f"Uniform candidates [{where}]", cols, cells)
+    if cells:
+        console.table(f"Uniform candidates [{where}]", cols, cells)
     for title, (columns, rows) in tables(data).items():
         _table.show(console, f"{title} [{where}]", columns, rows)
     if of_kind(data["rows"], "timed"):
@@ -563,6 +871,7 @@ def plot(data: dict, path: Path) -> None:
     target); on the device, under it, predicted (and roofline) against
     measured time."""
     groups, clock = list(data["presets"]), bool(of_kind(data["rows"], "timed"))
+    stacked = _stacked(data["rows"])
     n = 2 if clock else 1
     size = (7 * len(groups), 4.6 * n)
     fig, axes = _plots.plt().subplots(n, len(groups), figsize=size, squeeze=False)
@@ -571,13 +880,20 @@ def plot(data: dict, path: Path) -> None:
         rows = [r for r in data["rows"] if r["group"] == g]
         p = data["presets"][g]
         title = textwrap.fill(f"{g}: {p['describe']} [{p['topology']}]", 95)
-        points.append(_plot_preset(axes[0][i], rows, title))
+        draw = _plot_stacks if g in stacked else _plot_preset
+        points.append(draw(axes[0][i], rows, title))
         if clock:
             _plot_clock(axes[1][i], of_kind(rows, "timed"), g)
-    how = "measured on the device" if clock else "estimated by the roofline"
+    timed = clock or any(r.get("measured_s") for r in of_kind(data["rows"], "pick"))
+    how = "measured on the device" if timed else "estimated by the roofline"
+    rivals = (
+        "every combination of uniform checkpoints per stack"
+        if set(groups) <= stacked
+        else "the uniform candidates"
+    )
     _plots.suptitle(
         fig,
-        f"Planner sweep: each budget's pick and the uniform candidates, memory "
+        f"Planner sweep: each budget's pick and {rivals}, memory "
         f"against step time ({how})\n{_plots.where_when(data['meta'])}",
     )
     fig.tight_layout()
@@ -624,6 +940,46 @@ def _plot_preset(ax, rows: list[dict], title: str) -> tuple[list, list]:
         title,
         xlabel=f"device memory per chip ({unit}): args + outputs + temporaries",
         ylabel="step time (ms): measured, or estimated",
+    )
+    return labelled, others + list(zip(xs, ys))
+
+
+def _plot_stacks(ax, rows: list[dict], title: str) -> tuple[list, list]:
+    """Several stacks: every combination of one uniform checkpoint per stack
+    (grey; one checkpoint on every stack blue, labelled), the budgets dotted,
+    the picks starred, memory against measured step time. Returns
+    `[labelled, others]` for `_plots.label_points`."""
+    combos = [r for r in of_kind(rows, "combination") if r.get("measured_s")]
+    picks = [r for r in of_kind(rows, "pick") if r.get("measured_s")]
+    budgets = [r["budget_bytes"] for r in of_kind(rows, "pick")]
+    unit, size = _plots.byte_unit([r["memory_bytes"] for r in combos] + budgets)
+    for b in budgets:
+        ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
+    others: list[tuple[float, float]] = []
+    labelled = []
+    for same, color, s, label in (
+        (False, "0.6", 22, "a uniform checkpoint per stack"),
+        (True, "tab:blue", 36, "one checkpoint on every stack"),
+    ):
+        mine = [r for r in combos if r["same"] == same]
+        xs = [r["memory_bytes"] / size for r in mine]
+        ys = [1e3 * r["measured_s"] for r in mine]
+        ax.scatter(xs, ys, color=color, s=s, label=label, zorder=2 + same)
+        if same:
+            names = [next(iter(r["checkpoints"].values())) for r in mine]
+            labelled = list(zip(xs, ys, names))
+        else:
+            others += list(zip(xs, ys))
+    xs = [r["memory_bytes"] / size for r in picks]
+    ys = [1e3 * r["measured_s"] for r in picks]
+    label = "pick at each budget (compiled, timed)"
+    ax.scatter(xs, ys, marker="*", s=110, color="tab:red", label=label, zorder=4)
+    ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
+    _finish(
+        ax,
+        title,
+        xlabel=f"device memory ({unit}): args + outputs + temporaries",
+        ylabel="step time (ms): median of interleaved rounds",
     )
     return labelled, others + list(zip(xs, ys))
 

@@ -206,6 +206,14 @@ def test_bad_flags_exit_2_before_any_work(tmp_path, script, args, message):
                      "--repeats has no effect with --target", marks=needs_libtpu),
         pytest.param("plan_sweep", ["--target", "v5e", "--no-clock"],
                      "--no-clock has no effect with --target", marks=needs_libtpu),
+        pytest.param("plan_sweep", ["--target", "v5e", "--preset", "encoder-decoder"],
+                     "--preset encoder-decoder: a preset of several stacks is "
+                     "measured by the clock", marks=needs_libtpu),
+        # Each stack of a preset of several is checked.
+        ("plan_sweep", ["--preset", "encoder-decoder", "--checkpoint",
+                        "ranges(6:dots)"],
+         "--checkpoint ranges(6:dots) on --preset encoder-decoder "
+         ".decoder.checkpoint (3 layers)"),
         pytest.param("batch_sweep", ["--target", "v5e", "--quick"],
                      "--quick has no effect with --target", marks=needs_libtpu),
         # A slice that TPU v5e does not come in, before any compile.
@@ -214,7 +222,8 @@ def test_bad_flags_exit_2_before_any_work(tmp_path, script, args, message):
     ],
     ids=["d-model", "quick-preset", "batch-preset", "heartbeat", "heartbeat-seed",
          "ranges-run", "ranges-compile", "ranges-profile", "aot-memory-limit",
-         "aot-repeats", "aot-no-clock", "aot-quick", "slice"],
+         "aot-repeats", "aot-no-clock", "aot-stacks", "ranges-stacks", "aot-quick",
+         "slice"],
 )  # fmt: skip
 def test_bad_flags_in_main_exit_2_before_any_work(
     script, args, message, tmp_path, monkeypatch, capsys
@@ -845,6 +854,130 @@ def test_plan_sweep_quick(tmp_path):
         assert {"threshold", "value", "measured"} <= set(t)
     assert "Picks" in proc.stdout and "Targets" in proc.stdout
     assert "predicted against measured" in proc.stdout
+
+
+@pytest.mark.heavy
+def test_plan_sweep_two_stacks_quick(tmp_path):
+    proc = run(
+        "plan_sweep.py",
+        "--quick",
+        "--preset",
+        "encoder-decoder-tiny",
+        "--budgets",
+        "2",
+        "--repeats",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
+    # A results file of its own: --update-results leaves the single stacks' be.
+    data = check_files(tmp_path, "plan_sweep-stacks-cpu-quick")
+    rows = data["rows"]
+    # Every combination of one uniform checkpoint per stack (the quick list,
+    # None and "nothing", on each), compiled and timed.
+    combos = {r["checkpoint"]: r for r in rows if r["kind"] == "combination"}
+    assert set(combos) == {
+        f"{a} / {b}" for a in ("None", "nothing") for b in ("None", "nothing")
+    }
+    paths = [".encoder.checkpoint", ".decoder.checkpoint"]
+    for label, r in combos.items():
+        assert list(r["checkpoints"]) == paths
+        assert " / ".join(r["checkpoints"].values()) == label
+        assert r["same"] == (len(set(r["checkpoints"].values())) == 1)
+        assert r["memory_bytes"] > 0 and r["measured_s"] > 0 and r["times_s"]
+    lightest, none = combos["nothing / nothing"], combos["None / None"]
+    # Budgets from the least compiled memory to 1.1x every stack on None, and
+    # half-way between neighbouring memories of one checkpoint everywhere.
+    picks = [r for r in rows if r["kind"] == "pick"]
+    budgets = [r["budget_bytes"] for r in picks]
+    assert budgets == sorted(budgets) and budgets[0] <= lightest["memory_bytes"]
+    assert budgets[-1] == int(1.1 * none["memory_bytes"])
+    assert (lightest["memory_bytes"] + none["memory_bytes"]) // 2 in budgets
+    for r in picks:
+        # Fits, compiled by the planner and here alike.
+        assert r["fits"] and r["compiled_bytes"] <= r["budget_bytes"], r
+        assert r["memory_bytes"] == r["compiled_bytes"]
+        assert list(r["checkpoints"]) == paths
+        if r["checkpoint"] in combos:  # timed once, in the same rounds
+            assert r["measured_s"] == combos[r["checkpoint"]]["measured_s"]
+        # Beside the fastest fitting combination, and the fastest fitting one
+        # checkpoint on every stack.
+        fitting = [c for c in combos.values() if c["memory_bytes"] <= r["budget_bytes"]]
+        best = min(fitting, key=lambda c: c["measured_s"])
+        same = min((c for c in fitting if c["same"]), key=lambda c: c["measured_s"])
+        assert r["best_combination"] == best["checkpoint"]
+        assert r["best_same"] == same["checkpoint"]
+        assert r["best_combination_s"] <= r["best_same_s"]
+        assert r["combination_ratio"] > 0 and r["same_ratio"] > 0
+        between = lightest["memory_bytes"] < r["budget_bytes"] < none["memory_bytes"]
+        if none["measured_s"] > lightest["measured_s"]:  # None is off the frontier
+            between = False
+        assert r["same_between"] == between
+    # The targets of several stacks, and none that needs a single stack's rows.
+    names = {t["target"].split(" <=")[0].split(" at >=")[0] for t in data["targets"]}
+    assert names == {
+        "at every budget the pick fits when compiled",
+        "pick's predicted memory within 5% of compiled",
+        f"{len(budgets)} budgets planned in",
+        "measured: pick",
+        "measured: pick faster than one checkpoint on every stack",
+    }, names
+    assert "Several stacks by the clock" in proc.stdout
+    assert "Uniform candidates" not in proc.stdout
+
+
+def test_two_stack_targets_are_judged_on_the_picks_rows():
+    """(b) the pick against the fastest fitting combination, every budget; (c)
+    faster than one checkpoint on every stack at half the budgets between
+    those points, counted only there."""
+    preset = _models.PRESETS["encoder-decoder-tiny"]
+
+    def pick(budget, combination_ratio, same_ratio, between):
+        return {
+            "group": "ed",
+            "kind": "pick",
+            "budget_bytes": budget,
+            "fits": True,
+            "compiled_bytes": budget,
+            "spread": 0.01,
+            "best_combination_s": 1.0,
+            "combination_ratio": combination_ratio,
+            "best_same_s": 1.0,
+            "same_ratio": same_ratio,
+            "same_between": between,
+        }
+
+    rows = [
+        pick(10, 1.00, 1.00, False),
+        pick(20, 1.02, 0.95, True),
+        pick(30, 0.99, 1.01, True),
+        pick(40, 1.00, 0.90, False),  # not between: not counted
+    ]
+    verdicts = {
+        v["target"]: v
+        for v in _targets.evaluate(rows, {"ed": preset}, _targets.PLAN_TARGETS)
+    }
+    vs_all = next(v for k, v in verdicts.items() if "fastest fitting combination" in k)
+    assert vs_all["met"] and vs_all["value"] == 1.02
+    vs_same = next(v for k, v in verdicts.items() if "one checkpoint on every" in k)
+    assert vs_same["met"] and vs_same["value"] == 0.5
+    assert vs_same["measured"].startswith("1 of 2 budgets (5.0%")
+    rows[1]["combination_ratio"] = 1.05
+    rows[1]["same_ratio"] = 1.0
+    verdicts = _targets.evaluate(rows, {"ed": preset}, _targets.PLAN_TARGETS)
+    assert [v["met"] for v in verdicts if "measured" in v["target"]] == [False, False]
+    # A single stack's targets ask for keys these rows do not have: the pick
+    # fits, and the two above.
+    assert len(verdicts) == 3 and "pick fits" in verdicts[0]["target"]
+    # With no budget between, (c) says why.
+    for r in rows:
+        r["same_between"] = False
+    (v,) = [
+        v
+        for v in _targets.evaluate(rows, {"ed": preset}, _targets.PLAN_TARGETS)
+        if "one checkpoint on every" in v["target"]
+    ]
+    assert v["met"] is None and v["why"] == _targets.NOTHING_BETWEEN_SAME
 
 
 def test_spearman_ranks_with_ties_and_says_when_it_cannot():
