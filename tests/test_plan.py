@@ -19,7 +19,7 @@ from eqx_remat._planning._cache import CACHE as LIBRARY_CACHE, PlanCache
 from eqx_remat._planning._compiled import Compiled, compile_checkpoint
 from eqx_remat._planning._cost import CostModel, mix_predictor
 from eqx_remat._planning._evidence import Evidence
-from eqx_remat._planning._loop import MIX_TRIES, Compile, search
+from eqx_remat._planning._loop import MIX_TRIES, Compile, Time, search
 from eqx_remat._planning._report import FrontierPoint, Progress
 from eqx_remat._schedules._binomial import optimal_evaluations
 from eqx_remat.internal import Hardware, Timing
@@ -673,7 +673,7 @@ def _plan_compiled(result):
 
 
 @pytest.mark.heavy
-def test_measuring_compiles_every_option_and_runs_only_what_fits(tiny_table, fresh):
+def test_measuring_compiles_only_contenders_and_runs_only_what_fits(tiny_table, fresh):
     runs = []
 
     def clock(programs, **kwargs):
@@ -694,7 +694,9 @@ def test_measuring_compiles_every_option_and_runs_only_what_fits(tiny_table, fre
     bench = _bench(clock=clock, compile=compile_, free_memory=lambda: free)
     options = bench.prices(TINY_PROBLEM).options  # traced, nothing compiled
     result = plan_on(bench, TINY_GRAD, TINY, TOKENS, budget_bytes="1TiB")
-    assert result.compiles >= len(options)
+    # Not every option: those the model cannot rank apart from the fastest
+    # (and the lightest, for the base memory), and the pick.
+    assert 1 < result.compiles < len(options)
     assert runs and all(r.memory_bytes <= free for r in runs)
     ran = {r.checkpoint for r in runs}
     too_large = [r.checkpoint for r in compiled if r.memory_bytes > free]
@@ -1049,9 +1051,13 @@ def test_mixes_fit_are_faster_between_uniform_options_and_are_predicted(tiny_tab
 def test_the_pick_beats_every_compiled_two_option_mix(fresh):
     """Every mix of two of None, "dots" and "nothing" over the layers that the
     planner proposes (the heavier last, never one layer of None), compiled and
-    timed (by the tests' clock): at each budget the planner's pick is no
-    slower than the fastest of them that fits. Budgets from the lightest
-    uniform option's memory up."""
+    timed (by the tests' clock): at each budget the planner's pick is at most
+    3% slower (the plan sweep's target) than the fastest of them that fits.
+    Budgets from the lightest uniform option's memory up. Not exactly the
+    fastest: the planner compiles and times only what its model cannot rank
+    apart, and this clock counts FLOPs alone where the roofline counts
+    traffic too; at two budgets here it picks 0.3% and 2.4% slower than a mix
+    of "nothing" and "dots", whose time it estimated, not measured."""
     options = (None, "dots", "nothing")
     # Compiled on a cache of their own: the plans below learn nothing from
     # these compiles (a bench remembers the memory of every mix it compiles).
@@ -1069,7 +1075,7 @@ def test_the_pick_beats_every_compiled_two_option_mix(fresh):
         pick = plan(TINY_GRAD, TINY, TOKENS, budget_bytes=budget, progress=False)
         fitting = [t for m, t in entries if m <= budget]
         assert pick.entry.fits
-        assert pick.entry.time_s <= min(fitting) * (1 + 1e-9), str(pick)
+        assert pick.entry.time_s <= min(fitting) * 1.03, str(pick)
 
 
 def _calibrated(fresh_cache: bool = False) -> CostModel:
@@ -1193,8 +1199,11 @@ def test_after_as_many_mixes_as_it_tries_the_search_chooses_a_uniform_option():
     m = _with(m, asked=budget, records={**m.evidence.records, **failed})
     assert len(m.evidence.failed_mixes()) == MIX_TRIES
     bench, ev = _bench(), m.evidence
-    for _ in range(len(m.prices.options)):
+    for _ in range(2 * len(m.prices.options)):
         answer = search(dataclasses.replace(m, evidence=ev))
+        if isinstance(answer, Time):  # on a bench that cannot run them
+            ev = ev.timed({}, 0.0, answer.checkpoints)
+            continue
         if not isinstance(answer, Compile):
             break
         assert not isinstance(answer.checkpoint, er.ranges), answer

@@ -230,7 +230,8 @@ def _solve_first(
         if i < len(ways) - 1:
             ev = bench.start(w.problem, budget)
             for light in (recursive(), "nothing"):
-                ev = answer(bench, w.problem, ev, Compile(light))
+                why = "a lightest option: whether anything fits this combination"
+                ev = answer(bench, w.problem, ev, Compile(light, None, why))
             evidence[k, c] = ev
             if not any(_near(r, ev.budget) for r in ev.records.values()):
                 bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
@@ -293,7 +294,8 @@ def _try(
     s_ev = evidence[solved.k, solved.c]
     before = s_ev.records[pick.checkpoint].memory_bytes
     ev = bench.start(way.problem, budget)
-    ev = answer(bench, way.problem, ev, Compile(pick.checkpoint, before))
+    why = "the solved combination's pick"
+    ev = answer(bench, way.problem, ev, Compile(pick.checkpoint, before, why))
     evidence[way.k, way.c] = ev
     record = ev.records[pick.checkpoint]
     if record.memory_bytes is None or before is None:
@@ -314,7 +316,8 @@ def _try(
         if tried == 2 or memory is None or memory * scale > ev.budget:
             continue
         tried += 1
-        ev = answer(bench, way.problem, ev, Compile(c, memory * scale))
+        why = "faster than the pick where solved; may fit here"
+        ev = answer(bench, way.problem, ev, Compile(c, memory * scale, why))
         if ev.fits(ev.records[c]):
             break
     fitting = [c for c, r in ev.records.items() if ev.fits(r)]

@@ -93,7 +93,7 @@ class CostModel:
         for p in self.prices.options:
             t = ev.timings.get(p.checkpoint)
             o = p._replace(time=p.time * scale if t is None else t.seconds / self.per)
-            i = next((i for i, q in enumerate(kept) if _same_price(p, q)), None)
+            i = next((i for i, q in enumerate(kept) if same_price(p, q)), None)
             if i is None:
                 kept.append(p)
                 out.append(o)
@@ -117,30 +117,6 @@ class CostModel:
             if t is not None and o.time > 0
         ]
         return max([TIME_ERROR, *errors])
-
-    def contenders(self) -> list[tuple[Option, float]]:
-        """The per-layer options (one per price, `options`) that can be the
-        fastest that fits, lightest first, each with its memory (compiled,
-        else predicted): those that fit when compiled or are predicted to
-        within `model_error`, and whose time (measured, else estimated) the
-        model cannot tell from the fastest of them's: within its error
-        (`time_error`) either way."""
-        ev, error = self.evidence, self.model_error()
-        near = []
-        for o in self.options():
-            record = ev.records.get(o.checkpoint)
-            if record is not None:
-                if ev.fits(record):
-                    near.append((o, float(record.memory_bytes or 0)))
-                continue
-            predicted = self.predict(o)
-            if predicted is not None and predicted <= ev.budget * (1 + error):
-                near.append((o, predicted))
-        if not near:
-            return []
-        e = self.time_error()
-        bar = min(o.time for o, _ in near) * ((1 + e) / (1 - e) if e < 1 else math.inf)
-        return sorted(((o, m) for o, m in near if o.time <= bar), key=lambda p: p[1])
 
     def priced(self, c: Planned) -> bool:
         """Whether `roofline(c)` can answer (`c` or its parts priced)."""
@@ -350,6 +326,31 @@ class CostModel:
         return out
 
 
+def contenders(m: CostModel) -> list[tuple[Option, float]]:
+    """The per-layer options of `m` (one per price, `options`) that can be the
+    fastest that fits, lightest first, each with its memory (compiled,
+    else predicted): those that fit when compiled or are predicted to
+    within `model_error`, and whose time (measured, else estimated) the
+    model cannot tell from the fastest of them's: within its error
+    (`time_error`) either way."""
+    ev, error = m.evidence, m.model_error()
+    near = []
+    for o in m.options():
+        record = ev.records.get(o.checkpoint)
+        if record is not None:
+            if ev.fits(record):
+                near.append((o, float(record.memory_bytes or 0)))
+            continue
+        predicted = m.predict(o)
+        if predicted is not None and predicted <= ev.budget * (1 + error):
+            near.append((o, predicted))
+    if not near:
+        return []
+    e = m.time_error()
+    bar = min(o.time for o, _ in near) * ((1 + e) / (1 - e) if e < 1 else math.inf)
+    return sorted(((o, b) for o, b in near if o.time <= bar), key=lambda p: p[1])
+
+
 def mix_predictor(m: CostModel) -> Predict:
     """The memory of a mix as `m` predicts it: the model (`mix_memory`, from
     each option's base), corrected by what compiled mixes (this call's and
@@ -392,7 +393,7 @@ def mix_predictor(m: CostModel) -> Predict:
     return predict
 
 
-def _same_price(a: Option, b: Option) -> bool:
+def same_price(a: Option, b: Option) -> bool:
     """Whether `a` and `b` keep the same bytes for the same FLOPs and time."""
     return (
         (a.bytes, a.host_bytes) == (b.bytes, b.host_bytes)

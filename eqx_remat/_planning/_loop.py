@@ -7,9 +7,10 @@ request to the bench (`Bench`, the only part with effects) and folds its
 answer into new `Evidence`, until the stage asks for nothing; the stage's
 answer is then read off the model. The stages, in order:
 
-1. measure (on the device at hand): the lightest option compiled, then the
-   options that may fit and that the model cannot rank apart within its
-   error (`CostModel.contenders`), compiled and run;
+1. measure (on the device at hand): the lightest option and the one with
+   the fewest FLOPs compiled, then the options that may fit and that the
+   model cannot rank apart within its error (`contenders`), and all of them
+   run;
 2. choose: the cheapest mix predicted to fit (`best_mix`), its options and
    then the mix compiled, until what is compiled fits;
 3. the cheapest compiled: options estimated faster and that may fit, compiled
@@ -37,7 +38,7 @@ from .._schedules._checkpoint import (
 from .._schedules._ranges import ranges
 from .._util import format_bytes
 from ._bench import Bench, Problem
-from ._cost import MODEL_ERROR, CostModel, mix_predictor, pareto_points
+from ._cost import MODEL_ERROR, CostModel, contenders, mix_predictor, pareto_points
 from ._evidence import Evidence
 from ._prices import Prices
 from ._report import (
@@ -253,29 +254,39 @@ def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 
 def _ask_options(m: CostModel) -> Request | None:
-    """On the device at hand, before the search: the lightest option compiled
-    (the base memory every prediction starts from), then each of the
-    `contenders` (the options that may fit and that the model cannot rank
-    apart), lightest first, then those that fit timed; again while timing
-    moves the bar (the scale, and the model's error, are the clock's)."""
+    """On the device at hand, before the search: the two ends of the roofline
+    compiled, the lightest option (the base memory every prediction starts
+    from) and the one with the fewest FLOPs (its time says how far the
+    roofline's traffic is from the clock), then each of the `contenders`
+    (the options that may fit and that the model cannot rank apart),
+    lightest first; then all of them timed, again while timing moves the
+    bar (the scale, and the model's error, are the clock's)."""
     ev = m.evidence
     assert m.prices is not None  # the roofline's order: not moved by the clock
     lightest = min(m.prices.options, key=lambda o: (o.bytes, o.time))
-    if lightest.checkpoint not in ev.records:
-        why = "the lightest option: the base memory of every prediction"
-        return Compile(lightest.checkpoint, m.predict(lightest), why)
-    contenders = m.contenders()
-    fastest = min(contenders, key=lambda p: p[0].time)[0] if contenders else None
-    for o, predicted in contenders:
+    cheapest = min(m.prices.options, key=lambda o: (o.total_flops, o.bytes))
+    for o, why in (
+        (lightest, "the lightest option: the base memory of every prediction"),
+        (cheapest, "the fewest FLOPs: how far the roofline is from the clock"),
+    ):
+        if o.checkpoint not in ev.records:
+            return Compile(o.checkpoint, m.predict(o), why)
+    near = contenders(m)
+    fastest = min(near, key=lambda p: p[0].time)[0] if near else None
+    for o, predicted in near:
         if o.checkpoint not in ev.records:
             assert fastest is not None
             return Compile(o.checkpoint, predicted, _close(m, o, fastest))
     run = tuple(
-        o.checkpoint
-        for o, _ in contenders
-        if ev.fits(ev.records[o.checkpoint]) and o.checkpoint not in ev.offered
+        c
+        for c in (
+            lightest.checkpoint,
+            cheapest.checkpoint,
+            *(o[0].checkpoint for o in near),
+        )
+        if c not in ev.offered
     )
-    return Time(run) if run else None
+    return Time(tuple(dict.fromkeys(run))) if run else None
 
 
 def _close(m: CostModel, o, fastest) -> str:
@@ -294,14 +305,18 @@ def search(m: CostModel) -> Request | FrontierPoint | None:
     """What to compile next in the search for the cheapest mix predicted to fit,
     or the answer: its point (compiled, and fitting), or `None` where nothing
     may fit. The hull's two ends are compiled first (the cheapest and the
-    lightest: their base memory), then the ends of the best mix, then the mix;
-    a mix over the budget bounds the heavy layers of its pair (`fewest`), and
-    after `MIX_TRIES` of them only uniform options are chosen among."""
+    lightest: their base memory), unless two options are compiled already
+    (the bases between them are interpolated), then the ends of the best mix (on the
+    device at hand, all of them timed: a mix's time is predicted from its
+    parts'), then the mix; a mix over the budget bounds the heavy layers of
+    its pair (`fewest`), and after `MIX_TRIES` of them only uniform options
+    are chosen among."""
     ev = m.evidence
     options = m.options()
     hull = lower_hull(options)
+    known = [c for c, r in ev.records.items() if r.report and m.option(c)]
     for o, why in ((hull[-1], "cheapest"), (hull[0], "lightest")):
-        if o.checkpoint not in ev.records:
+        if o.checkpoint not in ev.records and len(known) < 2:
             why = f"the {why} end of the lower hull: its base memory"
             return Compile(o.checkpoint, m.predict(o), why)
     failed = ev.failed_mixes()
@@ -328,6 +343,14 @@ def search(m: CostModel) -> Request | FrontierPoint | None:
         if o.checkpoint not in ev.records:
             why = "the pick" if best.n == 0 else "an end of the best mix: its base"
             return Compile(o.checkpoint, m.predict(o), why)
+    # On the device at hand a mix's time is its parts' measured times.
+    untimed = tuple(
+        o.checkpoint
+        for o in (hull[-1], hull[0], *ends)
+        if o.checkpoint not in ev.offered
+    )
+    if untimed:
+        return Time(tuple(dict.fromkeys(untimed)))
     if best.n == 0:
         return m.uniform_point(best.light)
     point = m.mix_point(best)
@@ -341,7 +364,7 @@ def _ask_cheaper(
     m: CostModel, todo: Sequence[tuple[Checkpoint, float]]
 ) -> Request | None:
     """The options estimated faster than the pick that may fit (`todo`), the
-    mixes earlier calls raced, then every compiled one that fits timed."""
+    mixes earlier calls raced, then every compiled option timed."""
     ev = m.evidence
     for c, predicted in todo:
         if c not in ev.records:
@@ -351,10 +374,8 @@ def _ask_cheaper(
             return Compile(c, None, "a mix an earlier call raced")
     run = tuple(
         c
-        for c, r in ev.records.items()
-        if (not isinstance(c, ranges) or c in ev.raced_mixes)
-        and c not in ev.offered
-        and ev.fits(r)
+        for c in ev.records
+        if (not isinstance(c, ranges) or c in ev.raced_mixes) and c not in ev.offered
     )
     return Time(run) if run else None
 
