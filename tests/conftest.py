@@ -70,31 +70,39 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """The tests of a module that share a module-scoped fixture of it run in one
     pytest-xdist worker (`--dist loadgroup`, in pyproject.toml's addopts), so that
     the fixture — a plan, a training run — is built once, not once per worker.
 
-    A docs page's quick case (its blocks before `<!-- docs: slow -->`) is the start
+    Marked as each test is collected: pytest-xdist reads the `xdist_group` marks
+    in its own `pytest_collection_modifyitems`, which runs before this file's (a
+    mark added there came too late, and each worker built the fixture)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return
+    module = item.nodeid.split("::")[0]
+    if any(
+        defs and defs[-1].scope == "module" and defs[-1].baseid == module
+        for defs in info.name2fixturedefs.values()
+    ):
+        item.add_marker(pytest.mark.xdist_group(module))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """A docs page's quick case (its blocks before `<!-- docs: slow -->`) is the start
     of its `[all]` case, which runs the same blocks and checks the same outputs:
-    where both are selected (CI's `-m "heavy or slow"`), only `[all]` runs."""
-    ids = {item.nodeid for item in items}
-    covered = [
+    where both are selected (CI's `-m "heavy or slow"`), only `[all]` runs. After
+    `-m` has deselected what it deselects (`trylast`): a quick case is dropped only
+    for an `[all]` case that runs."""
+    docs = [
         item
         for item in items
         if item.nodeid.startswith("tests/test_docs.py::test_page_code_runs[")
-        and item.nodeid[:-1] + "[all]]" in ids
     ]
+    names = {item.name for item in docs}
+    covered = [item for item in docs if item.name[:-1] + "[all]]" in names]
     if covered:
         config.hook.pytest_deselected(items=covered)
         items[:] = [item for item in items if item not in covered]
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        module = item.nodeid.split("::")[0]
-        if any(
-            defs and defs[-1].scope == "module" and defs[-1].baseid == module
-            for defs in info.name2fixturedefs.values()
-        ):
-            item.add_marker(pytest.mark.xdist_group(module))
