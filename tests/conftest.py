@@ -24,6 +24,25 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+# Every process of a test run compiles without LLVM's optimisations (the flags
+# that tests/zoo_helpers.py's `quick_jit` passes, here for this process and every
+# process it starts): compiles for the CPU take a half to two thirds of the time
+# on two cores. Nothing a test checks changes: XLA's optimised HLO, its buffers
+# and so `memory_analysis()` are the same with and without them (seen on every
+# checkpoint of a transformer's gradient and on an FSDP step's HLO text), and so
+# are the TPU v5e compiles, figures and compile times alike; only the CPU's
+# machine code differs, which computes the same values to float rounding and
+# runs slower (the tests time nothing). The docs pages print their figures, and
+# test_docs.py holds them to what the pages say.
+QUICK_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+)
+_flags = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(
+    [*_flags, *(f for f in QUICK_XLA_FLAGS if f not in _flags)]
+)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -618,7 +618,9 @@ print(json.dumps({{
     "shard": list(weight.addressable_shards[0].data.shape),
 }}))
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # Two CPU devices, beside the flags of the tests' environment (conftest.py).
+    devices = "--xla_force_host_platform_device_count=2"
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {devices}"}
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env,
         timeout=300,

@@ -6,9 +6,10 @@ import equinox as eqx
 import jax
 
 
-# Tests that compare values, not memory, compile without LLVM's optimisations:
-# about twice as fast on two cores, same numerics to float rounding. (Memory tests
-# use the default options: the numbers users see.)
+# Compiled without LLVM's optimisations: about twice as fast on two cores, the
+# same numerics to float rounding, and the same optimised HLO and memory. (Every
+# process of a test run compiles so: tests/conftest.py sets them in XLA_FLAGS;
+# here they hold wherever the wrapper is used.)
 QUICK_COMPILE = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
