@@ -12,7 +12,8 @@ over the timed per-layer options)."""
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from ._prices import Prices
 from ._report import FrontierPoint, PlanEntry
 from ._solve import Mix, Option, Predict, Real, linear, roofline_time
 
+
+T = TypeVar("T")
 
 # How far above the budget the model may put a uniform option that fits when
 # compiled, at least: options whose per-layer bytes are equal, or nearly, can
@@ -112,13 +115,12 @@ class CostModel:
         """How far the scaled roofline may be from the clock: the most it was
         off for a timed per-layer option, and at least `TIME_ERROR`."""
         scale, prices = self.scale(), self.prices
-        errors = [
-            abs(t.seconds / (scale * o.time * self.per) - 1)
+        return clock_error(
+            (t.seconds, scale * o.time * self.per)
             for o in (prices.options if prices else ())
             for t in [self.evidence.timings.get(o.checkpoint)]
-            if t is not None and o.time > 0
-        ]
-        return max([TIME_ERROR, *errors])
+            if t is not None
+        )
 
     def priced(self, c: Planned) -> bool:
         """Whether `roofline(c)` can answer (`c` or its parts priced)."""
@@ -341,16 +343,30 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
         record = ev.records.get(o.checkpoint)
         if record is not None:
             if ev.fits(record):
-                near.append((o, float(record.memory_bytes or 0)))
+                near.append((o.time, (o, float(record.memory_bytes or 0))))
             continue
         predicted = m.predict(o)
         if predicted is not None and predicted <= ev.budget * (1 + error):
-            near.append((o, predicted))
+            near.append((o.time, (o, predicted)))
+    return sorted(within_error(near, m.time_error()), key=lambda p: p[1])
+
+
+def clock_error(pairs: Iterable[tuple[float, float]]) -> float:
+    """How far estimates were from the clock: the most `|measured / estimate
+    - 1|` over `(measured, estimate)` pairs (estimates of 0 left out), and
+    at least `TIME_ERROR`."""
+    return max([TIME_ERROR, *(abs(t / e - 1) for t, e in pairs if e > 0)])
+
+
+def within_error(near: Sequence[tuple[float, T]], error: float) -> list[T]:
+    """The items of `(time, item)` pairs whose time a model off by up to
+    `error` either way cannot tell from the least: at most `(1 + error) /
+    (1 - error)` times it (all of them for an error of 1 or more)."""
     if not near:
         return []
-    e = m.time_error()
-    bar = min(o.time for o, _ in near) * ((1 + e) / (1 - e) if e < 1 else math.inf)
-    return sorted(((o, b) for o, b in near if o.time <= bar), key=lambda p: p[1])
+    least = min(t for t, _ in near)
+    bar = least * (1 + error) / (1 - error) if error < 1 else math.inf
+    return [x for t, x in near if t <= bar]
 
 
 def mix_predictor(m: CostModel) -> Predict:

@@ -33,11 +33,12 @@ from .._schedules._ranges import ranges
 from ._bench import Bench, Problem
 from ._cost import (
     MODEL_ERROR,
-    TIME_ERROR,
     CostModel,
+    clock_error,
     interpolate,
     pareto_points,
     same_price,
+    within_error,
 )
 from ._evidence import Evidence
 from ._loop import MIX_TRIES, Compile, Request, Solved, Time, answer, finish, settle
@@ -238,12 +239,11 @@ class StacksModel:
         """How far the roofline, scaled, was from the clock: the most over
         the timed plans, and at least `TIME_ERROR`."""
         scale, timings = self.scale(), self.evidence.timings
-        errors = [
-            abs(timings[c].seconds / (scale * self.roofline(layers)) - 1)
+        return clock_error(
+            (timings[c].seconds, scale * self.roofline(layers))
             for c, layers in self.known().items()
-            if c in timings and self.roofline(layers) > 0
-        ]
-        return max([TIME_ERROR, *errors])
+            if c in timings
+        )
 
     def nothing(self) -> PerStack:
         """Every stack on `"nothing"`: what the options are priced against."""
@@ -495,11 +495,7 @@ def stack_contenders(m: StacksModel, k: int) -> list[PerStack]:
                 near.append((m.time(layers)[0], c))
         elif m.predict(layers) <= ev.budget * (1 + MODEL_ERROR):
             near.append((m.time(layers)[0], c))
-    if not near:
-        return []
-    e = m.time_error()
-    bar = min(t for t, _ in near) * ((1 + e) / (1 - e) if e < 1 else math.inf)
-    return [c for t, c in near if t <= bar]
+    return within_error(near, m.time_error())
 
 
 def _relative_result(r: PlanResult) -> PlanResult:
