@@ -902,6 +902,20 @@ def plot(data: dict, path: Path) -> None:
     _plots.save_figure(fig, path)
 
 
+def _budget_lines(ax, budgets: list[int], size: float) -> None:
+    """Each budget a dotted vertical line (in units of `size` bytes)."""
+    for b in budgets:
+        ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
+
+
+def _picks(ax, xs: list, ys: list, label: str, title: str, **labels: str) -> None:
+    """The picks starred, the budgets' line in the legend, and the panel's
+    title, axis labels, grid and legend."""
+    ax.scatter(xs, ys, marker="*", s=110, color="tab:red", label=label, zorder=4)
+    ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
+    _finish(ax, title, **labels)
+
+
 def _finish(ax, title: str, **labels: str) -> None:
     ax.set(title=title, **labels)
     ax.title.set_fontsize(8)
@@ -919,8 +933,7 @@ def _plot_preset(ax, rows: list[dict], title: str) -> tuple[list, list]:
     budgets = [r["budget_bytes"] for r in of_kind(rows, "pick")]
     memories = [r["memory_bytes"] for r in uniform + frontier] + budgets
     unit, size = _plots.byte_unit(memories)
-    for b in budgets:
-        ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
+    _budget_lines(ax, budgets, size)
     xs = [r["memory_bytes"] / size for r in uniform]
     ys = [1e3 * r["time_s"] for r in uniform]
     ax.scatter(xs, ys, color="0.55", s=28, label="uniform candidates", zorder=2)
@@ -932,11 +945,11 @@ def _plot_preset(ax, rows: list[dict], title: str) -> tuple[list, list]:
     others = list(zip(xs, ys))
     xs = [r["compiled_bytes"] / size for r in picks]
     ys = [1e3 * r["time_s"] for r in picks]
-    label = "pick at each budget (compiled)"
-    ax.scatter(xs, ys, marker="*", s=110, color="tab:red", label=label, zorder=4)
-    ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
-    _finish(
+    _picks(
         ax,
+        xs,
+        ys,
+        "pick at each budget (compiled)",
         title,
         xlabel=f"device memory per chip ({unit}): args + outputs + temporaries",
         ylabel="step time (ms): measured, or estimated",
@@ -953,8 +966,7 @@ def _plot_stacks(ax, rows: list[dict], title: str) -> tuple[list, list]:
     picks = [r for r in of_kind(rows, "pick") if r.get("measured_s")]
     budgets = [r["budget_bytes"] for r in of_kind(rows, "pick")]
     unit, size = _plots.byte_unit([r["memory_bytes"] for r in combos] + budgets)
-    for b in budgets:
-        ax.axvline(b / size, color="0.6", lw=0.8, ls=":", zorder=0)
+    _budget_lines(ax, budgets, size)
     others: list[tuple[float, float]] = []
     labelled = []
     for same, color, s, label in (
@@ -972,11 +984,11 @@ def _plot_stacks(ax, rows: list[dict], title: str) -> tuple[list, list]:
             others += list(zip(xs, ys))
     xs = [r["memory_bytes"] / size for r in picks]
     ys = [1e3 * r["measured_s"] for r in picks]
-    label = "pick at each budget (compiled, timed)"
-    ax.scatter(xs, ys, marker="*", s=110, color="tab:red", label=label, zorder=4)
-    ax.plot([], [], color="0.6", lw=0.8, ls=":", label="budgets")
-    _finish(
+    _picks(
         ax,
+        xs,
+        ys,
+        "pick at each budget (compiled, timed)",
         title,
         xlabel=f"device memory ({unit}): args + outputs + temporaries",
         ylabel="step time (ms): median of interleaved rounds",
