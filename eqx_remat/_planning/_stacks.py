@@ -11,8 +11,8 @@ for the relaxation, in which at most one stack is mixed). The last step is
 rounded to whole layers: that stack runs a `ranges` mix of its two hull
 neighbours, as many layers on the lighter one as the budget needs. The base
 memory is learnt from compiled plans (the two ends first; on the device at
-hand, every stack on `"nothing"`, and each stack's options that can change the
-answer, the others on `"nothing"`, compiled and timed). The pick is
+hand, every stack on `"nothing"` and each stack on each of its options, the
+others on `"nothing"`, compiled and timed). The pick is
 compiled (a mix that does not fit steps on, at most `MIX_TRIES` times), then
 compiled and, on the device at hand, timed beside the per-stack uniform
 combinations estimated fastest that are predicted to fit: the fastest that
@@ -34,14 +34,11 @@ from ._bench import Bench, Problem
 from ._cost import (
     MODEL_ERROR,
     CostModel,
-    clock_error,
     interpolate,
     pareto_points,
-    same_price,
-    within_error,
 )
 from ._evidence import Evidence
-from ._loop import MIX_TRIES, Compile, Request, Solved, Time, answer, finish, settle
+from ._loop import MIX_TRIES, Compile, Solved, Time, answer, finish
 from ._report import (
     FrontierPoint,
     PlanEntry,
@@ -235,16 +232,6 @@ class StacksModel:
         ]
         return statistics.median(ratios) if ratios else 1.0
 
-    def time_error(self) -> float:
-        """How far the roofline, scaled, was from the clock: the most over
-        the timed plans, and at least `TIME_ERROR`."""
-        scale, timings = self.scale(), self.evidence.timings
-        return clock_error(
-            (timings[c].seconds, scale * self.roofline(layers))
-            for c, layers in self.known().items()
-            if c in timings
-        )
-
     def nothing(self) -> PerStack:
         """Every stack on `"nothing"`: what the options are priced against."""
         return PerStack({s.path: "nothing" for s in self.prices.stacks})
@@ -413,8 +400,13 @@ def solve_stacks(
     model = lambda ev: StacksModel(prices, ev, bench.hardware)  # noqa: E731
     ev = bench.start(problem, asked)
     m = model(ev)
-    if bench.measure:  # the options that can change the answer run
-        ev = settle(bench, problem, ev, lambda ev: _ask_options(model(ev)))
+    if bench.measure:  # each stack's options run: the clock ranks them
+        plans = [m.nothing()] + [
+            m.varied(k, o.checkpoint)
+            for k, stack in enumerate(prices.stacks)
+            for o in stack.options
+        ]
+        why = "one stack on one option, the others on 'nothing': its time per layer"
     else:  # the two ends, for their base memory
         plans = [
             m.plan_of(
@@ -425,8 +417,9 @@ def solve_stacks(
             ),
         ]
         why = "an end of the hulls: the base memory"
-        for c in dict.fromkeys(plans):
-            ev = answer(bench, problem, ev, Compile(c, _predicted(model(ev), c), why))
+    for c in dict.fromkeys(plans):
+        ev = answer(bench, problem, ev, Compile(c, _predicted(model(ev), c), why))
+    ev = answer(bench, problem, ev, Time(tuple(dict.fromkeys(plans))))
     pick = None
     for _ in range(MIX_TRIES):
         pick = greedy(model(ev), ev.budget)
@@ -448,54 +441,6 @@ def solve_stacks(
     entry = m_entry(m, best)
     result = finish(bench, ev, entry, (), pareto_points(points), None, [])
     return Solved(_relative_result(result), ev)
-
-
-def _ask_options(m: StacksModel) -> Request | None:
-    """On the device at hand: every stack on `"nothing"` (the base of every
-    prediction), each stack on its option with the fewest FLOPs, the others
-    on `"nothing"` (how far the roofline is from the clock), then each
-    stack's `stack_contenders`, compiled; then all of them timed, again
-    while timing moves the bar."""
-    ev = m.evidence
-    wanted = [(m.nothing(), "every stack on 'nothing': the base of every prediction")]
-    for k, s in enumerate(m.prices.stacks):
-        cheapest = min(s.options, key=lambda o: (o.total_flops, o.bytes))
-        why = f"{s.path} on its fewest FLOPs: how far the roofline is from the clock"
-        wanted.append((m.varied(k, cheapest.checkpoint), why))
-    for k, s in enumerate(m.prices.stacks):
-        why = (
-            f"{s.path} on an option that may fit, estimated within the model's "
-            f"error ({m.time_error():.0%} either way) of its fastest"
-        )
-        wanted += [(c, why) for c in stack_contenders(m, k)]
-    for c, why in wanted:
-        if c not in ev.records:
-            return Compile(c, _predicted(m, c), why)
-    run = tuple(dict.fromkeys(c for c, _ in wanted if c not in ev.offered))
-    return Time(run) if run else None
-
-
-def stack_contenders(m: StacksModel, k: int) -> list[PerStack]:
-    """Stack `k` on each of its options that can be its fastest that fits,
-    the others on `"nothing"`: one per price (as `CostModel.options`), those
-    that fit when compiled or are predicted to within `MODEL_ERROR`, whose
-    estimated time is within the model's error (`time_error`), either way, of
-    the fastest of them."""
-    ev, near = m.evidence, []
-    seen: list[Option] = []
-    for p, o in zip(m.prices.stacks[k].options, m.options(k)):
-        if any(same_price(p, q) for q in seen):
-            continue  # one program to the model: the first stands for both
-        seen.append(p)
-        c = m.varied(k, o.checkpoint)
-        record = ev.records.get(c)
-        layers = m.layers_of(c)
-        if record is not None:
-            if ev.fits(record):
-                near.append((m.time(layers)[0], c))
-        elif m.predict(layers) <= ev.budget * (1 + MODEL_ERROR):
-            near.append((m.time(layers)[0], c))
-    return within_error(near, m.time_error())
 
 
 def _relative_result(r: PlanResult) -> PlanResult:
