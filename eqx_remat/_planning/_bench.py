@@ -135,9 +135,13 @@ class Bench:
             lambda: trace_price(problem.fn, problem.args, c, depths),
         )
 
-    def start(self, problem: Problem, asked: int) -> Evidence:
+    def start(
+        self, problem: Problem, asked: int, options: Sequence[Planned] = ()
+    ) -> Evidence:
         """The evidence a call starts from: the budget, what one device holds,
-        and the mixes earlier calls compiled (and raced)."""
+        the mixes earlier calls compiled (and raced), and the programs of
+        `options` earlier calls compiled (usable here: `cached`), so that
+        every call predicts from every compile so far, at no compile."""
         mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
         raced = frozenset(
             c
@@ -145,29 +149,42 @@ class Bench:
             if self.cache.has(problem.fn, problem.k("time", c))
             and self.cache.has(problem.fn, problem.k("compiled", c))
         )
-        return Evidence(
+        ev = Evidence(
             asked, self.capacity(), earlier_mixes=dict(mixes), raced_mixes=raced
         )
+        for c in options:
+            record = self.cached(problem, c)
+            if record is not None:
+                ev = ev.compiled(record, None, None, self.runnable(record))
+        return ev
 
     # --- compiling ---------------------------------------------------------------
+
+    def cached(self, problem: Problem, c: Planned) -> Compiled | None:
+        """`c`'s program as an earlier call compiled it, where it serves here
+        (one compiled for the device at hand has an executable to time)."""
+        key = problem.k("compiled", c)
+        if not self.cache.has(problem.fn, key):
+            return None
+        record = self.cache.get(problem.fn, key, lambda: None)
+        if record is None or (
+            self.measure and record.report is not None and record.executable is None
+        ):
+            return None
+        return record
 
     def compile(self, problem: Problem, c: Planned) -> tuple[Compiled, float | None]:
         """`(record, seconds)`: `c` compiled (`seconds` it took), or taken from
         the cache (`seconds` is `None`). A program compiled by a call that did
         not measure has no executable: compiled again to be timed. Whether it
         can run here: `runnable`."""
-        key = problem.k("compiled", c)
-        record: Compiled | None = None
-        if self.cache.has(problem.fn, key):
-            record = self.cache.get(problem.fn, key, lambda: None)
-        if record is not None and not (
-            self.measure and record.report is not None and record.executable is None
-        ):
+        record = self.cached(problem, c)
+        if record is not None:
             return record, None
         record = self.compile_fn(
             problem.fn, problem.args, c, self.target.name, runnable=self.measure
         )
-        self.cache.put(problem.fn, key, record)
+        self.cache.put(problem.fn, problem.k("compiled", c), record)
         if isinstance(c, ranges) and record.report is not None:
             mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
             mixes[c] = record.report.total_bytes

@@ -180,7 +180,12 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
     prices = bench.prices(problem)
     model = _model(bench, problem, prices)
     _say_start(bench, prices)
-    ev = bench.start(problem, asked)
+    ev = bench.start(problem, asked, [o.checkpoint for o in prices.options])
+    if ev.records:
+        bench.say(
+            f"{len(ev.records)} option(s) compiled by earlier calls: "
+            + ", ".join(map(checkpoint_name, ev.records))
+        )
     if bench.measure:  # every option is compiled and run: the clock ranks them
         ev = settle(bench, problem, ev, lambda ev: _ask_options(model(ev)))
     ev = settle(bench, problem, ev, lambda ev: _request(search(model(ev))))
