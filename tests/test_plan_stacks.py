@@ -159,6 +159,29 @@ def test_each_stack_gets_its_own_checkpoint_that_fits_and_beats_every_pair(pairs
     assert same_everywhere_beaten >= 1
 
 
+@pytest.mark.heavy
+def test_with_micro_batches_each_stack_still_gets_its_own_checkpoint(pairs):
+    # The batch planner solves each way of running the batch as `plan` does:
+    # a checkpoint per stack, named by its path in the model, for the pick
+    # and for every way it compared.
+    budget = _budgets(pairs)[1]
+    result = plan_on(
+        _bench(), GRAD, MODEL, X, budget_bytes=budget, micro_batches=(1, 2)
+    )
+    assert isinstance(result.checkpoint, er.PerStack), str(result)
+    assert tuple(result.checkpoint) == PATHS
+    assert result.entry.fits and result.entry.memory_bytes <= budget, str(result)
+    assert {b.micro_batches for b in result.batches} <= {1, 2}
+    for b in result.batches:
+        assert isinstance(b.checkpoint, er.PerStack) and tuple(b.checkpoint) == PATHS
+    model = result.apply(MODEL)
+    for path, part in zip(PATHS, (model.encoder, model.decoder)):
+        assert part.checkpoint == result.checkpoint[path]
+    want = GRAD(er.set_checkpoint(MODEL, None), X)
+    got = result.step(GRAD)(model, X)
+    check_close(er.set_checkpoint(got, None), want, rtol=1e-5, atol=1e-6)
+
+
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
     # Hand-made prices of two stacks (no compile): every plan the greedy
     # returns is predicted to fit, and costs no more than the cheapest pair

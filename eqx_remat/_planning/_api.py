@@ -17,9 +17,9 @@ from .._util import split_args
 from .._validate import check_int
 from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
-from ._loop import compare, solve
+from ._loop import compare
 from ._report import PlanResult, Progress
-from ._stacks import solve_stacks
+from ._stacks import relative_result, solve_model
 
 
 _EXAMPLES = {
@@ -105,9 +105,11 @@ def plan(
     the frontier (with `candidates`, the candidates' table), notes, counts
     and times. Solving, the pick is a uniform option (a policy, per-name
     decisions, `None`), a whole-stack schedule, or an [`eqx_remat.ranges`][]
-    mix of two per-layer options over the layers of a stack; with
-    `candidates`, one of them. It is always compiled, and fits
-    `budget_bytes` compiled. `result.apply(model)` sets it (and the loss
+    mix of two per-layer options over the layers of a stack; where `fn`
+    differentiates several stacks, an [`eqx_remat.PerStack`][] (one of those
+    for each, by the path of its `checkpoint` field; with `micro_batches` or
+    `loss_chunks` too); with `candidates`, one of them. It is always
+    compiled, and fits `budget_bytes` compiled. `result.apply(model)` sets it (and the loss
     chunking, with `loss_chunks`); with `micro_batches`, `result.step(fn)`
     splits the batch; with either, `result.batches` lists the best of each
     combination tried.
@@ -217,14 +219,11 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
         if ways is not None:
             if loss_chunks is not None:
                 warn_if_chunks_do_nothing(fn, args, ways)
-            return plan_batches(bench, fn, args, budget, ways, in_axes)
+            return relative_result(plan_batches(bench, fn, args, budget, ways, in_axes))
         problem = Problem.of(fn, args, on)
         if candidates is not None:
             return compare(bench, problem, budget, candidates)
-        stacks = bench.stacks(problem)
-        if len(stacks) > 1:
-            return solve_stacks(bench, problem, budget, stacks).result
-        return solve(bench, problem, budget).result
+        return relative_result(solve_model(bench, problem, budget).result)
 
 
 def _measuring(measure: Any, target: str | None) -> bool:

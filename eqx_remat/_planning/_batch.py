@@ -27,8 +27,9 @@ from ._clock import on_one_clock
 from ._compiled import Compiled
 from ._cost import MODEL_ERROR, CostModel
 from ._evidence import Evidence, total_left_s
-from ._loop import Compile, Time, Trace, answer, notes, settle, solve
+from ._loop import Compile, Time, Trace, answer, notes, settle
 from ._report import BatchOption, NothingFits, PlanResult
+from ._stacks import solve_model
 
 
 class _Way(NamedTuple):
@@ -238,7 +239,7 @@ def _solve_first(
                 continue
         bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
         try:
-            solved = solve(bench, w.problem, budget)
+            solved = solve_model(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
                 tried = ", ".join(f"{k}/{c}" for k, c in ways)
@@ -309,7 +310,10 @@ def _try(
     prices = bench.prices(solved.problem)
     s_ev, times = _times(bench, solved.problem, s_ev, compiled, prices)
     evidence[solved.k, solved.c] = s_ev
-    faster = sorted((t, c) for c, (t, _) in times.items() if t < pick.time_s)
+    faster = sorted(
+        ((t, c) for c, (t, _) in times.items() if t < pick.time_s),
+        key=lambda tc: tc[0],
+    )
     tried = 0
     for _, c in faster:
         memory = s_ev.records[c].memory_bytes

@@ -16,7 +16,9 @@ others on `"nothing"`, compiled and timed). The pick is
 compiled (a mix that does not fit steps on, at most `MIX_TRIES` times), then
 compiled and, on the device at hand, timed beside the per-stack uniform
 combinations estimated fastest that are predicted to fit: the fastest that
-fits is returned. Told in the tutorial *Checkpoint your own Equinox model*.
+fits is returned, after a race of those timed within `RULED_OUT` of it. The
+batch planner solves each way of running the batch here too (`solve_model`).
+Told in the tutorial *Checkpoint your own Equinox model*.
 """
 
 import dataclasses
@@ -31,6 +33,7 @@ from .._policies._values import save_names
 from .._schedules._checkpoint import Checkpoint, PerStack
 from .._schedules._ranges import ranges
 from ._bench import Bench, Problem
+from ._clock import RULED_OUT
 from ._cost import (
     MODEL_ERROR,
     CostModel,
@@ -38,7 +41,7 @@ from ._cost import (
     pareto_points,
 )
 from ._evidence import Evidence
-from ._loop import MIX_TRIES, Compile, Solved, Time, answer, finish
+from ._loop import MIX_TRIES, Compile, Solved, Time, answer, finish, solve, spent
 from ._report import (
     FrontierPoint,
     PlanEntry,
@@ -440,18 +443,29 @@ def solve_stacks(
     points = [m.point(layers) for layers in m.known().values()]
     entry = m_entry(m, best)
     result = finish(bench, ev, entry, (), pareto_points(points), None, [])
-    return Solved(_relative_result(result), ev)
+    return Solved(result, ev)
 
 
-def _relative_result(r: PlanResult) -> PlanResult:
+def solve_model(bench: Bench, problem: Problem, asked: int) -> Solved:
+    """The checkpoint of `problem` that fits `asked` bytes and runs fastest:
+    one per stack where it differentiates several (`solve_stacks`), else
+    the one stack's (`solve`)."""
+    stacks = bench.stacks(problem)
+    if len(stacks) > 1:
+        return solve_stacks(bench, problem, asked, stacks)
+    return solve(bench, problem, asked)
+
+
+def relative_result(r: PlanResult) -> PlanResult:
     """`r` with every plan's paths taken from inside the argument that holds
     the stacks, as `apply(model)` takes them."""
-    frontier = tuple(p._replace(checkpoint=relative(p.checkpoint)) for p in r.frontier)
+    rel = lambda x: x._replace(checkpoint=relative(x.checkpoint))  # noqa: E731
     return dataclasses.replace(
         r,
         checkpoint=relative(r.checkpoint),
-        entry=r.entry._replace(checkpoint=relative(r.entry.checkpoint)),
-        frontier=frontier,
+        entry=rel(r.entry),
+        frontier=tuple(map(rel, r.frontier)),
+        batches=tuple(map(rel, r.batches)),
     )
 
 
@@ -501,7 +515,39 @@ def _confirm(
         return ev, None
     ev = answer(bench, problem, ev, Time(tuple(fitting)))
     m = model(ev)
-    return ev, min(fitting, key=lambda c: (m.time(m.layers_of(c))[0], run.index(c)))
+    order = sorted(fitting, key=lambda c: (m.time(m.layers_of(c))[0], run.index(c)))
+    return _race(bench, problem, ev, order)
+
+
+def _race(
+    bench: Bench, problem: Problem, ev: Evidence, order: list
+) -> tuple[Evidence, Any]:
+    """The fastest of `order` (fastest first). On the device at hand, the
+    first is raced against those timed within `RULED_OUT` of it (at most
+    three), and the race decides: timings that close are within the noise of
+    the rounds that ranked them, so they are run round-robin again, as many
+    rounds as what is left of this call's compile time covers (once per plan
+    cache)."""
+    timed = [c for c in order if c in ev.timings and c in ev.runnable]
+    if len(timed) < 2 or timed[0] != order[0]:
+        return ev, order[0]
+    bar = (1 + RULED_OUT) * ev.timings[timed[0]].seconds
+    run = [c for c in timed if ev.timings[c].seconds <= bar][:4]
+    if len(run) < 2:
+        return ev, order[0]
+    step = sum(ev.timings[c].seconds for c in run)
+    race, seconds = bench.race(problem, run, ev, go=3 * step <= ev.left_s)
+    if race.timings is None:
+        return ev, order[0]
+    ev = ev.raced(race, seconds)
+    i = min(range(len(run)), key=lambda i: race.timings[i].seconds)
+    bench.say(
+        f"raced {len(run)} plans timed within {RULED_OUT:.0%} of the fastest "
+        f"in {race.timings[0].rounds} rounds: the fastest ran "
+        f"{race.timings[i].seconds / race.timings[0].seconds:.3f}x the first; "
+        + spent(ev)
+    )
+    return ev, run[i]
 
 
 def relative(c: Any) -> Any:
