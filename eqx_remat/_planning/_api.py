@@ -109,10 +109,10 @@ def plan(
     differentiates several stacks, an [`eqx_remat.PerStack`][] (one of those
     for each, by the path of its `checkpoint` field; with `micro_batches` or
     `loss_chunks` too); with `candidates`, one of them. It is always
-    compiled, and fits `budget_bytes` compiled. `result.apply(model)` sets it (and the loss
-    chunking, with `loss_chunks`); with `micro_batches`, `result.step(fn)`
-    splits the batch; with either, `result.batches` lists the best of each
-    combination tried.
+    compiled, and fits `budget_bytes` compiled. `result.apply(model)` sets
+    it (and the loss chunking, with `loss_chunks`); with `micro_batches`,
+    `result.step(fn)` splits the batch; with either, `result.batches` lists
+    the best of each combination tried.
 
     **Raises:**
 

@@ -492,7 +492,8 @@ def _confirm(
 ) -> tuple[Evidence, Any]:
     """The pick beside the per-stack uniform combinations estimated fastest
     that may fit: compiled, timed where the bench measures, the fastest that
-    fits (by the clock, else by estimate)."""
+    fits (by the clock, else by estimate) of those and of every other plan
+    compiled and timed (`_race`)."""
     m = model(ev)
     limit = ev.budget * (1 + MODEL_ERROR)
     combos = sorted(
@@ -515,7 +516,14 @@ def _confirm(
         return ev, None
     ev = answer(bench, problem, ev, Time(tuple(fitting)))
     m = model(ev)
-    order = sorted(fitting, key=lambda c: (m.time(m.layers_of(c))[0], run.index(c)))
+    # Every plan compiled, timed and fitting competes (on the device at hand,
+    # each stack on each option, the others on "nothing"), not only these.
+    fitting += [
+        c
+        for c in m.known()
+        if c not in fitting and c in ev.timings and ev.fits(ev.records[c])
+    ]
+    order = sorted(fitting, key=lambda c: (m.time(m.layers_of(c))[0], fitting.index(c)))
     return _race(bench, problem, ev, order)
 
 
