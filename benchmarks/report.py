@@ -48,6 +48,7 @@ SECTIONS = (
     ("Depth scaling", "depth_scaling", section("depth_scaling")),
     ("Compile time", "compile_time", section("compile_time")),
     ("Planner sweep, CPU", "plan_sweep-cpu", section("plan_sweep")),
+    ("Planner sweep, CPU: two stacks", "plan_sweep-stacks-cpu", section("plan_sweep")),
     (
         "Planner sweep, v5e: the seed setting",
         "plan_sweep-v5e_2x4",
