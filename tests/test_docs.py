@@ -489,6 +489,7 @@ _NOT_MEASURED = {
     ("tutorials/fit-a-budget.md", "8% apart as"): "issue 50's measurement",
     ("tutorials/fit-a-budget.md", "0.1%, are one"): "the planner's rule",
     ("tutorials/fit-a-budget.md", "3% of that one"): "the race's threshold",
+    ("tutorials/own-model.md", "3% of the fastest"): "the race's threshold",
     ("tutorials/training.md", "5%) is held out"): "a setting of the script",
     ("tutorials/v5e-without-a-tpu.md", "40% at ~12%"): "the seed claim, quoted",
     ("tutorials/v5e-without-a-tpu.md", "12% step-time"): "the seed claim, quoted",
