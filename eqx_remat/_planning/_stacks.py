@@ -545,15 +545,15 @@ def _race(
         return ev, order[0]
     step = sum(ev.timings[c].seconds for c in run)
     race, seconds = bench.race(problem, run, ev, go=3 * step <= ev.left_s)
-    if race.timings is None:
+    timings = race.timings
+    if timings is None:
         return ev, order[0]
     ev = ev.raced(race, seconds)
-    i = min(range(len(run)), key=lambda i: race.timings[i].seconds)
+    i = min(range(len(run)), key=lambda i: timings[i].seconds)
     bench.say(
         f"raced {len(run)} plans timed within {RULED_OUT:.0%} of the fastest "
-        f"in {race.timings[0].rounds} rounds: the fastest ran "
-        f"{race.timings[i].seconds / race.timings[0].seconds:.3f}x the first; "
-        + spent(ev)
+        f"in {timings[0].rounds} rounds: the fastest ran "
+        f"{timings[i].seconds / timings[0].seconds:.3f}x the first; " + spent(ev)
     )
     return ev, run[i]
 
