@@ -38,6 +38,7 @@ from .._schedules._checkpoint import (
 from .._schedules._ranges import ranges
 from .._util import format_bytes
 from ._bench import Bench, Problem
+from ._clock import RULED_OUT
 from ._cost import MODEL_ERROR, CostModel, contenders, mix_predictor, pareto_points
 from ._evidence import Evidence
 from ._prices import Prices
@@ -482,20 +483,13 @@ def _race(
         ),
         key=lambda c: ev.timings[c].seconds,
     )
-    bar = 1.03 * ev.timings[fitting[0]].seconds if fitting else 0.0
-    rivals = [c for c in fitting if ev.timings[c].seconds <= bar and c != c0][:3]
+    step = ev.timings[c0].seconds if measured else pick.time_s
+    rivals, n = close_rivals(ev, c0, step, fitting)
     if not rivals:
         if not measured:  # nothing to race: timed beside the plan's clock
             ev = answer(bench, problem, ev, Time((c0,)))
         seconds, measured = model(ev).time_s(c0, pick.time_s)
         return pick._replace(time_s=seconds, measured=measured), swaps, ev
-    step = ev.timings[c0].seconds if measured else pick.time_s
-    n = 0
-    for c in rivals:  # a warm-up and two rounds of each program raced
-        step += ev.timings[c].seconds
-        if 3 * step > ev.left_s:
-            break
-        n += 1
     run = [c0, *rivals[: max(n, 1)]]
     race, seconds = bench.race(problem, run, ev, go=n > 0 or not measured)
     ev = ev.raced(race, seconds)
@@ -519,6 +513,27 @@ def _race(
     best = model(ev).compiled_point(run[k], timings[k].seconds)
     best = best._replace(time_s=timings[k].seconds, measured=True)
     return best, [*swaps, Swap("race", pick, best, ratio)], ev
+
+
+def close_rivals(
+    ev: Evidence, first: Planned, first_s: float, timed: Sequence[Planned]
+) -> tuple[list[Planned], int]:
+    """`(rivals, n)`: of `timed` (timed, fastest first), those other than
+    `first` timed within `RULED_OUT` of the fastest (at most three: timings
+    that close are within the noise of the rounds that ranked them), and how
+    many of them, beside `first` (a step of `first_s`), what is left of this
+    call's compile time covers a warm-up and two rounds of."""
+    if not timed:
+        return [], 0
+    bar = (1 + RULED_OUT) * ev.timings[timed[0]].seconds
+    rivals = [c for c in timed if ev.timings[c].seconds <= bar and c != first][:3]
+    step, n = first_s, 0
+    for c in rivals:  # a warm-up and two rounds of each program raced
+        step += ev.timings[c].seconds
+        if 3 * step > ev.left_s:
+            break
+        n += 1
+    return rivals, n
 
 
 def _nothing_fits(

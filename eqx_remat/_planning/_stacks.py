@@ -41,7 +41,17 @@ from ._cost import (
     pareto_points,
 )
 from ._evidence import Evidence
-from ._loop import MIX_TRIES, Compile, Solved, Time, answer, finish, solve, spent
+from ._loop import (
+    MIX_TRIES,
+    Compile,
+    Solved,
+    Time,
+    answer,
+    close_rivals,
+    finish,
+    solve,
+    spent,
+)
 from ._report import (
     FrontierPoint,
     PlanEntry,
@@ -531,20 +541,18 @@ def _race(
     bench: Bench, problem: Problem, ev: Evidence, order: list
 ) -> tuple[Evidence, Any]:
     """The fastest of `order` (fastest first). On the device at hand, the
-    first is raced against those timed within `RULED_OUT` of it (at most
-    three), and the race decides: timings that close are within the noise of
-    the rounds that ranked them, so they are run round-robin again, as many
-    rounds as what is left of this call's compile time covers (once per plan
-    cache)."""
+    first is raced against its `close_rivals`, as many as what is left of
+    this call's compile time covers (once per plan cache), and the race
+    decides, as for one stack."""
     timed = [c for c in order if c in ev.timings and c in ev.runnable]
     if len(timed) < 2 or timed[0] != order[0]:
         return ev, order[0]
-    bar = (1 + RULED_OUT) * ev.timings[timed[0]].seconds
-    run = [c for c in timed if ev.timings[c].seconds <= bar][:4]
-    if len(run) < 2:
-        return ev, order[0]
-    step = sum(ev.timings[c].seconds for c in run)
-    race, seconds = bench.race(problem, run, ev, go=3 * step <= ev.left_s)
+    first = timed[0]
+    rivals, n = close_rivals(ev, first, ev.timings[first].seconds, timed)
+    if not rivals:
+        return ev, first
+    run = [first, *rivals[: max(n, 1)]]
+    race, seconds = bench.race(problem, run, ev, go=n > 0)
     timings = race.timings
     if timings is None:
         return ev, order[0]
