@@ -13,17 +13,19 @@ from helpers import check_close
 
 import eqx_remat as er
 from eqx_remat._inspect._targets import Target
-from eqx_remat._planning._api import plan_on
-from eqx_remat._planning._bench import Bench, Problem
-from eqx_remat._planning._cache import PlanCache
-from eqx_remat._planning._evidence import Evidence
-from eqx_remat._planning._report import Progress
-from eqx_remat._planning._solve import Option, lower_hull
-from eqx_remat._planning._stacks import (
-    StackOptions,
-    StackPrices,
-    StacksModel,
-    greedy,
+from eqx_remat._planning.testing import (
+    Bench,
+    CostModel,
+    Evidence,
+    Option,
+    Part,
+    PlanCache,
+    Prices,
+    Problem,
+    Progress,
+    Stack,
+    best_plan,
+    plan_on,
 )
 from eqx_remat.internal import Hardware, Timing
 
@@ -183,7 +185,7 @@ def test_with_micro_batches_each_stack_still_gets_its_own_checkpoint(pairs):
 
 
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
-    # Hand-made prices of two stacks (no compile): every plan the greedy
+    # Hand-made prices of two stacks (no compile): every plan the solver
     # returns is predicted to fit, and costs no more than the cheapest pair
     # of uniform options predicted to fit.
     def options(scale):
@@ -196,44 +198,47 @@ def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
             )
         )
 
-    stacks = []
-    for path, depth, scale in ((".a", 6, 1.0), (".b", 3, 4.0)):
-        opts = options(scale)
-        stacks.append(StackOptions(path, depth, opts, tuple(lower_hull(opts))))
-    prices = StackPrices(tuple(stacks), 0.0, 0)
+    stacks = (Stack(".a", 6, options(1.0)), Stack(".b", 3, options(4.0)))
+    nothing = Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
+    prices = Prices(stacks, (6, 3), 1.0, (), 0, nothing, ())
     record_base = 100.0
-    m = StacksModel(prices, Evidence(2**40), _CPU)
 
-    def cost(layers):
+    def cost(plan):
         return sum(
             (s.depth - n) * lo.time + n * hi.time
-            for s, (lo, hi, n) in zip(stacks, layers)
+            for s, (lo, hi, n) in zip(stacks, plan)
         )
 
-    def memory(layers):
-        return record_base + m.bytes(layers)
+    def memory(plan):
+        return record_base + sum(
+            (s.depth - n) * lo.bytes + n * hi.bytes
+            for s, (lo, hi, n) in zip(stacks, plan)
+        )
 
-    predict = lambda layers: memory(layers)  # noqa: E731
-    m = _with_base(m, record_base)
-    lightest = [(s.options[2], s.options[2], 0) for s in stacks]
+    lightest = [Part(s.options[2], s.options[2], 0) for s in stacks]
     for budget in np.linspace(memory(lightest) - 10, 300, 25):
-        got = greedy(m, float(budget))
+        m = _with_base(CostModel(prices, Evidence(int(budget)), _CPU), record_base)
+        got = best_plan(m)
         pairs = [
-            [(a, a, 0), (b, b, 0)]
+            (Part(a, a, 0), Part(b, b, 0))
             for a, b in itertools.product(stacks[0].options, stacks[1].options)
         ]
-        fitting = [p for p in pairs if predict(p) <= budget]
+        fitting = [p for p in pairs if memory(p) <= int(budget)]
         if not fitting:
             assert got is None
             continue
-        assert got is not None and predict(got) <= budget + 1e-9
-        assert cost(got) <= min(map(cost, fitting)) + 1e-9
+        assert got is not None
+        plan, predicted = got
+        assert memory(plan) <= int(budget) + 1e-9
+        assert predicted == pytest.approx(memory(plan))
+        assert cost(plan) <= min(map(cost, fitting)) + 1e-9
+        assert m.time(plan)[0] == pytest.approx(cost(plan))
         # Against every plan with one stack mixed (two options over its
         # layers) and the other uniform: no worse than the best of them by
         # more than one layer's step on a stack (the rounding).
-        mixed = [p for p in _one_stack_mixed(stacks) if predict(p) <= budget]
+        mixed = [p for p in _one_stack_mixed(stacks) if memory(p) <= int(budget)]
         step = max(s.depth and (s.options[2].time - s.options[0].time) for s in stacks)
-        assert cost(got) <= min(map(cost, mixed)) + step + 1e-9
+        assert cost(plan) <= min(map(cost, mixed)) + step + 1e-9
 
 
 def _one_stack_mixed(stacks):
@@ -245,16 +250,16 @@ def _one_stack_mixed(stacks):
         for a, b, o in itertools.product(mix.options, mix.options, other.options):
             for n in range(mix.depth + 1):
                 plan = [None, None]
-                plan[k], plan[1 - k] = (a, b, n), (o, o, 0)
-                out.append(plan)
+                plan[k], plan[1 - k] = Part(a, b, n), Part(o, o, 0)
+                out.append(tuple(plan))
     return out
 
 
-def _with_base(m: StacksModel, base: float) -> StacksModel:
-    """`m` whose base memory is `base` (as if learnt from a compiled plan)."""
+def _with_base(m: CostModel, base: float) -> CostModel:
+    """`m` whose base memory is `base` (as if learnt from compiled plans)."""
 
-    class Known(StacksModel):
-        def base(self, total: float) -> float | None:
+    class Known(CostModel):
+        def base(self, plan):
             return base
 
     return Known(m.prices, m.evidence, m.hardware)

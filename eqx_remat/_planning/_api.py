@@ -1,7 +1,10 @@
 """`eqx_remat.plan`: the public entry of the planner. It checks its arguments,
-then solves one function (`_plan`) or a global batch's combinations of
-micro-batches and loss chunking (`_batch`)."""
+then solves one function (`_loop.solve`), compares candidates
+(`_loop.compare`) or solves a global batch's ways of running it, micro-batches
+and loss chunking (`_batch`), and names every plan's stacks by their paths
+inside the argument that holds them."""
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -12,14 +15,18 @@ import numpy as np
 
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
-from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
+from .._schedules._checkpoint import (
+    Checkpoint,
+    PerStack,
+    check_checkpoint,
+    map_checkpoints,
+)
 from .._util import split_args
 from .._validate import check_int
-from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
+from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
-from ._loop import compare
+from ._loop import compare, solve
 from ._report import PlanResult, Progress
-from ._stacks import relative_result, solve_model
 
 
 _EXAMPLES = {
@@ -212,7 +219,7 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
         warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
     ways = None
     if micro_batches is not None or loss_chunks is not None:
-        ways = combinations(args, micro_batches, loss_chunks, in_axes)
+        ways = batch_ways(args, micro_batches, loss_chunks, in_axes)
     with warnings.catch_warnings(), on.traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
@@ -223,7 +230,33 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
         problem = Problem.of(fn, args, on)
         if candidates is not None:
             return compare(bench, problem, budget, candidates)
-        return relative_result(solve_model(bench, problem, budget).result)
+        return relative_result(solve(bench, problem, budget).result)
+
+
+def relative_result(r: PlanResult) -> PlanResult:
+    """`r` with every plan's paths taken from inside the argument that holds
+    the stacks, as `apply(model)` takes them."""
+    rel = lambda x: x._replace(checkpoint=relative(x.checkpoint))  # noqa: E731
+    return dataclasses.replace(
+        r,
+        checkpoint=relative(r.checkpoint),
+        entry=rel(r.entry),
+        frontier=tuple(map(rel, r.frontier)),
+        batches=tuple(map(rel, r.batches)),
+    )
+
+
+def relative(c: Any) -> Any:
+    """`c` with its paths taken from inside the argument that holds the
+    stacks (`"[0].encoder.checkpoint"` -> `".encoder.checkpoint"`), where
+    they are all in one."""
+    if not isinstance(c, PerStack):
+        return c
+    heads = {p[: p.index("]") + 1] if p.startswith("[") else "" for p in c}
+    if len(heads) != 1 or heads == {""}:
+        return c
+    (head,) = heads
+    return PerStack({p[len(head) :]: k for p, k in c.items()})
 
 
 def _measuring(measure: Any, target: str | None) -> bool:

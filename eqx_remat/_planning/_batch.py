@@ -1,8 +1,10 @@
 """Planning a global batch: how many micro-batches, which loss chunking and which
 checkpoint run it fastest within the budget (`plan(..., micro_batches=...,
-loss_chunks=...)`). The search is told once, in the tutorial *Fit a batch,
-not just a model* ("Which combination"); its stages are `_solve_first` (one
-combination in full), `_try` (each later one) and `_race` (the bests).
+loss_chunks=...)`): an outer loop over values, around the planner's one loop.
+The search is told once, in the tutorial *Fit a batch, not just a model*
+("Which combination"): the loop (`solve`) runs on one way of running the
+batch in full (`_solve_first`), each later way is tried with its pick
+(`_try`), and the best of each way race (`_race_bests`).
 
 Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
 """
@@ -17,7 +19,6 @@ import jax
 from .._accumulate import accumulate, check_split
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
-from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._util import traceable
 from .._validate import check_int
@@ -25,30 +26,14 @@ from ._bench import Bench, Problem
 from ._cache import PlanCache
 from ._clock import on_one_clock
 from ._compiled import Compiled
-from ._cost import MODEL_ERROR, CostModel
-from ._evidence import Evidence, total_left_s
-from ._loop import Compile, Time, Trace, answer, notes, settle
+from ._cost import CostModel
+from ._evidence import Evidence, is_mix, total_left_s
+from ._loop import Compile, State, Time, Trace, answer, loop, notes, solve
 from ._report import BatchOption, NothingFits, PlanResult
-from ._stacks import solve_model
+from ._thresholds import CLOSE_WAYS, FASTER_TRIES, MODEL_ERROR, RACED_WAYS
 
 
-class _Way(NamedTuple):
-    """One combination: `k` micro-batches, loss chunk `c`, and the function
-    and arguments that run it."""
-
-    k: int
-    c: int | None
-    problem: Problem
-
-
-class _Best(NamedTuple):
-    way: _Way
-    checkpoint: Planned
-    time_s: float
-    measured: bool
-
-
-def combinations(
+def batch_ways(
     args: tuple,
     micro_batches: Sequence[SupportsIndex] | None,
     loss_chunks: Sequence[SupportsIndex | None] | None,
@@ -118,6 +103,26 @@ def warn_if_chunks_do_nothing(
         )
 
 
+class _Way(NamedTuple):
+    """One way of running the batch: `k` micro-batches, loss chunk `c`, and
+    the function and arguments that run it."""
+
+    k: int
+    c: int | None
+    problem: Problem
+
+
+class _Best(NamedTuple):
+    """A way's fastest checkpoint found that fits, and the evidence of the
+    way it stands on."""
+
+    way: _Way
+    checkpoint: Planned
+    time_s: float
+    measured: bool
+    evidence: Evidence
+
+
 def plan_batches(
     bench: Bench,
     fn,
@@ -126,40 +131,57 @@ def plan_batches(
     ways: list[tuple[int, int | None]],
     in_axes: Any,
 ) -> PlanResult:
-    """`plan` over the combinations `ways`: the fastest per global batch."""
-    evidence: dict[tuple[int, int | None], Evidence] = {}
+    """`plan` over the ways `ways`: the fastest per global batch. The loop
+    (`solve`) run on the first way for which something fits, the later ways
+    tried with its pick and what was faster where it was solved (`_try`),
+    then one race over the best of each (`_race_bests`)."""
+    measuring = bench.measure  # chosen once
 
     def way(k: int, c: int | None) -> _Way:
         f, a = _variant(fn, args, k, c, in_axes, bench.cache)
         return _Way(k, c, Problem.of(f, a, bench.target))
 
-    solved, result = _solve_first(bench, ways, way, budget, evidence)
-    bests = [
-        _Best(solved, result.checkpoint, result.entry.time_s, result.entry.measured)
-    ]
-    for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
+    solved, result, tried = _solve_first(bench, ways, way, budget)
+    first = _Best(
+        solved.way,
+        result.checkpoint,
+        result.entry.time_s,
+        result.entry.measured,
+        solved.evidence,
+    )
+    bests = [first]
+    for k, c in ways[ways.index((solved.way.k, solved.way.c)) + 1 :]:
         bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best = _try(bench, way(k, c), solved, bests[0], budget, evidence)
-        if best is not None:
+        best, ev, first = _try(bench, way(k, c), first, budget, measuring)
+        if best is None:
+            tried.append(ev)
+        else:
             bests.append(best)
+    bests[0] = first
     bests.sort(key=lambda b: b.time_s)
     # The roofline does not see what a smaller micro-batch costs a chip (a
-    # matmul too small to keep it busy): within 1% of the least estimate, the
-    # fewest micro-batches.
-    close = [b for b in bests if b.time_s <= 1.01 * bests[0].time_s]
-    pick = bests[0] if bench.measure else min(close, key=lambda b: b.way.k)
-    if bench.measure and len(bests) > 1:
-        pick = _race(bench, bests, solved, evidence)
+    # matmul too small to keep it busy): within `CLOSE_WAYS` of the least
+    # estimate, the fewest micro-batches.
+    close = [b for b in bests if b.time_s <= (1 + CLOSE_WAYS) * bests[0].time_s]
+    pick = bests[0] if measuring else min(close, key=lambda b: b.way.k)
+    if measuring and len(bests) > 1:
+        pick, took = _race_bests(bench, bests, solved.way, tried)
         same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
         bests = sorted((pick if same(b) else b for b in bests), key=lambda b: b.time_s)
-    return _batch_result(bench, result, pick, bests, evidence, in_axes)
+        i = next(i for i, b in enumerate(bests) if b.way == solved.way)
+        ev = bests[i].evidence.timed({}, took)
+        bests[i] = bests[i]._replace(evidence=ev)
+        pick = next(b for b in bests if same(b))
+    return _batch_result(bench, result, pick, bests, tried, in_axes)
 
 
-def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
-    ev = evidence[pick.way.k, pick.way.c]
-    m = CostModel(None, ev, bench.hardware)
-    entry = m.entry(ev.records[pick.checkpoint], pick.time_s)._replace(
-        time_s=pick.time_s, measured=pick.measured
+def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
+    evidence = [b.evidence for b in bests] + list(tried)
+    ev = pick.evidence
+    entry = (
+        CostModel(None, ev, bench.hardware)
+        .entry(ev.records[pick.checkpoint], pick.time_s)
+        ._replace(time_s=pick.time_s, measured=pick.measured)
     )
     seconds = bench.say.elapsed()
     bench.say(
@@ -171,24 +193,24 @@ def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
             b.way.k,
             b.way.c,
             b.checkpoint,
-            evidence[b.way.k, b.way.c].records[b.checkpoint].memory_bytes or 0,
+            b.evidence.records[b.checkpoint].memory_bytes or 0,
             b.time_s,
             b.measured,
         )
         for b in bests
     ]
     said = [*result.notes]
-    for e in evidence.values():
+    for e in evidence:
         said += notes(bench, CostModel(None, e, bench.hardware), ())
     return dataclasses.replace(
         result,
         checkpoint=pick.checkpoint,
         entry=entry,
-        budget_bytes=min(e.budget for e in evidence.values()),
+        budget_bytes=min(e.budget for e in evidence),
         notes=tuple(dict.fromkeys(said)),
-        compiles=sum(e.compiles for e in evidence.values()),
+        compiles=sum(e.compiles for e in evidence),
         seconds=seconds,
-        timed_seconds=sum(e.timed_s for e in evidence.values()),
+        timed_seconds=sum(e.timed_s for e in evidence),
         micro_batches=pick.way.k,
         loss_chunk_size=pick.way.c,
         in_axes=in_axes,
@@ -216,47 +238,54 @@ def _variant(
     return fn, args
 
 
+class _Solved(NamedTuple):
+    way: _Way
+    evidence: Evidence
+
+
 def _solve_first(
-    bench: Bench, ways, way, budget: int, evidence
-) -> tuple[_Way, PlanResult]:
-    """Solve, in full, the first combination for which something fits: where
-    the lightest options (`recursive()`, `"nothing"`) both need more than
-    the budget plus the model's error, the combination is passed over after two
-    compiles (the last one is solved, to say what fits nowhere). Within that,
-    it is solved: another option can need a little less than both (on a
-    2-layer transformer, `save_names('mlp_hidden')` 1% less than
-    `"nothing"`: it spares the backward pass a recomputed buffer)."""
+    bench: Bench, ways, way, budget: int
+) -> tuple[_Solved, PlanResult, list[Evidence]]:
+    """Solve, in full, the first way for which something fits, with the
+    evidence of the ways passed over: where the lightest options
+    (`recursive()`, `"nothing"`) both need more than the budget plus the
+    model's error, the way is passed over after two compiles (the last one
+    is solved, to say what fits nowhere). Within that, it is solved: another
+    option can need a little less than both (on a 2-layer transformer,
+    `save_names('mlp_hidden')` 1% less than `"nothing"`: it spares the
+    backward pass a recomputed buffer)."""
+    tried: list[Evidence] = []
     for i, (k, c) in enumerate(ways):
         w = way(k, c)
+        probe = None
         if i < len(ways) - 1:
-            ev = bench.start(w.problem, budget)
+            probe = bench.start(w.problem, budget)
             for light in (recursive(), "nothing"):
                 why = "a lightest option: whether anything fits this combination"
-                ev = answer(bench, w.problem, ev, Compile(light, None, why))
-            evidence[k, c] = ev
-            if not any(_near(r, ev.budget) for r in ev.records.values()):
+                probe = answer(bench, w.problem, probe, Compile(light, None, why))
+            if not any(_near(r, probe.budget) for r in probe.records.values()):
                 bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+                tried.append(probe)
                 continue
         bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
         try:
-            solved = solve_model(bench, w.problem, budget)
+            solved = solve(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
-                tried = ", ".join(f"{k}/{c}" for k, c in ways)
+                tried_ = ", ".join(f"{k}/{c}" for k, c in ways)
                 raise NothingFits(
                     f"{e}\n(With the last of the micro-batch counts and loss "
-                    f"chunk sizes tried: {tried}.)"
+                    f"chunk sizes tried: {tried_}.)"
                 ) from None
             bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+            if probe is not None:
+                tried.append(probe)
             continue
         # The probe's compiles count too: its records are the solve's first.
-        probe = evidence.get((k, c))
-        evidence[k, c] = solved.evidence
+        ev = solved.evidence
         if probe is not None:
-            evidence[k, c] = dataclasses.replace(
-                solved.evidence, fresh={**probe.fresh, **solved.evidence.fresh}
-            )
-        return w, solved.result
+            ev = dataclasses.replace(ev, fresh={**probe.fresh, **ev.fresh})
+        return _Solved(w, ev), solved.result, tried
     raise AssertionError("unreachable")
 
 
@@ -272,14 +301,15 @@ def _times(
 ) -> tuple[Evidence, dict[Planned, tuple[float, bool]]]:
     """`cs`' times: measured where they ran, else the roofline's (tracing what
     it needs priced)."""
-    model = lambda ev: CostModel(prices, ev, bench.hardware, problem.share)
-    need = [c for c in cs if c not in ev.timings]
-    ev = settle(
-        bench,
-        problem,
-        ev,
-        lambda ev: next((Trace(c) for c in need if not model(ev).priced(c)), None),
-    )
+
+    def model(ev: Evidence) -> CostModel:
+        return CostModel(prices, ev, bench.hardware, problem.share)
+
+    def price(m: CostModel, st: State) -> Trace | State:
+        need = [c for c in cs if c not in st.evidence.timings and not m.priced(c)]
+        return Trace(need[0]) if need else st
+
+    ev = loop(bench, problem, model, State(ev), [price]).evidence
     m = model(ev)
     return ev, {
         c: (m.time_s(c, 0.0) if c in ev.timings else (m.roofline(c), False)) for c in cs
@@ -287,75 +317,76 @@ def _times(
 
 
 def _try(
-    bench: Bench, way: _Way, solved: _Way, pick: _Best, budget: int, evidence
-) -> _Best | None:
-    """`way`'s fastest fitting option among the solved pick and up to two of
-    the options faster than it (on the solved combination's clock), fastest
-    first, where their memory, scaled as the pick's scaled, fits."""
-    s_ev = evidence[solved.k, solved.c]
-    before = s_ev.records[pick.checkpoint].memory_bytes
+    bench: Bench, way: _Way, first: _Best, budget: int, measuring: bool
+) -> tuple[_Best | None, Evidence, _Best]:
+    """`(best, evidence, first)`: `way`'s fastest fitting option among the
+    solved pick and up to `FASTER_TRIES` of the options faster than it (on
+    the solved way's clock), fastest first, where their memory, scaled as
+    the pick's scaled, fits; the evidence of `way`; and `first` (the solved
+    way's best) with what its evidence learnt (prices of those options)."""
+    s_ev = first.evidence
+    before = s_ev.records[first.checkpoint].memory_bytes
     ev = bench.start(way.problem, budget)
     why = "the solved combination's pick"
-    ev = answer(bench, way.problem, ev, Compile(pick.checkpoint, before, why))
-    evidence[way.k, way.c] = ev
-    record = ev.records[pick.checkpoint]
+    ev = answer(bench, way.problem, ev, Compile(first.checkpoint, before, why))
+    record = ev.records[first.checkpoint]
     if record.memory_bytes is None or before is None:
-        return None
+        return None, ev, first
     scale = record.memory_bytes / before
     compiled = [
-        c
-        for c, r in s_ev.records.items()
-        if r.report is not None and not isinstance(c, ranges)
+        c for c, r in s_ev.records.items() if r.report is not None and not is_mix(c)
     ]
-    prices = bench.prices(solved.problem)
-    s_ev, times = _times(bench, solved.problem, s_ev, compiled, prices)
-    evidence[solved.k, solved.c] = s_ev
+    prices = bench.prices(first.way.problem)
+    s_ev, times = _times(bench, first.way.problem, s_ev, compiled, prices)
+    first = first._replace(evidence=s_ev)
     faster = sorted(
-        ((t, c) for c, (t, _) in times.items() if t < pick.time_s),
+        ((t, c) for c, (t, _) in times.items() if t < first.time_s),
         key=lambda tc: tc[0],
     )
-    tried = 0
+    tries = 0
     for _, c in faster:
         memory = s_ev.records[c].memory_bytes
-        if tried == 2 or memory is None or memory * scale > ev.budget:
+        if tries == FASTER_TRIES or memory is None or memory * scale > ev.budget:
             continue
-        tried += 1
+        tries += 1
         why = "faster than the pick where solved; may fit here"
         ev = answer(bench, way.problem, ev, Compile(c, memory * scale, why))
         if ev.fits(ev.records[c]):
             break
     fitting = [c for c, r in ev.records.items() if ev.fits(r)]
     if not fitting:
-        evidence[way.k, way.c] = ev
-        return None
-    if bench.measure:
+        return None, ev, first
+    if measuring:
         ev = answer(bench, way.problem, ev, Time(tuple(fitting)))
     ev, timed = _times(bench, way.problem, ev, fitting)
-    evidence[way.k, way.c] = ev
     c = min(timed, key=lambda c: timed[c][0])
-    return _Best(way, c, *timed[c])
+    return _Best(way, c, *timed[c], ev), ev, first
 
 
-def _race(bench: Bench, bests: list[_Best], solved: _Way, evidence) -> _Best:
-    """The four fastest bests, run round-robin on one clock (the solved
-    combination's): the fastest in those rounds. Each combination timed its
-    programs on a clock of its own, at another moment and beside other
+def _race_bests(
+    bench: Bench, bests: list[_Best], solved: _Way, tried: Sequence[Evidence]
+) -> tuple[_Best, float]:
+    """`(pick, seconds)`: the `RACED_WAYS` fastest bests, run round-robin on
+    one clock (the fastest's): the fastest in those rounds. Each way timed
+    its programs on a clock of its own, at another moment and beside other
     programs, so how far apart two bests were timed says little: every one
-    of the four races, not only those close to the fastest. The race runs
-    2 to 31 rounds after a warm-up: as many as fit in what is left of the
-    compile time of every combination planned."""
-    run = [b for b in bests if b.checkpoint in evidence[b.way.k, b.way.c].runnable][:4]
+    of them races, not only those close to the fastest. The race runs 2 to
+    `RACE_ROUNDS` rounds after a warm-up: as many as fit in what is left of
+    the compile time of every way planned."""
+    run = [b for b in bests if b.checkpoint in b.evidence.runnable][:RACED_WAYS]
     if len(run) < 2:
-        return bests[0]
-    programs = [
-        bench.program(b.way.problem, evidence[b.way.k, b.way.c].records[b.checkpoint])
-        for b in run
-    ]
-    what = tuple((b.way.k, b.way.c, b.checkpoint) for b in run)
-    left = total_left_s(list(evidence.values()))
-    timings, took = bench.race_programs((solved.problem, what), programs, left)
-    s = evidence[solved.k, solved.c]
-    evidence[solved.k, solved.c] = s.timed({}, took)
+        return bests[0], 0.0
+    what = ("ways", *((b.way.k, b.way.c, b.checkpoint) for b in run))
+    left = total_left_s([b.evidence for b in bests] + list(tried))
+    timings, took = bench.race(
+        solved.problem,
+        what,
+        lambda: [
+            bench.program(b.way.problem, b.evidence.records[b.checkpoint]) for b in run
+        ],
+        left,
+    )
+    assert timings is not None  # raced: `go`
     timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     bench.say(
@@ -364,4 +395,4 @@ def _race(bench: Bench, bests: list[_Best], solved: _Way, evidence) -> _Best:
         + f" (micro-batches/loss chunk): {run[i].way.k}/{run[i].way.c} fastest, "
         f"{took:.1f} s"
     )
-    return run[i]._replace(time_s=timings[i].seconds, measured=True)
+    return run[i]._replace(time_s=timings[i].seconds, measured=True), took

@@ -1,8 +1,8 @@
-"""The planner's one effectful part: the bench compiles, runs, times and races
-programs, and remembers what it learnt between calls (in one `PlanCache`).
-Everything it returns is a record to fold into an `Evidence`; it keeps no
-count and no record of a call. The search (`_loop`) asks it; a test hands the
-search a bench with a fake clock and a cache of its own."""
+"""The planner's one effectful part: the bench traces, compiles, runs, times and
+races programs, and remembers what it learnt between calls (in one
+`PlanCache`). Everything it returns is a record to fold into an `Evidence`; it
+keeps no count and no record of a call. The loop (`_loop.answer`) asks it; a
+test hands the loop a bench with a fake clock and a cache of its own."""
 
 import time
 from collections.abc import Callable, Sequence
@@ -12,24 +12,24 @@ import jax
 
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Planned, set_checkpoint
-from .._schedules._ranges import ranges
 from .._util import split_args
 from . import _cache
 from ._cache import PlanCache, cache_key
 from ._clock import (
     Timing,
     concrete,
-    contenders,
     device_memory_bytes,
     on_one_clock,
+    still_open,
     time_interleaved,
     warm_up,
 )
 from ._compiled import Compiled, Program, compile_checkpoint
-from ._evidence import Evidence, Price, Race
+from ._evidence import Evidence, Price, is_mix
 from ._prices import Prices, price_function, trace_price
 from ._report import Progress
 from ._solve import share_per_chip, stack_depths, stacks_of
+from ._thresholds import RACE_ROUNDS, TIME_ROUNDS
 
 
 class Problem(NamedTuple):
@@ -109,7 +109,12 @@ class Bench:
             problem.fn,
             problem.k("prices"),
             lambda: price_function(
-                problem.fn, problem.args, self.hardware, problem.share, self.say
+                problem.fn,
+                problem.args,
+                self.stacks(problem),
+                self.hardware,
+                problem.share,
+                self.say,
             ),
         )
 
@@ -185,9 +190,10 @@ class Bench:
             problem.fn, problem.args, c, self.target.name, runnable=self.measure
         )
         self.cache.put(problem.fn, problem.k("compiled", c), record)
-        if isinstance(c, ranges) and record.report is not None:
+        if is_mix(c) and record.report is not None:
             mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
-            mixes[c] = record.report.total_bytes
+            mixes = {**mixes, c: record.report.total_bytes}
+            self.cache.put(problem.fn, problem.k("mixes"), mixes)
         return record, record.compile_s
 
     def runnable(self, record: Compiled | None) -> bool:
@@ -217,7 +223,7 @@ class Bench:
         its faster half of rounds to that one's (one clock for the whole
         plan), after a warm-up run each. Rounds of every program (at least
         two) while they fit in half of what is left of this call's compile
-        time, then, as a race, more rounds (at most 21 in all) of those no
+        time, then, as a race, more rounds (at most `TIME_ROUNDS` in all) of those no
         other program beats by `RULED_OUT` in both time and memory, while
         they fit in the rest."""
         known: dict[Planned, Timing] = {}
@@ -243,10 +249,10 @@ class Bench:
         warm = self.warm(programs)
         out = self.clock(
             programs,
-            rounds=21,
+            rounds=TIME_ROUNDS,
             warmup=False,
             seconds=ev.left_s - warm,
-            keep=lambda ts: contenders(ts, memory, always=pivot),
+            keep=lambda ts: still_open(ts, memory, always=pivot),
         )
         took = time.perf_counter() - start
         most = max(t.rounds for t in out)
@@ -263,47 +269,37 @@ class Bench:
         return Timed(known, took, (min(rounds), most, rounds.count(most)))
 
     def race(
-        self, problem: Problem, run: Sequence[Planned], ev: Evidence, go: bool
-    ) -> tuple[Race, float]:
-        """`(race, seconds)`: `run` (the pick, then its rivals) round-robin
-        after a warm-up, on the clock of `run[1]`'s earlier timing: 2 to 31
-        rounds, as many as fit in what is left of this call's compile time.
-        An earlier call's race of the same programs is taken from the cache;
-        else the race is run only where `go` (there is time for it)."""
-        key = problem.k("race", tuple(run))
+        self,
+        problem: Problem,
+        what: Any,
+        programs: Callable[[], Sequence[Program]],
+        seconds: float,
+        go: bool = True,
+    ) -> tuple[tuple[Timing, ...] | None, float]:
+        """`(timings, seconds taken)`: the `programs()` (of `problem`, or of
+        several ways of running it) round-robin after a warm-up, 2 to `RACE_ROUNDS`
+        rounds, as many as fit in `seconds`. An earlier race of the same
+        programs (`what`) is taken from the cache; else the race is run only
+        where `go` (there is time for it): `None` where it is not."""
+        key = problem.k("race", what)
         if not go and not self.cache.has(problem.fn, key):
-            return Race(tuple(run), None), 0.0
+            return None, 0.0
         start = time.perf_counter()
 
         def measure() -> tuple[Timing, ...]:
-            programs = [self.program(problem, ev.records[c]) for c in run]
-            warm = self.warm(programs)
-            out = self.clock(
-                programs, rounds=31, warmup=False, seconds=ev.left_s - warm
-            )
+            run = programs()
+            warm = self.warm(run)
             return tuple(
-                on_one_clock(out, 1, ev.timings[run[1]].seconds, by="faster_half")
+                self.clock(
+                    run, rounds=RACE_ROUNDS, warmup=False, seconds=seconds - warm
+                )
             )
 
         timings = self.cache.get(problem.fn, key, measure)
-        for c, t in zip(run, timings):
-            old = ev.timings.get(c)
-            if old is None or t.rounds >= old.rounds:
-                self.cache.put(problem.fn, problem.k("time", c), t)
-        return Race(tuple(run), timings), time.perf_counter() - start
-
-    def race_programs(
-        self, key: tuple[Problem, Any], programs: Sequence[Program], seconds: float
-    ) -> tuple[list[Timing], float]:
-        """`(timings, seconds taken)`: `programs` (of several problems) run
-        round-robin after a warm-up, 2 to 31 rounds within `seconds`; an
-        earlier race under `key` (a problem and what was raced) is reused."""
-        problem, what = key
-        start = time.perf_counter()
-
-        def measure() -> list[Timing]:
-            warm = self.warm(programs)
-            return self.clock(programs, rounds=31, warmup=False, seconds=seconds - warm)
-
-        timings = self.cache.get(problem.fn, problem.k("batch-race", what), measure)
         return timings, time.perf_counter() - start
+
+    def keep(self, problem: Problem, timings: dict[Planned, Timing]) -> None:
+        """Remember `timings` of `problem`'s programs (a race's, better than
+        what was remembered)."""
+        for c, t in timings.items():
+            self.cache.put(problem.fn, problem.k("time", c), t)

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._thresholds import RULED_OUT
+
 
 class Timing(NamedTuple):
     """The step time of one program.
@@ -110,13 +112,7 @@ def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
     return time.perf_counter() - start
 
 
-# A race's margin: a program whose step time is this much more than that of
-# one needing no more memory has no place on the time-memory frontier that the
-# noise of a few rounds could give it.
-RULED_OUT = 0.03
-
-
-def contenders(
+def still_open(
     timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
 ) -> list[int]:
     """The indices of the programs that no other program beats by more than

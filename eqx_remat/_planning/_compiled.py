@@ -1,5 +1,6 @@
-"""Compiling a checkpoint for the planner (stage 2 of `_plan`): one typed record
-per program, XLA's RESOURCE_EXHAUSTED kept as what it says, not raised."""
+"""Compiling a checkpoint for the planner (the bench's `compile`): one typed
+record per program, XLA's RESOURCE_EXHAUSTED kept as what it says, not
+raised."""
 
 import re
 import time

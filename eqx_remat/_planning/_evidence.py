@@ -13,7 +13,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from .._schedules._checkpoint import Planned
+from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
 from ._clock import Timing
 from ._compiled import Compiled
@@ -31,13 +31,21 @@ class Price(NamedTuple):
     moved: int
 
 
-class Race(NamedTuple):
+class Raced(NamedTuple):
     """Programs run round-robin on one clock: `run[0]` is the pick, the rest
     its rivals; `timings` in that order (`None` where there was no time left
     to run them and no earlier race to reuse)."""
 
     run: tuple[Planned, ...]
     timings: tuple[Timing, ...] | None
+
+
+def is_mix(c: Planned) -> bool:
+    """Whether `c` mixes two options over the layers of a stack (of one, or
+    of one of several)."""
+    if isinstance(c, PerStack):
+        return any(isinstance(k, ranges) for k in c.values())
+    return isinstance(c, ranges)
 
 
 def _frozen(mapping: Mapping) -> Mapping:
@@ -84,10 +92,10 @@ class Evidence:
     fresh: Mapping[Planned, float] = dataclasses.field(default_factory=_empty)
     timings: Mapping[Planned, Timing] = dataclasses.field(default_factory=_empty)
     timed_s: float = 0.0
-    earlier_mixes: Mapping[ranges, int] = dataclasses.field(default_factory=_empty)
+    earlier_mixes: Mapping[Planned, int] = dataclasses.field(default_factory=_empty)
     raced_mixes: frozenset = frozenset()
     priced: Mapping[Planned, Price] = dataclasses.field(default_factory=_empty)
-    races: tuple[Race, ...] = ()
+    races: tuple[Raced, ...] = ()
     runnable: frozenset = frozenset()
     offered: frozenset = frozenset()
 
@@ -132,7 +140,7 @@ class Evidence:
             offered=self.offered | set(offered) | set(timings),
         )
 
-    def raced(self, race: Race, seconds: float) -> "Evidence":
+    def raced(self, race: Raced, seconds: float) -> "Evidence":
         """With `race`: each program's time is the race's where the race ran
         at least as many rounds as timed it before."""
         better = {}
@@ -169,22 +177,18 @@ class Evidence:
         return record.report is not None and record.report.total_bytes <= self.budget
 
     @property
-    def mixes(self) -> Mapping[ranges, int]:
+    def mixes(self) -> Mapping[Planned, int]:
         """Compiled mixes' memory: earlier calls' and this call's."""
         mine = {
             c: r.report.total_bytes
             for c, r in self.records.items()
-            if isinstance(c, ranges) and r.report is not None
+            if is_mix(c) and r.report is not None
         }
         return _frozen({**self.earlier_mixes, **mine})
 
-    def failed_mixes(self) -> list[ranges]:
+    def failed_mixes(self) -> list[Planned]:
         """The mixes this call compiled that do not fit, in order."""
-        return [
-            c
-            for c, r in self.records.items()
-            if isinstance(c, ranges) and not self.fits(r)
-        ]
+        return [c for c, r in self.records.items() if is_mix(c) and not self.fits(r)]
 
     @property
     def compiles(self) -> int:

@@ -1,11 +1,13 @@
-"""What tracing a function tells the planner, priced once: its stacks, and each
-per-layer option per layer and per chip (`Prices`, frozen). Traced, never
-compiled or run; the bench caches it per function, arguments and target."""
+"""The planner's one pricer: what tracing a function tells, priced once: its
+stacks, and each stack's per-layer options per layer and per chip (`Prices`,
+frozen), one stack the case k = 1 of k. Traced, never compiled or run; the
+bench caches it per function, arguments and target."""
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._inspect._flops import count_flops
 from .._inspect._hardware import Hardware
@@ -13,6 +15,7 @@ from .._policies._values import save_names
 from .._schedules._binomial import binomial
 from .._schedules._checkpoint import (
     Checkpoint,
+    PerStack,
     Planned,
     checkpoint_name,
     set_checkpoint,
@@ -58,34 +61,60 @@ make sense at the stack's depth: `every(k)` and `binomial(s)` below it); pass
 instead."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Prices:
-    """What tracing the function told: its stacks, and each per-layer option
-    priced per layer and per chip.
+class Stack(NamedTuple):
+    """One stack's per-layer options, priced: the `path` of its `checkpoint`
+    field, its `depth` (the layers a mix ranges over: 1 where its runs differ
+    in depth, which no mix can share), and each option with this stack on it
+    and every other stack on `"nothing"`, per layer and per chip."""
 
-    - `depths`: the depth of each differentiated stack, in the order it runs.
-    - `per`: the depth all stacks share (mixes are of that many layers), or 1
-      where stacks of different depths cannot be mixed.
-    - `share`: the part of the activations one chip holds.
-    - `options`: the per-layer options ([`Option`][]s, time by the roofline).
-    - `tags`: the model's `checkpoint_name` tags.
-    - `flops_none`: the function's FLOPs without checkpointing.
-    - `schedules`: the whole-stack schedules worth comparing, with their FLOPs.
-    """
-
-    depths: tuple[int, ...]
-    per: int
-    share: float
+    path: str
+    depth: int
     options: tuple[Option, ...]
-    tags: tuple[str, ...]
-    flops_none: int
-    schedules: tuple[tuple[Schedule, int], ...]
 
     def option(self, c: Planned) -> Option | None:
-        for o in self.options:
-            if o.checkpoint == c:
-                return o
-        return None
+        return next((o for o in self.options if o.checkpoint == c), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    """What tracing the function told: its stacks, each with its per-layer
+    options (one stack is the case k = 1 of k stacks).
+
+    - `stacks`: each differentiated stack ([`Stack`][]), in the order it
+      first runs.
+    - `depths`: the depth of every run of a stack, in the order they run.
+    - `share`: the part of the activations one chip holds.
+    - `tags`: the model's `checkpoint_name` tags.
+    - `flops_none`: the function's FLOPs without checkpointing.
+    - `base`: what a plan's price adds to its stacks' options', per chip: an
+      option of one stack is priced with every other stack on `"nothing"`,
+      so a plan of `k` stacks counts that `k - 1` times too many (`base` is
+      minus that: zero for one stack). Its `time` is the roofline's.
+    - `schedules`: the whole-stack schedules worth comparing (one stack),
+      with their FLOPs.
+    """
+
+    stacks: tuple[Stack, ...]
+    depths: tuple[int, ...]
+    share: float
+    tags: tuple[str, ...]
+    flops_none: int
+    base: Option
+    schedules: tuple[tuple[Schedule, int], ...]
+
+    @property
+    def per(self) -> int:
+        """The depth of one stack (mixes are of that many layers), or 1 where
+        it runs at several depths or there are several stacks."""
+        return self.stacks[0].depth if len(self.stacks) == 1 else 1
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """The options of one stack (none where there are several)."""
+        return self.stacks[0].options if len(self.stacks) == 1 else ()
+
+    def option(self, c: Planned) -> Option | None:
+        return self.stacks[0].option(c) if len(self.stacks) == 1 else None
 
 
 def useful(c: Schedule, depth: int) -> bool:
@@ -108,12 +137,15 @@ def trace_price(fn: Callable, args: tuple, c: Planned, depths: frozenset) -> Pri
 def price_function(
     fn: Callable[..., Any],
     args: tuple,
+    stacks: Sequence[tuple[str, int]],
     hw: Hardware,
     share: float,
     say: Callable[..., None],
 ) -> Prices:
-    """Trace `fn(*args)`: its stacks, then each per-layer option (`say` tells
-    each, as a detail)."""
+    """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
+    its per-layer options, every other stack on `"nothing"` (`say` tells
+    each, as a detail). One stack is the case k = 1: its options are priced
+    on their own."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -123,44 +155,96 @@ def price_function(
             "eqx.filter_grad(loss)). Got a function whose backward pass runs "
             "no checkpointed stack."
         )
-    per = depths[0] if len(set(depths)) == 1 else 1
-    kinds = frozenset(depths)
-    raw: dict[Checkpoint, tuple[int, int, int, int]] = {}
+    kinds, several = frozenset(depths), len(stacks) > 1
+    nothing = {p: "nothing" for p, _ in stacks}
+    raw: dict[Planned, tuple[int, int, int, int]] = {}
     tags: list[str] = []
 
-    def priced(c: Checkpoint) -> None:
-        start = time.perf_counter()
-        device, host, flops, moved, names = price(fn, args, c, kinds)
-        raw[c] = device, host, flops, moved
-        say(
-            f"priced {checkpoint_name(c)}: {format_size(share * device / per)}/layer"
-            + (f" + {format_size(share * host / per)} on the host" if host else "")
-            + f", {format_flops(flops)} FLOPs, {format_size(moved)} moved "
-            f"({time.perf_counter() - start:.1f} s)",
-            detail=True,
-        )
-        tags.extend(t for t in names if t not in tags)
+    def plan(path: str, c: Checkpoint) -> Planned:
+        return PerStack({**nothing, path: c}) if several else c
 
-    priced(None)
-    host_link = hw.host_bytes_per_s is not None
-    for c in per_layer_options(tags, host_link)[1:]:
-        priced(c)
-    nothing = raw["nothing"]
-    singles = [
-        (t, raw[save_names(t)][0] - nothing[0], nothing[2] - raw[save_names(t)][2])
-        for t in tags
-    ]
-    for c in prefix_options(singles, host_link) if len(tags) > 1 else []:
-        priced(c)
+    def priced(c: Planned) -> tuple[int, int, int, int]:
+        if c not in raw:
+            start = time.perf_counter()
+            device, host, flops, moved, names = price(fn, args, c, kinds)
+            raw[c] = device, host, flops, moved
+            d = per if not several else 1
+            say(
+                f"priced {checkpoint_name(c)}: {format_size(share * device / d)}"
+                + ("/layer" if not several else "")
+                + (f" + {format_size(share * host / d)} on the host" if host else "")
+                + f", {format_flops(flops)} FLOPs, {format_size(moved)} moved "
+                f"({time.perf_counter() - start:.1f} s)",
+                detail=True,
+            )
+            tags.extend(t for t in names if t not in tags)
+        return raw[c]
+
+    per = depths[0] if len(set(depths)) == 1 else 1
+    none = priced(PerStack({p: None for p in nothing}) if several else None)
+    out = []
+    for path, depth in stacks:
+        on = functools.partial(lambda path, c: priced(plan(path, c)), path)
+        out.append(_stack(path, depth if several else per, tags, on, share, hw))
+        if several:
+            n = len(out[-1].options)
+            say(f"priced {n} options of {path} ({depth} layers)", detail=True)
+    # A plan counts every stack on "nothing" once per stack but one too many.
+    base = _option("nothing", (0, 0, 0, 0), 0, 1, share, hw)
+    if several:
+        o, k = (
+            _option("nothing", priced(PerStack(nothing)), 0, 1, share, hw),
+            -(len(stacks) - 1),
+        )
+        base = Option(
+            "nothing",
+            k * o.bytes,
+            k * o.host_bytes,
+            k * o.flops,
+            k * o.time,
+            k * o.total_flops,
+        )
     return Prices(
+        tuple(out),
         depths,
-        per,
         share,
-        tuple(_option(c, raw[c], raw[None][2], per, share, hw) for c in raw),
         tuple(tags),
-        raw[None][2],
-        tuple(_schedules(fn, args, min(depths))),
+        none[2],
+        base,
+        () if several else tuple(_schedules(fn, args, min(depths))),
     )
+
+
+def _stack(
+    path: str,
+    depth: int,
+    tags: list[str],
+    priced: Callable[[Checkpoint], tuple[int, int, int, int]],
+    share: float,
+    hw: Hardware,
+) -> Stack:
+    """One stack's per-layer options, from `priced(c)`: the whole function's
+    price with this stack on `c` (a `ValueError` for a tag the stack does
+    not have). The uniform policies and one `save_names` per tag, then the
+    prefixes of the tags ordered by what they save per byte."""
+    host = hw.host_bytes_per_s is not None
+    by: dict[Checkpoint, tuple[int, int, int, int]] = {}
+    for c in per_layer_options(tags, host):
+        try:
+            by[c] = priced(c)
+        except ValueError as e:  # a tag of another stack: not an option here
+            if "tags nothing" not in str(e):
+                raise
+    nothing = by["nothing"]
+    singles = [
+        (t, by[save_names(t)][0] - nothing[0], nothing[2] - by[save_names(t)][2])
+        for t in tags
+        if save_names(t) in by
+    ]
+    for c in prefix_options(singles, host) if len(singles) > 1 else []:
+        by[c] = priced(c)
+    options = (_option(c, by[c], by[None][2], depth, share, hw) for c in by)
+    return Stack(path, depth, tuple(options))
 
 
 def _option(

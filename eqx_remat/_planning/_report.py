@@ -1,6 +1,6 @@
-"""What `eqx_remat.plan` returns (stage 4 of `_plan`): `PlanResult`, its entries,
-frontier points and batch options, how they print, and the error when nothing
-fits."""
+"""What `eqx_remat.plan` returns: `PlanResult`, its entries, frontier points and
+batch options, how they print, the error when nothing fits, and the progress
+lines (`Progress`)."""
 
 import dataclasses
 import math
