@@ -3,6 +3,7 @@ chosen together under one budget; `set_checkpoint` by path. Tests never time
 anything: the bench's clock is fake (a step time from FLOPs and memory)."""
 
 import itertools
+import re
 
 import equinox as eqx
 import jax
@@ -182,6 +183,43 @@ def test_with_micro_batches_each_stack_still_gets_its_own_checkpoint(pairs):
     want = GRAD(er.set_checkpoint(MODEL, None), X)
     got = result.step(GRAD)(model, X)
     check_close(er.set_checkpoint(got, None), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.heavy
+def test_the_pick_of_several_stacks_races_its_rivals_and_the_swap_is_noted(pairs):
+    # As for one stack: two plans 1% apart when timed with the others, the
+    # second faster in a race (the clock's longer rounds): the planner races
+    # the pick with it, returns it, and says so.
+    (fast, t_fast), (second, _) = sorted(
+        ((k, t) for k, (_, t) in pairs.items()), key=lambda kt: kt[1]
+    )[:2]
+    plan = er.PerStack({f"[0]{PATHS[0]}": second[0], f"[0]{PATHS[1]}": second[1]})
+
+    def clock(programs, *, rounds, warmup=True, **race):
+        out = _fake_clock(programs, rounds=rounds)
+        slow = 0.8 if rounds == 31 else 1.01  # a race runs up to 31 rounds
+        return [
+            t._replace(seconds=t_fast * slow) if p.record.checkpoint == plan else t
+            for t, p in zip(out, programs)
+        ]
+
+    bench = _bench(clock=clock, cache=PlanCache())
+    result = plan_on(bench, GRAD, MODEL, X, budget_bytes="1TiB")
+    assert tuple(result.checkpoint.values()) == second, str(result)
+    assert any("ran 1.250x the step time of" in n for n in result.notes), result.notes
+
+
+@pytest.mark.heavy
+def test_nothing_fits_several_stacks_names_the_smallest_memory(pairs):
+    # Below every plan: the error names the least memory compiled, no more
+    # than any pair of uniform options needs, and that budget is planned for.
+    with pytest.raises(ValueError, match="compiled, the least memory is") as info:
+        plan_on(_bench(), GRAD, MODEL, X, budget_bytes=1000)
+    (named,) = re.findall(r"\((\d+) bytes\)", str(info.value))
+    assert int(named) <= min(m for m, _ in pairs.values())
+    result = plan_on(_bench(), GRAD, MODEL, X, budget_bytes=int(named))
+    assert result.entry.fits and result.entry.memory_bytes <= int(named)
+    assert isinstance(result.checkpoint, er.PerStack)
 
 
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
