@@ -174,9 +174,18 @@ def memory_report(
     (18.02G) exceeds available HBM (15.75G)`) when the program does not fit in
     one chip — XLA refuses to compile it, so there is no report to return.
     """
-    report, said = inspect_memory(fn, args, target, compiler_options)
-    if said is not None:
-        warnings.warn(said, OffloadWarning, stacklevel=user_stacklevel())
+    report, unpaid = inspect_memory(fn, args, target, compiler_options)
+    if unpaid is not None:
+        what, why = unpaid
+        warnings.warn(
+            f"memory_report(target={target!r}): offloading with {what} does not "
+            f"pay on {report.target}: {why}. Save those values on the device "
+            "instead (save_names with the same names; 'dots_no_batch' for "
+            "'offload_dots_no_batch'). To offload anyway, silence "
+            "eqx_remat.OffloadWarning.",
+            OffloadWarning,
+            stacklevel=user_stacklevel(),
+        )
     return report
 
 
@@ -187,10 +196,12 @@ def inspect_memory(
     compiler_options: Mapping[str, Any] | None,
     *,
     check_offload: bool = True,
-) -> tuple[MemoryReport, str | None]:
-    """`memory_report(fn, *args, ...)`'s report, and the `OffloadWarning` it
-    would warn (`None` where there is none, or where not `check_offload`:
-    then an offloading program is compiled once, not beside its twin)."""
+) -> tuple[MemoryReport, tuple[str, str] | None]:
+    """`memory_report(fn, *args, ...)`'s report, and, where it offloads and
+    that does not pay, `(what, why)`: the offloading policies, and why it does
+    not pay (`offload_fails`). `None` where it pays or does not offload, or
+    where not `check_offload` (then an offloading program is compiled once,
+    not beside its twin)."""
     dynamic, _ = split_args(args)
     on = Target.of(target, "memory_report")
     if on.mesh is not None:
@@ -205,7 +216,7 @@ def inspect_memory(
     report = compiled_report(compiled, flops=flops, target=on.label)
     if not (check_offload and offloads(traced.jaxpr)):
         return report, None
-    return report, _offload_said(report, fn, args, dynamic, on.mesh, options, target)
+    return report, _unpaid(report, fn, args, dynamic, on.mesh, options, target)
 
 
 def _trace(fn: Callable, args: tuple, dynamic: Any, mesh: Mesh | None) -> Any:
@@ -228,7 +239,7 @@ def _compile(traced: Any, options: dict, target: str | None) -> jax.stages.Compi
         raise
 
 
-def _offload_said(
+def _unpaid(
     report: MemoryReport,
     fn: Callable,
     args: tuple,
@@ -236,9 +247,10 @@ def _offload_said(
     mesh: Mesh | None,
     options: dict,
     target: str | None,
-) -> str | None:
-    """The `OffloadWarning` for `report`, the report of a program that
-    offloads, or `None` where it pays against its save-on-device twin
+) -> tuple[str, str] | None:
+    """`(what, why)` for `report`, the report of a program that offloads: the
+    offloading policies and why they do not pay, or `None` where it pays
+    against its save-on-device twin
     (`offload_fails`). The twin is `fn` traced with eqx_remat applying each
     offloading policy as one that saves what it offloads; where that leaves an
     offload in the program (a `jax.checkpoint` or `device_put` of the
@@ -260,15 +272,7 @@ def _offload_said(
         what = "the offloading of this program (not an eqx_remat checkpoint's)"
     else:
         return None
-    if why is None:
-        return None
-    return (
-        f"memory_report(target={target!r}): offloading with {what} does not "
-        f"pay on {report.target}: {why}. Save those values on the device "
-        "instead (save_names with the same names; 'dots_no_batch' for "
-        "'offload_dots_no_batch'). To offload anyway, silence "
-        "eqx_remat.OffloadWarning."
-    )
+    return None if why is None else (what, why)
 
 
 def compiled_report(
