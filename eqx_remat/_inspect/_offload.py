@@ -16,8 +16,6 @@ from typing import Any
 
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from .._policies._named import POLICIES
-from .._policies._values import save_all_but_names, save_names
 from .._util import format_bytes
 from ._jaxpr import iter_eqns, open_jaxpr
 
@@ -86,9 +84,10 @@ def on_device(pol: Any) -> Any:
 
 
 def _may_offload(pol: Any) -> bool:
-    # eqx_remat's saving name policies are applied in ways of their own (the
-    # exact `save_all_but_names`) and never offload: left as they are.
-    return not isinstance(pol, save_names | save_all_but_names)
+    # eqx_remat's saving name policies (`save_names`, `save_all_but_names`:
+    # `names`, and no memory space to offload to) are applied in ways of their
+    # own (the exact `save_all_but_names`) and never offload: left as they are.
+    return not (hasattr(pol, "names") and not hasattr(pol, "dst"))
 
 
 class _SavedOnDevice:
@@ -113,11 +112,9 @@ class _SavedOnDevice:
 
 
 def policy_name(pol: Any) -> str:
-    """A policy as messages name it: its name in `eqx_remat.POLICIES`
-    (`'offload_dots_no_batch'`), else its repr."""
-    for name, value in POLICIES.items():
-        if value is pol:
-            return repr(name)
+    """A policy as messages name it: its repr (`offload_names('h', ...)`;
+    `"offload_dots_no_batch"` is `Offloading(dots_no_batch, device ->
+    pinned_host)`)."""
     return repr(pol)
 
 
