@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 import pytest
 
 import eqx_remat
@@ -136,11 +137,38 @@ _SLOW = "<!-- docs: slow -->"
 _MARK = "\x1e-- docs block {} --\x1e"
 
 
+# The jax that made the pages' output blocks (and the figures quoted from them):
+# a ```text block after a python block is what it printed with this jax. Where
+# another jax prints something else, the page records that too, in a block
+# right after it titled with its version (```text title="jax 0.12.1"), and says
+# so; a test compares what the code prints with the block of the jax it runs
+# on, that of the pages' jax where no block is titled with it.
+PAGES_JAX = "0.10.2"
+_TITLED = re.compile(r'^text\s+title="jax (\d+(?:\.\d+)+)"\s*$')
+
+
 class _Block(NamedTuple):
     code: str
-    expected: str | None  # the ```text block right after it, if any
-    output: re.Match | None  # where that block's content is in the page
+    # What it printed, by the jax that printed it: the ```text blocks right
+    # after it (the first untitled one made with `PAGES_JAX`).
+    outputs: dict[str, tuple[str, re.Match]]
     slow: bool  # after the page's `<!-- docs: slow -->` marker
+
+    def output(self, version: str) -> tuple[str, str, re.Match] | None:
+        """`(jax, text, match)` of the output to compare with on `version`."""
+        for v in (version, PAGES_JAX):
+            if v in self.outputs:
+                return (v, *self.outputs[v])
+        return None
+
+
+def _output_version(info: str) -> str | None:
+    """The jax an output fence's info string (```text, ```text title="jax
+    0.12.1") says made it; `None` for a fence that is not an output."""
+    if info.strip() == "text":
+        return PAGES_JAX
+    titled = _TITLED.match(info.strip())
+    return None if titled is None else titled.group(1)
 
 
 def _blocks(page: Path) -> list[_Block]:
@@ -149,20 +177,36 @@ def _blocks(page: Path) -> list[_Block]:
     slow_from = text.find(_SLOW)
     fences = list(_FENCE.finditer(text))
     out = []
-    for m, nxt in zip(fences, fences[1:] + [None]):
+    for i, m in enumerate(fences):
         if m.group(1) != "python":
             continue
-        if (
-            nxt is not None
-            and nxt.group(1) == "text"
-            and not text[m.end() : nxt.start()].strip()
-        ):
-            expected, output = nxt.group(2), nxt
-        else:
-            expected, output = None, None
+        outputs: dict[str, tuple[str, re.Match]] = {}
+        end = m.end()
+        for nxt in fences[i + 1 :]:
+            info = nxt.group(0).splitlines()[0][3:]
+            version = _output_version(info)
+            if version is None or text[end : nxt.start()].strip():
+                break
+            assert version not in outputs, f"{page}: two outputs for jax {version}"
+            outputs[version] = nxt.group(2), nxt
+            end = nxt.end()
         slow = slow_from != -1 and m.start() > slow_from
-        out.append(_Block(m.group(2), expected, output, slow))
+        out.append(_Block(m.group(2), outputs, slow))
     return out
+
+
+def test_output_blocks_say_their_jax():
+    """A page's outputs: the first, untitled, made with `PAGES_JAX`; the others
+    titled with the jax that printed them, each once, read in that order."""
+    readme = _blocks(ROOT / "README.md")
+    first = next(b for b in readme if b.outputs)
+    assert list(first.outputs) == [PAGES_JAX, "0.12.1"]
+    assert first.output(PAGES_JAX)[0] == PAGES_JAX
+    assert first.output("0.12.1")[0] == "0.12.1"
+    assert first.output("0.11.2")[0] == PAGES_JAX
+    assert _output_version('text title="jax 0.12.1"') == "0.12.1"
+    assert _output_version("text") == PAGES_JAX
+    assert _output_version("python") is None and _output_version("bash") is None
 
 
 # The pages whose quick blocks take longest (11 s or more each on two cores): run
@@ -279,30 +323,46 @@ def test_page_code_runs(page, slow, tmp_path):
         return
     checker = doctest.OutputChecker()
     for i, (block, got) in enumerate(zip(blocks, outputs, strict=True)):
-        if block.expected is None:
+        expected = block.output(jax.__version__)
+        if expected is None:
             continue
+        made_with, text, _ = expected
         got = _normalise(got, script)
-        want = _normalise(block.expected, script)
+        want = _normalise(text, script)
         assert checker.check_output(want, got, doctest.ELLIPSIS), (
             f"{page.relative_to(ROOT)}, python block {i + 1} (starting "
-            f"{block.code.strip().splitlines()[0]!r}) printed\n{got}\nbut the page "
-            f"says\n{want}"
+            f"{block.code.strip().splitlines()[0]!r}) printed\n{got}\non jax "
+            f"{jax.__version__}, but the page says\n{want}\n(printed with jax "
+            f"{made_with}; where this jax prints otherwise, record its output "
+            f'after that block, as ```text title="jax {jax.__version__}"```: '
+            "EQX_REMAT_DOCS_UPDATE=1 does)"
         )
 
 
 def _update(page: Path, blocks: list[_Block], outputs: list[str], script: Path):
-    """Replace the output blocks of `page` with what their python blocks printed.
-    Blocks that use doctest's `...` wildcard were edited by hand: left as they
-    are."""
+    """Write what the python blocks of `page` printed into the output block of
+    this jax: replaced where the page has one (titled with this jax, or the
+    untitled one on `PAGES_JAX`), added after the others, titled, where it has
+    none and this jax prints otherwise. Blocks that use doctest's `...`
+    wildcard were edited by hand: left as they are."""
     text = page.read_text()
     pieces, last = [], 0
+    version = jax.__version__
     for block, got in zip(blocks, outputs, strict=True):
-        if block.output is None or "..." in block.expected:
+        expected = block.output(version)
+        if expected is None or "..." in expected[1]:
             continue
         got = got.replace(str(script), script.name).replace(str(ROOT) + "/", "")
         got = "\n".join(line.rstrip() for line in got.strip().splitlines()) + "\n"
-        pieces += [text[last : block.output.start(2)], got]
-        last = block.output.end(2)
+        made_with, said, where = expected
+        if made_with == version:
+            pieces += [text[last : where.start(2)], got]
+            last = where.end(2)
+        elif _normalise(said, script) != _normalise(got, script):
+            end = max(m.end() for _, m in block.outputs.values())
+            titled = f'```text title="jax {version}"\n{got}```'
+            pieces += [text[last:end].rstrip("\n"), f"\n\n{titled}\n\n"]
+            last = end
     pieces.append(text[last:])
     page.write_text("".join(pieces))
 
