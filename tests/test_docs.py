@@ -614,18 +614,95 @@ def test_images_are_committed_results(page):
         assert path.is_file(), f"{page.relative_to(ROOT)} shows {target}: no such file"
 
 
-_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives `page`'s headings: lower case, punctuation
+    dropped, spaces as hyphens; a repeated one gets `-1`, `-2`, ..."""
+    anchors, times = set(), {}
+    for m in re.finditer(r"^#{1,6} +(.+?) *$", _FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = times.get(slug, 0)
+        anchors.add(f"{slug}-{n}" if n else slug)
+        times[slug] = n + 1
+    return anchors
+
+
+def test_anchors_are_githubs(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Results\n\n## `plan()` on MaxText's 16B: v5e:16x16\n\n### Compile time\n\n"
+        "```python\n# a comment, not a heading\n```\n\n#### Compile time\n\n"
+        "## Summary (every target)\n"
+    )
+    assert _anchors(page) == {
+        "results",
+        "plan-on-maxtexts-16b-v5e16x16",
+        "compile-time",
+        "compile-time-1",
+        "summary-every-target",
+    }
 
 
 @pytest.mark.parametrize("page", PAGES[:2], ids=["README.md", "benchmarks/README.md"])
 def test_readme_links_resolve(page):
-    """The READMEs (read on GitHub, not built) link only files that exist."""
-    for target in _LINK.findall(page.read_text()):
+    """The READMEs (read on GitHub, not built) link only files that exist, and
+    a link into a Markdown page only to one of its headings."""
+    for target, anchor in _LINK.findall(page.read_text()):
         if "://" in target or target.startswith("mailto:"):
             continue
-        assert (page.parent / target).exists(), (
-            f"{page.relative_to(ROOT)} links {target}: no such file"
-        )
+        path = page.parent / target
+        assert path.exists(), f"{page.relative_to(ROOT)} links {target}: no such file"
+        if anchor and (not target or path.suffix == ".md"):
+            path = path if target else page
+            assert anchor in _anchors(path), (
+                f"{page.relative_to(ROOT)} links {target}#{anchor}: no such heading"
+            )
+
+
+def _readme_headlines() -> list[list[str]]:
+    """The cells of the README's results table, the header row first."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Results\n") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [
+        [c.strip() for c in row.strip().strip("|").split(" | ")]
+        for row in rows
+        if not set(row) <= set("|-: ")
+    ]
+
+
+def test_readme_headlines_say_their_jax():
+    """Each line of the README's results table quotes its figures with markers
+    (so `test_quoted_result_matches_its_json` holds them to the results files),
+    says the jax that made them, as the files' `meta` records it (and the
+    libtpu, where a file is compiled for a TPU), and links its paragraph in
+    benchmarks/README.md."""
+    header, *rows = _readme_headlines()
+    assert header[:4] == ["measured", "eqx-remat", "beside it", "jax"], header
+    assert len(rows) >= 10
+    for cells in rows:
+        line = " | ".join(cells)
+        assert len(cells) == len(header), f"{line!r}: {len(cells)} cells"
+        names = set()
+        for marker in _RESULT.finditer(line):
+            first, *rest = marker.group(1).split(" / ")
+            name = _split(first)[0]
+            assert name, f"{marker.group(0)}: a headline names its results file"
+            names |= {name} | {n for s in rest if (n := _split(s)[0])}
+        assert names, f"{cells[0]!r}: no figure quoted with a result marker"
+        metas = [_results(n)["meta"] for n in sorted(names)]
+        jaxes = sorted({m["versions"]["jax"] for m in metas})
+        tpu = [m for m in metas if m.get("target") or m.get("backend") == "tpu"]
+        said = ", ".join(f"jax {v}" for v in jaxes)
+        if tpu:
+            said += ", " + ", ".join(
+                f"libtpu {v}" for v in sorted({m["versions"]["libtpu"] for m in tpu})
+            )
+        assert cells[3] == said, f"{cells[0]!r}: says {cells[3]!r}, its files {said!r}"
+        assert re.search(r"\]\(benchmarks/README\.md#[^)]+\)", cells[4]), cells[4]
 
 
 def test_benchmarks_readme_has_the_report():
