@@ -754,10 +754,11 @@ def _count_hi(eqn, acc: _Count, mult: int, memo: _Memo) -> None:
         except Exception:  # an operation JAX gives no expansion
             flat = None
         hit = memo.expansions[id(hi)] = (hi, flat)
-    if hit[1] is None:
+    expansion = hit[1]
+    if expansion is None:
         acc.unknown[type(hi).__name__] += mult
     else:
-        _count_jaxpr(hit[1].jaxpr, acc, mult, memo)
+        _count_jaxpr(expansion.jaxpr, acc, mult, memo)
 
 
 def _count_cond(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:
