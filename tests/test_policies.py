@@ -168,9 +168,16 @@ def test_save_all_but_names_excludes_the_names():
 
 
 def test_jax_save_anything_except_these_names_is_broken():
-    # The reason save_all_but_names exists: in jax 0.10.2 the names are ignored.
+    # The reason save_all_but_names exists: JAX's ignores its names (jax 0.10.2
+    # to 0.12.1). Without remat3 it saves what "everything" saves; under remat3
+    # (which saves only what it has a rule for: products, tags) it keeps the
+    # value named "a" saved.
     jax_pol = jax.checkpoint_policies.save_anything_except_these_names("a")
-    assert _bytes(_saved(jax_pol)) == _bytes(_saved("everything"))
+    saved = _saved(jax_pol)
+    if jax.config.jax_remat3:
+        assert "a" in {r.name for r in saved}
+    else:
+        assert _bytes(saved) == _bytes(_saved("everything"))
 
 
 def test_save_all_but_names_gradients():
