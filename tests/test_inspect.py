@@ -145,13 +145,65 @@ UNARY = {
 }
 
 
+# What XLA's CPU cost analysis counts for the functions of `UNARY` whose count
+# depends on the compiler, per element of `_x`: (FLOPs, transcendentals), by the
+# first jaxlib that counts so (a jaxlib uses the newest entry not after it).
+# count_flops keeps one convention, jaxlib 0.10.2's (`XLA_COUNTS[0, 10]`, XLA's
+# f32 expansion of each function), so that a program's count, and the plans and
+# results priced with it, do not change with the jax installed. jaxlib 0.12
+# counts these otherwise because it compiles them otherwise, not because the
+# work changed: jax 0.12 lowers `exp2` and `sinh` to single HLO operations,
+# which XLA counts as one transcendental and no FLOP; it expands `erfc` and
+# `erf_inv` with other polynomials; and it lowers `lgamma` to a CPU custom call
+# (`cpu_lgamma_ffi`) that cost analysis cannot count (-1 for the program,
+# `UNCOUNTED`). (jaxlib 0.11 was not measured: no CI stage runs it.)
+UNCOUNTED = "uncounted"
+XLA_COUNTS: dict[tuple[int, int], dict[str, Any]] = {
+    (0, 10): {
+        "exp2": (1, 1),
+        "sinh": (10, 3),
+        "erfc": (60, 1),
+        "erf_inv": (38, 2),  # 37 and the `* 0.5`
+        "lgamma": (52, 4),
+    },
+    (0, 12): {
+        "exp2": (0, 1),
+        "sinh": (0, 1),
+        "erfc": (40, 1),
+        "erf_inv": (60, 2),
+        "lgamma": UNCOUNTED,
+    },
+}
+
+
+def _xla_counts() -> dict[str, Any]:
+    """`XLA_COUNTS` of the installed jaxlib."""
+    import jaxlib
+
+    installed = tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
+    return XLA_COUNTS[max(v for v in XLA_COUNTS if v <= installed)]
+
+
 @pytest.mark.parametrize("name", list(UNARY), ids=list(UNARY))
 def test_count_flops_primitive_conventions_match_xla(name):
+    """count_flops counts each primitive as XLA's cost analysis does; where
+    XLA's count depends on its version (`XLA_COUNTS`), this XLA gives its
+    version's figure and count_flops the figure of jaxlib 0.10.2, its one
+    convention."""
     fn = UNARY[name]
     ours = er.count_flops(fn, _x)
     flops, transcendentals = xla_cost(fn, _x)
-    assert int(ours) == flops
-    assert ours.transcendentals == transcendentals
+    if name not in XLA_COUNTS[0, 10]:
+        assert (int(ours), ours.transcendentals) == (flops, transcendentals)
+        return
+    n = math.prod(_x.shape)
+    now = _xla_counts()[name]
+    if now == UNCOUNTED:
+        assert (flops, transcendentals) == (-1, 0)
+    else:
+        assert (flops, transcendentals) == (now[0] * n, now[1] * n)
+    kept = XLA_COUNTS[0, 10][name]
+    assert (int(ours), ours.transcendentals) == (kept[0] * n, kept[1] * n)
 
 
 @given(
