@@ -1,6 +1,7 @@
 """What tracing a function tells the planner, priced once: its stacks, and each
-per-layer option per layer and per chip (`Prices`, frozen). Traced, never
-compiled or run; the bench caches it per function, arguments and target."""
+per-layer option per layer and per chip (`Prices`, frozen). Traced, never run;
+compiled only to ask whether an offloading option on the hull pays (`check`);
+the bench caches it per function, arguments and target."""
 
 import dataclasses
 import time
@@ -24,6 +25,7 @@ from ._evidence import Price
 from ._report import format_size
 from ._solve import (
     Option,
+    lower_hull,
     per_layer_options,
     prefix_options,
     price,
@@ -71,6 +73,8 @@ class Prices:
     - `tags`: the model's `checkpoint_name` tags.
     - `flops_none`: the function's FLOPs without checkpointing.
     - `schedules`: the whole-stack schedules worth comparing, with their FLOPs.
+    - `notes`: what the pricing found that the result should say (offloading
+      options dropped because they do not pay).
     """
 
     depths: tuple[int, ...]
@@ -80,6 +84,7 @@ class Prices:
     tags: tuple[str, ...]
     flops_none: int
     schedules: tuple[tuple[Schedule, int], ...]
+    notes: tuple[str, ...] = ()
 
     def option(self, c: Planned) -> Option | None:
         for o in self.options:
@@ -111,9 +116,13 @@ def price_function(
     hw: Hardware,
     share: float,
     say: Callable[..., None],
+    check: Callable[[Checkpoint], str | None] | None = None,
 ) -> Prices:
     """Trace `fn(*args)`: its stacks, then each per-layer option (`say` tells
-    each, as a detail)."""
+    each, as a detail). With `check`, an offloading option on the lower hull
+    is checked once (`check(c)`: why it does not pay, compiled beside its
+    save-on-device twin, or `None`) and dropped, with a note, where it does
+    not pay; then the hull is taken again."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -152,15 +161,49 @@ def price_function(
     ]
     for c in prefix_options(singles, host_link) if len(tags) > 1 else []:
         priced(c)
+    options = {c: _option(c, raw[c], raw[None][2], per, share, hw) for c in raw}
+    notes = [] if check is None else _drop_unpaid(options, check, say)
     return Prices(
         depths,
         per,
         share,
-        tuple(_option(c, raw[c], raw[None][2], per, share, hw) for c in raw),
+        tuple(options.values()),
         tuple(tags),
         raw[None][2],
         tuple(_schedules(fn, args, min(depths))),
+        tuple(notes),
     )
+
+
+def _drop_unpaid(
+    options: dict[Checkpoint, Option],
+    check: Callable[[Checkpoint], str | None],
+    say: Callable[..., None],
+) -> list[str]:
+    """Drop from `options` each offloading option on their lower hull that
+    does not pay (`check`), until every one left on the hull pays; the notes
+    that say so. Only hull options can be picked or mixed, so only they are
+    compiled (each once, beside its twin)."""
+    checked: set[Checkpoint] = set()
+    notes: list[str] = []
+    while True:
+        unchecked = [
+            o.checkpoint
+            for o in lower_hull(list(options.values()))
+            if o.host_bytes > 0 and o.checkpoint not in checked
+        ]
+        if not unchecked:
+            return notes
+        for c in unchecked:
+            checked.add(c)
+            say(f"checking that offloading pays: {checkpoint_name(c)}", detail=True)
+            why = check(c)
+            if why is not None:
+                del options[c]
+                notes.append(
+                    f"{checkpoint_name(c)} offloads, but compiled it does not pay "
+                    f"({why}): not an option"
+                )
 
 
 def _option(
