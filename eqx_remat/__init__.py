@@ -16,6 +16,7 @@ from ._inspect._memory import (
     ReplicatedArgumentsWarning as ReplicatedArgumentsWarning,
     memory_report as memory_report,
 )
+from ._inspect._offload import OffloadWarning as OffloadWarning
 from ._inspect._residuals import (
     Residual as Residual,
     print_residuals as print_residuals,
@@ -69,6 +70,7 @@ __all__ = [
     "FrontierPoint",
     "Layers",
     "MemoryReport",
+    "OffloadWarning",
     "POLICIES",
     "PerStack",
     "PlanEntry",

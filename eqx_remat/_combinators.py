@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+from ._inspect._offload import on_device
 from ._policies._apply import checkpointed
 from ._schedules._checkpoint import Checkpoint, normalise_checkpoint
 from ._schedules._engine import Schedule, remat_scan
@@ -195,7 +196,7 @@ def _apply(
         return remat_scan(layer, None, stacked, carry, depth, checkpoint, unroll)
     body = lambda c, s: (step(s, c), None)
     if checkpoint is not None:
-        body = checkpointed(body, checkpoint)
+        body = checkpointed(body, on_device(checkpoint))
     return lax.scan(body, carry, stacked, length=depth, unroll=unroll)[0]
 
 

@@ -138,3 +138,15 @@ def pallas_interpreting() -> bool:
     if context is None:  # pragma: no cover - depends on the jax version
         return False
     return context.value is not None
+
+
+def remat3_set(value: bool) -> contextlib.AbstractContextManager:
+    """Within: `jax_remat3` is `value` (JAX's remat3 on or off for the
+    checkpoints traced there), as `jax.config.update` would set it, and as it
+    was before after. No public alternative (`jax.config.update` sets it for
+    the whole process). Without remat3 in this jax, or the private setting,
+    nothing changes."""
+    state = getattr(_config, "remat3", None)
+    if state is None:  # pragma: no cover - depends on the jax version
+        return contextlib.nullcontext()
+    return state(value)

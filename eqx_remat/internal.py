@@ -13,6 +13,7 @@ from ._inspect._hardware import (
     cpu_hardware as cpu_hardware,
 )
 from ._inspect._memory import compiled_report as compiled_report
+from ._inspect._offload import offload_fails as offload_fails
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
 from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
 from ._jax_private import pallas_interpreting as pallas_interpreting
@@ -52,6 +53,7 @@ __all__ = [
     "is_array_like",
     "map_loss_chunk_sizes",
     "needed_bytes",
+    "offload_fails",
     "on_one_clock",
     "pallas_interpreting",
     "paired_ratio",

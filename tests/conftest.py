@@ -71,6 +71,17 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+# EQX_REMAT_TEST_REMAT3=1: the whole run with JAX's remat3 (`jax_remat3=True`,
+# off by default up to jax 0.12.1, and by JAX's docs on its way to becoming the
+# default), so that CI runs the core tests once more on it.
+if os.environ.get("EQX_REMAT_TEST_REMAT3", "0") not in ("", "0"):
+    if os.environ["EQX_REMAT_TEST_REMAT3"] != "1":
+        raise ValueError(
+            "EQX_REMAT_TEST_REMAT3 expected '1' (remat3 on) or '0' (off). Got "
+            f"{os.environ['EQX_REMAT_TEST_REMAT3']!r}."
+        )
+    jax.config.update("jax_remat3", True)
+
 # Compiles are slow on two cores: bound the number of examples, and never fail
 # a property for being slow.
 settings.register_profile(

@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 import pytest
 
 import eqx_remat
@@ -136,11 +137,38 @@ _SLOW = "<!-- docs: slow -->"
 _MARK = "\x1e-- docs block {} --\x1e"
 
 
+# The jax that made the pages' output blocks (and the figures quoted from them):
+# a ```text block after a python block is what it printed with this jax. Where
+# another jax prints something else, the page records that too, in a block
+# right after it titled with its version (```text title="jax 0.12.1"), and says
+# so; a test compares what the code prints with the block of the jax it runs
+# on, that of the pages' jax where no block is titled with it.
+PAGES_JAX = "0.10.2"
+_TITLED = re.compile(r'^text\s+title="jax (\d+(?:\.\d+)+)"\s*$')
+
+
 class _Block(NamedTuple):
     code: str
-    expected: str | None  # the ```text block right after it, if any
-    output: re.Match | None  # where that block's content is in the page
+    # What it printed, by the jax that printed it: the ```text blocks right
+    # after it (the first untitled one made with `PAGES_JAX`).
+    outputs: dict[str, tuple[str, re.Match]]
     slow: bool  # after the page's `<!-- docs: slow -->` marker
+
+    def output(self, version: str) -> tuple[str, str, re.Match] | None:
+        """`(jax, text, match)` of the output to compare with on `version`."""
+        for v in (version, PAGES_JAX):
+            if v in self.outputs:
+                return (v, *self.outputs[v])
+        return None
+
+
+def _output_version(info: str) -> str | None:
+    """The jax an output fence's info string (```text, ```text title="jax
+    0.12.1") says made it; `None` for a fence that is not an output."""
+    if info.strip() == "text":
+        return PAGES_JAX
+    titled = _TITLED.match(info.strip())
+    return None if titled is None else titled.group(1)
 
 
 def _blocks(page: Path) -> list[_Block]:
@@ -149,20 +177,36 @@ def _blocks(page: Path) -> list[_Block]:
     slow_from = text.find(_SLOW)
     fences = list(_FENCE.finditer(text))
     out = []
-    for m, nxt in zip(fences, fences[1:] + [None]):
+    for i, m in enumerate(fences):
         if m.group(1) != "python":
             continue
-        if (
-            nxt is not None
-            and nxt.group(1) == "text"
-            and not text[m.end() : nxt.start()].strip()
-        ):
-            expected, output = nxt.group(2), nxt
-        else:
-            expected, output = None, None
+        outputs: dict[str, tuple[str, re.Match]] = {}
+        end = m.end()
+        for nxt in fences[i + 1 :]:
+            info = nxt.group(0).splitlines()[0][3:]
+            version = _output_version(info)
+            if version is None or text[end : nxt.start()].strip():
+                break
+            assert version not in outputs, f"{page}: two outputs for jax {version}"
+            outputs[version] = nxt.group(2), nxt
+            end = nxt.end()
         slow = slow_from != -1 and m.start() > slow_from
-        out.append(_Block(m.group(2), expected, output, slow))
+        out.append(_Block(m.group(2), outputs, slow))
     return out
+
+
+def test_output_blocks_say_their_jax():
+    """A page's outputs: the first, untitled, made with `PAGES_JAX`; the others
+    titled with the jax that printed them, each once, read in that order."""
+    readme = _blocks(ROOT / "README.md")
+    first = next(b for b in readme if b.outputs)
+    assert list(first.outputs) == [PAGES_JAX, "0.12.1"]
+    assert first.output(PAGES_JAX)[0] == PAGES_JAX
+    assert first.output("0.12.1")[0] == "0.12.1"
+    assert first.output("0.11.2")[0] == PAGES_JAX
+    assert _output_version('text title="jax 0.12.1"') == "0.12.1"
+    assert _output_version("text") == PAGES_JAX
+    assert _output_version("python") is None and _output_version("bash") is None
 
 
 # The pages whose quick blocks take longest (11 s or more each on two cores): run
@@ -279,30 +323,46 @@ def test_page_code_runs(page, slow, tmp_path):
         return
     checker = doctest.OutputChecker()
     for i, (block, got) in enumerate(zip(blocks, outputs, strict=True)):
-        if block.expected is None:
+        expected = block.output(jax.__version__)
+        if expected is None:
             continue
+        made_with, text, _ = expected
         got = _normalise(got, script)
-        want = _normalise(block.expected, script)
+        want = _normalise(text, script)
         assert checker.check_output(want, got, doctest.ELLIPSIS), (
             f"{page.relative_to(ROOT)}, python block {i + 1} (starting "
-            f"{block.code.strip().splitlines()[0]!r}) printed\n{got}\nbut the page "
-            f"says\n{want}"
+            f"{block.code.strip().splitlines()[0]!r}) printed\n{got}\non jax "
+            f"{jax.__version__}, but the page says\n{want}\n(printed with jax "
+            f"{made_with}; where this jax prints otherwise, record its output "
+            f'after that block, as ```text title="jax {jax.__version__}"```: '
+            "EQX_REMAT_DOCS_UPDATE=1 does)"
         )
 
 
 def _update(page: Path, blocks: list[_Block], outputs: list[str], script: Path):
-    """Replace the output blocks of `page` with what their python blocks printed.
-    Blocks that use doctest's `...` wildcard were edited by hand: left as they
-    are."""
+    """Write what the python blocks of `page` printed into the output block of
+    this jax: replaced where the page has one (titled with this jax, or the
+    untitled one on `PAGES_JAX`), added after the others, titled, where it has
+    none and this jax prints otherwise. Blocks that use doctest's `...`
+    wildcard were edited by hand: left as they are."""
     text = page.read_text()
     pieces, last = [], 0
+    version = jax.__version__
     for block, got in zip(blocks, outputs, strict=True):
-        if block.output is None or "..." in block.expected:
+        expected = block.output(version)
+        if expected is None or "..." in expected[1]:
             continue
         got = got.replace(str(script), script.name).replace(str(ROOT) + "/", "")
         got = "\n".join(line.rstrip() for line in got.strip().splitlines()) + "\n"
-        pieces += [text[last : block.output.start(2)], got]
-        last = block.output.end(2)
+        made_with, said, where = expected
+        if made_with == version:
+            pieces += [text[last : where.start(2)], got]
+            last = where.end(2)
+        elif _normalise(said, script) != _normalise(got, script):
+            end = max(m.end() for _, m in block.outputs.values())
+            titled = f'```text title="jax {version}"\n{got}```'
+            pieces += [text[last:end].rstrip("\n"), f"\n\n{titled}\n\n"]
+            last = end
     pieces.append(text[last:])
     page.write_text("".join(pieces))
 
@@ -554,18 +614,95 @@ def test_images_are_committed_results(page):
         assert path.is_file(), f"{page.relative_to(ROOT)} shows {target}: no such file"
 
 
-_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives `page`'s headings: lower case, punctuation
+    dropped, spaces as hyphens; a repeated one gets `-1`, `-2`, ..."""
+    anchors, times = set(), {}
+    for m in re.finditer(r"^#{1,6} +(.+?) *$", _FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = times.get(slug, 0)
+        anchors.add(f"{slug}-{n}" if n else slug)
+        times[slug] = n + 1
+    return anchors
+
+
+def test_anchors_are_githubs(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Results\n\n## `plan()` on MaxText's 16B: v5e:16x16\n\n### Compile time\n\n"
+        "```python\n# a comment, not a heading\n```\n\n#### Compile time\n\n"
+        "## Summary (every target)\n"
+    )
+    assert _anchors(page) == {
+        "results",
+        "plan-on-maxtexts-16b-v5e16x16",
+        "compile-time",
+        "compile-time-1",
+        "summary-every-target",
+    }
 
 
 @pytest.mark.parametrize("page", PAGES[:2], ids=["README.md", "benchmarks/README.md"])
 def test_readme_links_resolve(page):
-    """The READMEs (read on GitHub, not built) link only files that exist."""
-    for target in _LINK.findall(page.read_text()):
+    """The READMEs (read on GitHub, not built) link only files that exist, and
+    a link into a Markdown page only to one of its headings."""
+    for target, anchor in _LINK.findall(page.read_text()):
         if "://" in target or target.startswith("mailto:"):
             continue
-        assert (page.parent / target).exists(), (
-            f"{page.relative_to(ROOT)} links {target}: no such file"
-        )
+        path = page.parent / target
+        assert path.exists(), f"{page.relative_to(ROOT)} links {target}: no such file"
+        if anchor and (not target or path.suffix == ".md"):
+            path = path if target else page
+            assert anchor in _anchors(path), (
+                f"{page.relative_to(ROOT)} links {target}#{anchor}: no such heading"
+            )
+
+
+def _readme_headlines() -> list[list[str]]:
+    """The cells of the README's results table, the header row first."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Results\n") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [
+        [c.strip() for c in row.strip().strip("|").split(" | ")]
+        for row in rows
+        if not set(row) <= set("|-: ")
+    ]
+
+
+def test_readme_headlines_say_their_jax():
+    """Each line of the README's results table quotes its figures with markers
+    (so `test_quoted_result_matches_its_json` holds them to the results files),
+    says the jax that made them, as the files' `meta` records it (and the
+    libtpu, where a file is compiled for a TPU), and links its paragraph in
+    benchmarks/README.md."""
+    header, *rows = _readme_headlines()
+    assert header[:4] == ["measured", "eqx-remat", "beside it", "jax"], header
+    assert len(rows) >= 10
+    for cells in rows:
+        line = " | ".join(cells)
+        assert len(cells) == len(header), f"{line!r}: {len(cells)} cells"
+        names = set()
+        for marker in _RESULT.finditer(line):
+            first, *rest = marker.group(1).split(" / ")
+            name = _split(first)[0]
+            assert name, f"{marker.group(0)}: a headline names its results file"
+            names |= {name} | {n for s in rest if (n := _split(s)[0])}
+        assert names, f"{cells[0]!r}: no figure quoted with a result marker"
+        metas = [_results(n)["meta"] for n in sorted(names)]
+        jaxes = sorted({m["versions"]["jax"] for m in metas})
+        tpu = [m for m in metas if m.get("target") or m.get("backend") == "tpu"]
+        said = ", ".join(f"jax {v}" for v in jaxes)
+        if tpu:
+            said += ", " + ", ".join(
+                f"libtpu {v}" for v in sorted({m["versions"]["libtpu"] for m in tpu})
+            )
+        assert cells[3] == said, f"{cells[0]!r}: says {cells[3]!r}, its files {said!r}"
+        assert re.search(r"\]\(benchmarks/README\.md#[^)]+\)", cells[4]), cells[4]
 
 
 def test_benchmarks_readme_has_the_report():

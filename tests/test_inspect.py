@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import textwrap
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -144,13 +145,65 @@ UNARY = {
 }
 
 
+# What XLA's CPU cost analysis counts for the functions of `UNARY` whose count
+# depends on the compiler, per element of `_x`: (FLOPs, transcendentals), by the
+# first jaxlib that counts so (a jaxlib uses the newest entry not after it).
+# count_flops keeps one convention, jaxlib 0.10.2's (`XLA_COUNTS[0, 10]`, XLA's
+# f32 expansion of each function), so that a program's count, and the plans and
+# results priced with it, do not change with the jax installed. jaxlib 0.12
+# counts these otherwise because it compiles them otherwise, not because the
+# work changed: jax 0.12 lowers `exp2` and `sinh` to single HLO operations,
+# which XLA counts as one transcendental and no FLOP; it expands `erfc` and
+# `erf_inv` with other polynomials; and it lowers `lgamma` to a CPU custom call
+# (`cpu_lgamma_ffi`) that cost analysis cannot count (-1 for the program,
+# `UNCOUNTED`). (jaxlib 0.11 was not measured: no CI stage runs it.)
+UNCOUNTED = "uncounted"
+XLA_COUNTS: dict[tuple[int, int], dict[str, Any]] = {
+    (0, 10): {
+        "exp2": (1, 1),
+        "sinh": (10, 3),
+        "erfc": (60, 1),
+        "erf_inv": (38, 2),  # 37 and the `* 0.5`
+        "lgamma": (52, 4),
+    },
+    (0, 12): {
+        "exp2": (0, 1),
+        "sinh": (0, 1),
+        "erfc": (40, 1),
+        "erf_inv": (60, 2),
+        "lgamma": UNCOUNTED,
+    },
+}
+
+
+def _xla_counts() -> dict[str, Any]:
+    """`XLA_COUNTS` of the installed jaxlib."""
+    import jaxlib
+
+    installed = tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
+    return XLA_COUNTS[max(v for v in XLA_COUNTS if v <= installed)]
+
+
 @pytest.mark.parametrize("name", list(UNARY), ids=list(UNARY))
 def test_count_flops_primitive_conventions_match_xla(name):
+    """count_flops counts each primitive as XLA's cost analysis does; where
+    XLA's count depends on its version (`XLA_COUNTS`), this XLA gives its
+    version's figure and count_flops the figure of jaxlib 0.10.2, its one
+    convention."""
     fn = UNARY[name]
     ours = er.count_flops(fn, _x)
     flops, transcendentals = xla_cost(fn, _x)
-    assert int(ours) == flops
-    assert ours.transcendentals == transcendentals
+    if name not in XLA_COUNTS[0, 10]:
+        assert (int(ours), ours.transcendentals) == (flops, transcendentals)
+        return
+    n = math.prod(_x.shape)
+    now = _xla_counts()[name]
+    if now == UNCOUNTED:
+        assert (flops, transcendentals) == (-1, 0)
+    else:
+        assert (flops, transcendentals) == (now[0] * n, now[1] * n)
+    kept = XLA_COUNTS[0, 10][name]
+    assert (int(ours), ours.transcendentals) == (kept[0] * n, kept[1] * n)
 
 
 @given(
@@ -540,22 +593,117 @@ def test_memory_report_ten_gib_of_parameters_without_allocating():
     assert (after - before) * 1024 < 2**30  # nothing near 10 GiB was touched
 
 
+def _offload_loss(w, x, policy):
+    def layer(c, w):
+        return jnp.tanh(checkpoint_name(jnp.tanh(c @ w), "h") @ w)
+
+    f = jax.checkpoint(layer, policy=policy)
+    return lax.scan(lambda c, w: (f(c, w), None), x, w)[0].sum()
+
+
+def _said(*reports_of):
+    """Each report, and the `OffloadWarning`s said while it was made."""
+    out = []
+    for report_of in reports_of:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", er.OffloadWarning)
+            report = report_of()
+        out.append(
+            (report, [str(w.message) for w in said if w.category is er.OffloadWarning])
+        )
+    return out
+
+
 def test_memory_report_cpu_cannot_measure_offload():
     """On the CPU there is one memory: offloaded values stay where they are. The
-    report shows no host memory and the temp bytes of saving the same values."""
-
-    def loss(w, x, policy):
-        def layer(c, w):
-            return jnp.tanh(checkpoint_name(jnp.tanh(c @ w), "h") @ w)
-
-        f = jax.checkpoint(layer, policy=policy)
-        return lax.scan(lambda c, w: (f(c, w), None), x, w)[0].sum()
-
+    report shows no host memory and the temp bytes of saving the same values,
+    and says that such an offload does not pay, naming the policy."""
     args = S((4, 64, 64), f32), S((128, 64), f32)
-    save = er.memory_report(jax.grad(lambda *a: loss(*a, er.save_names("h"))), *args)
-    off = er.memory_report(jax.grad(lambda *a: loss(*a, er.offload_names("h"))), *args)
+    grad = lambda pol: jax.grad(lambda *a: _offload_loss(*a, pol))
+    (save, quiet), (off, said) = _said(
+        lambda: er.memory_report(grad(er.save_names("h")), *args),
+        lambda: er.memory_report(grad(er.offload_names("h")), *args),
+    )
     assert off.host_temp_bytes == 0
     assert off.temp_bytes == save.temp_bytes
+    assert quiet == []
+    # A jax.checkpoint of the caller's own has no save-on-device twin: said only
+    # because it moves nothing.
+    assert len(said) == 1 and "moves no bytes to the host" in said[0]
+    assert "not an eqx_remat checkpoint's" in said[0]
+
+
+@pytest.mark.parametrize(
+    "offloading, saving",
+    [
+        (er.offload_names("h"), er.save_names("h")),
+        ("offload_dots_no_batch", "dots_no_batch"),
+        (er.every(2, er.offload_names("h")), er.every(2, er.save_names("h"))),
+        (
+            er.ranges((2, er.offload_names("h")), (2, "dots")),
+            er.ranges((2, er.save_names("h")), (2, "dots")),
+        ),
+    ],
+    ids=["offload_names", "offload_dots_no_batch", "every", "ranges"],
+)
+def test_memory_report_says_an_offload_that_does_not_pay(offloading, saving):
+    """An eqx_remat checkpoint that offloads, as a field of the arguments: its
+    save-on-device twin is compiled beside it. On the CPU nothing moves to the
+    host, so the warning names the policy and gives the temp bytes of both,
+    those of the twin being the saving checkpoint's. The checkpoint that saves
+    is compiled once and warns nothing."""
+
+    class Layer(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, c):
+            return jnp.tanh(checkpoint_name(jnp.tanh(c @ self.w), "h") @ self.w)
+
+    class Stack(eqx.Module):
+        layers: Layer
+        checkpoint: Any = eqx.field(static=True)
+
+        def __call__(self, x):
+            return er.scan_layers(self.layers, x, checkpoint=self.checkpoint)
+
+    grad = eqx.filter_grad(lambda m, x: m(x).sum())
+    layers = Layer(S((4, 64, 64), f32))
+    x = S((128, 64), f32)
+    (save, quiet), (off, said) = _said(
+        lambda: er.memory_report(grad, Stack(layers, saving), x),
+        lambda: er.memory_report(grad, Stack(layers, offloading), x),
+    )
+    assert quiet == [] and len(said) == 1
+    assert off.host_temp_bytes == 0 and off.temp_bytes == save.temp_bytes
+    named = repr(
+        er.POLICIES[offloading]
+        if isinstance(offloading, str)
+        else er.offload_names("h")  # in a schedule or range too
+    )
+    assert f"offloading with {named} does not pay on cpu" in said[0]
+    assert f"({er.format_bytes(off.temp_bytes)} of device memory" in said[0]
+    assert f"against {er.format_bytes(save.temp_bytes)} when saving" in said[0]
+
+
+def test_offload_fails_is_the_rule_on_compiled_figures():
+    """The one rule: an offload pays where it moves bytes to the host and keeps
+    fewer temp bytes on the device than saving; otherwise the reason names
+    both figures."""
+    from eqx_remat.internal import offload_fails
+
+    saving = er.MemoryReport(2605056, 10, 10, 0, 1, "v5e:2x2")
+    pays = saving._replace(temp_bytes=2000000, host_temp_bytes=786432)
+    assert offload_fails(pays, saving) is None
+    more = saving._replace(temp_bytes=2981888, host_temp_bytes=786432)
+    same = saving._replace(host_temp_bytes=786432)
+    nothing = saving._replace(temp_bytes=2000000)
+    for off in (more, same):
+        why = offload_fails(off, saving)
+        assert why is not None and "moves 768.00 KiB to the host" in why
+        assert f"keeps {er.format_bytes(off.temp_bytes)} of device memory" in why
+        assert "against 2.48 MiB when saving on the device" in why
+    why = offload_fails(nothing, saving)
+    assert why is not None and why.startswith("it moves no bytes to the host")
 
 
 @pytest.mark.parametrize(
@@ -808,23 +956,59 @@ def test_v5e_dots_uses_less_per_chip_temp_memory_than_none():
     ids=["offload_names", "offload_dots_no_batch"],
 )
 def test_v5e_offload_moves_residuals_to_host(saving, offloading):
-    """Offloading is real on the v5e target: host temp memory appears, and the
-    device keeps less than when it saves the same values."""
+    """Offloading is real on the v5e target: host temp memory appears. Whether
+    the device then keeps less than when it saves the same values is libtpu's
+    decision, and it changed: with libtpu 0.0.42 (jax 0.10.2's) it does; with
+    0.0.52 the offloading program keeps more device memory than the saving one
+    (2981888 against 2605056 temp bytes, issue 57), and memory_report says so
+    in an OffloadWarning that names the policy and both figures. Either way
+    the warning is said exactly where the offload does not pay."""
     blocks = stacked_blocks(depth=2, d=128, heads=2, dtype=bf16)
     x = S((8, 128, 128), bf16, sharding=NamedSharding(er.v5e_mesh(), P("data")))
-    save = er.memory_report(
-        train_grad(saving), blocks, x, target="v5e", compiler_options=NO_VMEM
+
+    def report(c, **kwargs):
+        return lambda: er.memory_report(
+            train_grad(c), blocks, x, target="v5e", **kwargs
+        )
+
+    (save, quiet), (off, said) = _said(
+        report(saving, compiler_options=NO_VMEM),
+        report(offloading, compiler_options=NO_VMEM),
     )
-    off = er.memory_report(
-        train_grad(offloading), blocks, x, target="v5e", compiler_options=NO_VMEM
-    )
-    assert save.host_temp_bytes == 0
+    assert save.host_temp_bytes == 0 and quiet == []
     assert off.host_temp_bytes > 0
-    assert off.temp_bytes < save.temp_bytes
     assert rel(off.flops, save.flops) < 0.01
-    # Without the flag (the default compile), the host copies are still there.
-    default = er.memory_report(train_grad(offloading), blocks, x, target="v5e")
+    pays = off.temp_bytes < save.temp_bytes
+    expected = OFFLOAD_PAYS_ON_V5E.get(_libtpu_version())
+    if expected is not None:
+        assert pays == expected, _libtpu_version()
+    if pays:
+        assert said == []
+    else:
+        assert len(said) == 1 and "does not pay on v5e:2x2" in said[0]
+        assert repr(er.policy(offloading)) in said[0]
+        assert f"keeps {er.format_bytes(off.temp_bytes)} of device memory" in said[0]
+        assert f"against {er.format_bytes(save.temp_bytes)} when saving" in said[0]
+    # Without the flag (the default compile), the host copies are still there,
+    # and the warning is said where the rule says so on the default compile's
+    # figures.
+    (default_save, _), (default, said) = _said(report(saving), report(offloading))
     assert default.host_temp_bytes == off.host_temp_bytes
+    from eqx_remat.internal import offload_fails
+
+    assert len(said) == (offload_fails(default, default_save) is not None)
+
+
+# Whether an offload keeps fewer v5e temp bytes than saving, in the program of
+# `test_v5e_offload_moves_residuals_to_host`, by libtpu version (as measured
+# for issue 57). Another libtpu is held to the warning's rule only.
+OFFLOAD_PAYS_ON_V5E = {"0.0.42.1": True, "0.0.52": False}
+
+
+def _libtpu_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("libtpu")
 
 
 @needs_libtpu

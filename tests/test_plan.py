@@ -34,6 +34,7 @@ from eqx_remat._planning.testing import (
     search,
 )
 from eqx_remat._schedules._binomial import optimal_evaluations
+from eqx_remat._schedules._checkpoint import checkpoint_name
 from eqx_remat.internal import Hardware, Timing
 
 
@@ -940,6 +941,56 @@ def test_offloading_is_priced_with_the_host_link():
     assert er.internal.cpu_hardware().host_bytes_per_s is None
 
 
+def test_an_offloading_option_on_the_hull_that_does_not_pay_is_dropped():
+    """With a host link, each offloading option on the lower hull is checked
+    once (compiled beside its save-on-device twin, `Bench.unpaid_offload`);
+    one that does not pay is dropped, with a note saying why, and the hull is
+    taken again. A fake check: what it is asked and says is the test."""
+    v5e = er.internal.HARDWARE["TPU v5 lite"]
+    stacks = _bench().stacks(TINY_PROBLEM)
+    unchecked = seam.price_function(
+        TINY_GRAD, (TINY, TOKENS), stacks, v5e, 1.0, lambda *a, **k: None
+    )
+    asked = []
+
+    def check(c):
+        asked.append(c)
+        return "it moves no bytes to the host (it keeps 1 B)"
+
+    prices = seam.price_function(
+        TINY_GRAD, (TINY, TOKENS), stacks, v5e, 1.0, lambda *a, **k: None, check=check
+    )
+    hull = seam.lower_hull(unchecked.options)
+    first = [o.checkpoint for o in hull if o.host_bytes > 0]
+    assert first and set(first) <= set(asked)
+    assert len(asked) == len(set(asked))  # each checked once
+    assert all(prices.option(c) is None for c in asked)
+    kept = [o.checkpoint for o in prices.options]
+    assert kept == [
+        o.checkpoint for o in unchecked.options if o.checkpoint not in asked
+    ]
+    # every offloading option left on the hull was checked (and dropped): none
+    assert not [o for o in seam.lower_hull(prices.options) if o.host_bytes > 0]
+    assert prices.notes == tuple(
+        f"{checkpoint_name(c)} offloads, but compiled it does not pay (it moves "
+        "no bytes to the host (it keeps 1 B)): not an option"
+        for c in asked
+    )
+    # An offload that pays is kept: asked once, as before.
+    asked.clear()
+    paying = seam.price_function(
+        TINY_GRAD,
+        (TINY, TOKENS),
+        stacks,
+        v5e,
+        1.0,
+        lambda *a, **k: None,
+        check=lambda c: asked.append(c),
+    )
+    assert asked == first and paying.options == unchecked.options
+    assert paying.notes == ()
+
+
 def test_the_table_of_hardware_has_every_figure_with_a_source():
     kinds = {h.kind for h in er.internal.HARDWARE.values()}
     for want in (
@@ -968,9 +1019,15 @@ def test_v5e_prices_offloading_and_splits_by_the_batch_sharding():
     bench = _bench("v5e", measure=False)
     problem = Problem.of(TINY_GRAD, (TINY, tokens), bench.target)
     assert problem.share == 1 / 4 and bench.hardware.host_bytes_per_s
-    by = {o.checkpoint: o for o in bench.prices(problem).options}
+    prices = bench.prices(problem)
+    by = {o.checkpoint: o for o in prices.options}
     offloading = [o for o in by.values() if o.host_bytes > 0]
-    assert "offload_dots_no_batch" in by and offloading
+    # Offloading is priced; an option on the hull whose compiled program does
+    # not pay on this libtpu is dropped with a note (issue 57), never silently.
+    dropped = [n for n in prices.notes if "does not pay" in n]
+    assert offloading or dropped
+    for note in dropped:
+        assert not any(note.startswith(f"{checkpoint_name(c)} ") for c in by)
     for o in offloading:
         if isinstance(o.checkpoint, er.offload_names):
             saving = by[er.save_names(*o.checkpoint.names)]

@@ -15,18 +15,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_private
 from .._util import traceable
 from ._jaxpr import (
-    CALLS,
+    called_jaxpr,
+    hi_operation,
     is_literal,
     jaxpr_and_consts,
     open_jaxpr,
     producers,
     scan_sizes,
     sub_jaxprs,
+    tag_name,
 )
 
 
@@ -124,10 +127,13 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
       every depth schedule is counted exactly: its layer evaluations are those
       of `Schedule.evaluations`;
     - calls (`jax.jit`, `jax.checkpoint`, `custom_jvp` / `custom_vjp` /
-      `custom_vmap` functions, `shard_map` once per device) count their bodies.
-      In a jaxpr of `jax.grad(f)`, the backward pass — custom VJPs and the
-      recomputation of `jax.checkpoint` included — is already expanded, so pass
-      `jax.grad(loss)` (or `jax.value_and_grad`) to count a training step;
+      `custom_vmap` functions, `shard_map` once per device) count their bodies
+      (under JAX's remat3, `jax_remat3=True`, a checkpoint is a higher-order
+      operation that calls its jaxpr: counted alike, so a count is the same
+      with remat3 and without). In a jaxpr of `jax.grad(f)`, the backward
+      pass — custom VJPs and the recomputation of `jax.checkpoint` included —
+      is already expanded, so pass `jax.grad(loss)` (or
+      `jax.value_and_grad`) to count a training step;
     - dead code is dropped first, as XLA would (e.g. the loss value that
       `jax.grad` computes and discards).
 
@@ -141,11 +147,17 @@ def count_flops(fn: Callable[..., Any], *args: Any) -> FlopCount:
       is a multiply, `M · N = 1` a multiply and a sum); `conv_general_dilated`:
       2 per multiply-add that touches the input (padding skipped, like XLA);
     - elementwise arithmetic, comparisons, `select_n`, type conversions: 1 per
-      output element (`integer_pow`: its multiplies);
+      output element (`integer_pow`: its multiplies); a `reduce_precision`
+      that keeps its dtype's precision, the marker JAX puts on the values a
+      checkpoint saves, is an identity: 0 (XLA counts 1 per element);
     - transcendental functions (`exp`, `log`, `tanh`, `sqrt`, `erf`, `pow`, ...):
       1 *transcendental* per element, not a FLOP — reported in
       `.transcendentals`; functions XLA expands into several operations
-      (`logistic`, `erfc`, `lgamma`, `sinh`, ...) count as XLA's f32 expansion;
+      (`logistic`, `erfc`, `lgamma`, `sinh`, ...) count as XLA's f32 expansion
+      in jaxlib 0.10.2, whatever the jax installed (jaxlib 0.12 compiles some
+      of them otherwise: `sinh` as one operation that its cost analysis counts
+      as one transcendental, `lgamma` as a library call it does not count), so
+      that the count of a program does not change with the jax installed;
     - reductions: one operation per input element that is combined into an
       output (`size(in) - size(out)`); `reduce_window`: `size(out) ·
       (window - 1)`; `scatter-add` and friends: 1 per update element;
@@ -218,14 +230,18 @@ _ELEMENTWISE = frozenset(
     """
     abs add add_any sub mul div rem max min neg sign floor ceil round is_finite
     square eq ne lt le gt ge and or xor not shift_left shift_right_logical
-    shift_right_arithmetic population_count clz clamp reduce_precision conj real
+    shift_right_arithmetic population_count clz clamp conj real
     imag complex bitcast_convert_type mulhi
     """.split()
 )
 
 # (FLOPs, transcendentals) per output element. Single transcendentals are as in
 # XLA's HloCostAnalysis; the others are how XLA expands them (measured with
-# jaxlib 0.10.2 on f32, where cost_analysis counts the expansion).
+# jaxlib 0.10.2 on f32, where cost_analysis counts the expansion). One
+# convention whatever the jaxlib: jaxlib 0.12 lowers exp2 and sinh to single
+# operations, other polynomials for erfc and erf_inv, and lgamma and digamma to
+# custom calls its cost analysis cannot count (tests/test_inspect.py's
+# XLA_COUNTS has its figures).
 _PER_ELEMENT = {
     **{
         name: (0, 1)
@@ -290,6 +306,21 @@ def _convert(eqn) -> tuple[int, int]:
     (x,) = eqn.invars
     if x.aval.dtype == eqn.params["new_dtype"]:
         return 0, 0
+    return _out_size(eqn), 0
+
+
+def _reduce_precision(eqn) -> tuple[int, int]:
+    # A rounding to at least its dtype's own precision is an identity: the
+    # marker JAX puts on the values a checkpoint saves, at other values under
+    # remat3 than under the checkpoint before it. 0, so that a count does not
+    # depend on which (XLA's cost analysis counts one per element all the same).
+    (x,) = eqn.invars
+    dtype = x.aval.dtype
+    if np.issubdtype(dtype, np.floating):
+        info = jnp.finfo(dtype)
+        p = eqn.params
+        if p["exponent_bits"] >= info.nexp and p["mantissa_bits"] >= info.nmant:
+            return 0, 0
     return _out_size(eqn), 0
 
 
@@ -396,6 +427,7 @@ def _pallas_call(eqn) -> tuple[int, int] | None:
 _RULES: dict[str, Callable[[Any], tuple[int, int] | None]] = {
     "pallas_call": _pallas_call,
     "convert_element_type": _convert,
+    "reduce_precision": _reduce_precision,
     "integer_pow": _integer_pow,
     "select_n": _select_n,
     "argmax": _argminmax,
@@ -580,6 +612,8 @@ class _Memo:
     counts: dict = dataclasses.field(default_factory=dict)
     # `_needed` of a jaxpr: id -> (jaxpr, variables)
     needed: dict = dataclasses.field(default_factory=dict)
+    # `_count_hi`: id of an operation -> (operation, its expansion or None)
+    expansions: dict = dataclasses.field(default_factory=dict)
 
 
 def _control(jaxpr, memo: _Memo) -> frozenset[int]:
@@ -600,7 +634,7 @@ def _control(jaxpr, memo: _Memo) -> frozenset[int]:
             control |= ins[0]
             for b in subs:
                 control |= {d for k in _control(b, memo) for d in ins[1 + k]}
-        elif name == "scan" or name in CALLS:
+        elif name == "scan" or called_jaxpr(eqn) is not None:
             for b in subs:
                 if len(b.invars) == len(ins):
                     control |= {d for k in _control(b, memo) for d in ins[k]}
@@ -681,9 +715,11 @@ def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
                     for v in (*eqn.invars, *eqn.outvars)
                 )
             _evaluate(eqn, known, needed)
-        elif name in CALLS:
-            sub, consts = jaxpr_and_consts(eqn.params[CALLS[name]])
+        elif (called := called_jaxpr(eqn)) is not None:
+            sub, consts = jaxpr_and_consts(called)
             _count_jaxpr(sub, acc, mult, memo, _bind(sub, eqn.invars, known, consts))
+        elif hi_operation(eqn) is not None:
+            _count_hi(eqn, acc, mult, memo)
         elif name == "scan":
             _count_scan(eqn, acc, mult, memo, known)
         elif name == "while":
@@ -698,6 +734,31 @@ def _count_eqns(jaxpr, acc: _Count, memo: _Memo, known: dict) -> None:
             _count_jaxpr(open_jaxpr(eqn.params["jaxpr"]), acc, mult * shards, memo)
         else:
             acc.unknown[name] += mult
+
+
+def _count_hi(eqn, acc: _Count, mult: int, memo: _Memo) -> None:
+    """A higher-order operation of JAX's (`call_hi_primitive`) other than a
+    call: a `checkpoint_name` tag of remat3 is an identity, free; any other
+    counts as what it expands to (its `expand`, JAX's definition of it in
+    ordinary primitives, traced once per operation), or, where it cannot be
+    expanded, is listed in `unknown` under its class's name."""
+    hi = hi_operation(eqn)
+    if tag_name(eqn) is not None:
+        return
+    hit = memo.expansions.get(id(hi))
+    if hit is None or hit[0] is not hi:
+        try:
+            flat = jax.make_jaxpr(
+                lambda *a: hi.expand(*jax.tree.unflatten(hi.in_tree, a))
+            )(*hi.in_avals_flat)
+        except Exception:  # an operation JAX gives no expansion
+            flat = None
+        hit = memo.expansions[id(hi)] = (hi, flat)
+    expansion = hit[1]
+    if expansion is None:
+        acc.unknown[type(hi).__name__] += mult
+    else:
+        _count_jaxpr(expansion.jaxpr, acc, mult, memo)
 
 
 def _count_cond(eqn, acc: _Count, mult: int, memo: _Memo, known: dict) -> None:

@@ -35,6 +35,13 @@ CALLS: Mapping[str, str] = {
     "linear_call": "callee",
 }
 
+# JAX's higher-order primitives (`call_hi_primitive`, whose parameter `_prim`
+# is the operation, an object with its own `params`) that call one jaxpr once,
+# by the operation's class, and the parameter of the operation that holds it:
+# under JAX's remat3 (`jax_remat3=True`), a `jax.checkpoint` is a `RematTraced`
+# (in a backward pass too, where it recomputes what its policy did not save).
+HI_CALLS: Mapping[str, str] = {"RematTraced": "jaxpr"}
+
 # The calls that only call: evaluating the jaxpr they hold is the same as binding
 # them (no checkpointing, custom derivative or batching rule is lost).
 PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call"})
@@ -63,20 +70,37 @@ def _is_jaxpr(x: Any) -> bool:
 def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr | ClosedJaxpr]:
     """Every jaxpr an equation holds in its parameters, as it holds it (`Jaxpr`
     or `ClosedJaxpr`): the body of a `scan`, the body and condition of a
-    `while`, the branches of a `cond`, the callee of `jit`, `jax.checkpoint`,
-    `custom_jvp` / `custom_vjp` / `custom_vmap` calls, the body of `shard_map`,
-    the kernel of a `pallas_call`..."""
+    `while`, the branches of a `cond`, the callee of `jit`, `jax.checkpoint`
+    (remat3's too, held by its operation: `hi_operation`), `custom_jvp` /
+    `custom_vjp` / `custom_vmap` calls, the body of `shard_map`, the kernel of
+    a `pallas_call`..."""
     out = []
-    for value in eqn.params.values():
+    hi = hi_operation(eqn)
+    params = eqn.params if hi is None else getattr(hi, "params", {})
+    for value in params.values():
         for sub in value if isinstance(value, tuple | list) else (value,):
             if _is_jaxpr(sub):
                 out.append(sub)
     return out
 
 
+def hi_operation(eqn: JaxprEqn) -> Any:
+    """The operation of a `call_hi_primitive` equation (JAX's higher-order
+    primitives: remat3's checkpoint and `checkpoint_name`, ...), an object
+    with `params` of its own; `None` for other equations."""
+    if eqn.primitive.name != "call_hi_primitive":
+        return None
+    return eqn.params.get("_prim")
+
+
 def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr | None:
-    """The jaxpr that a call (a primitive of `CALLS`) calls once; `None` for
-    other equations."""
+    """The jaxpr that a call (a primitive of `CALLS`, or an operation of
+    `HI_CALLS`) calls once, with the equation's inputs; `None` for other
+    equations."""
+    hi = hi_operation(eqn)
+    if hi is not None:
+        param = HI_CALLS.get(type(hi).__name__)
+        return None if param is None else getattr(hi, "params", {}).get(param)
     param = CALLS.get(eqn.primitive.name)
     return None if param is None else eqn.params.get(param)
 
@@ -273,12 +297,13 @@ def checkpoint_names(jaxpr: Jaxpr) -> list[str]:
 
 def tag_name(eqn: JaxprEqn) -> str | None:
     """The name of `eqn` if it is a `checkpoint_name` tag, else `None`. Under
-    JAX's remat3 (`jax_remat3=True`, jax 0.10.2) a tag is a higher-order
-    primitive, `call_hi_primitive`, holding a `CheckpointName` with the name in
-    its `params`: that form is recognised too."""
+    JAX's remat3 (`jax_remat3=True`) a tag is a higher-order
+    primitive, `call_hi_primitive`, holding a `CheckpointName` (in a backward
+    pass, jax 0.12, also a `CheckpointNameFwd`) with the name in its `params`:
+    that form is recognised too."""
     if is_tag(eqn.primitive, eqn.params):
         return eqn.params["name"]
-    hi = eqn.params.get("_prim") if eqn.primitive.name == "call_hi_primitive" else None
-    if type(hi).__name__ == "CheckpointName":
+    hi = hi_operation(eqn)
+    if type(hi).__name__ in ("CheckpointName", "CheckpointNameFwd"):
         return getattr(hi, "params", {}).get("name")
     return None

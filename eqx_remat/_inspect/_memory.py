@@ -14,6 +14,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._util import format_bytes, split_args, traceable
 from ._flops import count_flops
+from ._offload import (
+    OffloadWarning,
+    offload_fails,
+    offloads,
+    policy_name,
+    saving_on_device,
+)
 from ._targets import Target
 
 
@@ -126,6 +133,19 @@ def memory_report(
       is one memory: offloaded values stay where they are, `host_temp_bytes` is
       `0` and `temp_bytes` is that of saving the same values, so offloading
       can only be measured on a TPU (or GPU) target.
+    - An offload that does not pay is said: where the traced program puts
+      values in host memory, `fn` is traced and compiled once more as its
+      save-on-device twin (each offloading policy of eqx_remat's checkpoints —
+      `scan_layers`, `chain`, the schedules, `ranges`, the zoo's models,
+      whether in the arguments or in `fn` itself — applied as one that saves on
+      the device what it offloads: `offload_names(n)` as `save_names(n)`,
+      `"offload_dots_no_batch"` as `"dots_no_batch"`). Where the offloading
+      program moves no bytes to the host, or keeps at least as many
+      `temp_bytes` as its twin, an [`eqx_remat.OffloadWarning`][] names the
+      policy and both figures (so on the CPU, always). Programs that do not
+      offload are compiled once, as before. An offload of your own
+      (`jax.checkpoint` with an offloading policy, `jax.device_put` to host
+      memory) has no twin: it is warned about only where it moves no bytes.
 
     **Arguments:**
 
@@ -154,17 +174,61 @@ def memory_report(
     (18.02G) exceeds available HBM (15.75G)`) when the program does not fit in
     one chip — XLA refuses to compile it, so there is no report to return.
     """
+    report, unpaid = inspect_memory(fn, args, target, compiler_options)
+    if unpaid is not None:
+        what, why = unpaid
+        warnings.warn(
+            f"memory_report(target={target!r}): offloading with {what} does not "
+            f"pay on {report.target}: {why}. Save those values on the device "
+            "instead (save_names with the same names; 'dots_no_batch' for "
+            "'offload_dots_no_batch'). To offload anyway, silence "
+            "eqx_remat.OffloadWarning.",
+            OffloadWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return report
+
+
+def inspect_memory(
+    fn: Callable[..., Any],
+    args: tuple,
+    target: str | None,
+    compiler_options: Mapping[str, Any] | None,
+    *,
+    check_offload: bool = True,
+) -> tuple[MemoryReport, tuple[str, str] | None]:
+    """`memory_report(fn, *args, ...)`'s report, and, where it offloads and
+    that does not pay, `(what, why)`: the offloading policies, and why it does
+    not pay (`offload_fails`). `None` where it pays or does not offload, or
+    where not `check_offload` (then an offloading program is compiled once,
+    not beside its twin)."""
     dynamic, _ = split_args(args)
     on = Target.of(target, "memory_report")
     if on.mesh is not None:
         warn_replicated("memory_report", on.label, on.mesh, dynamic)
         dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
 
+    traced = _trace(fn, args, dynamic, on.mesh)
+    options = dict(compiler_options or {})
+    compiled = _compile(traced, options, target)
+    with on.traced():
+        flops = count_flops(fn, *args)
+    report = compiled_report(compiled, flops=flops, target=on.label)
+    if not (check_offload and offloads(traced.jaxpr)):
+        return report, None
+    return report, _unpaid(report, fn, args, dynamic, on.mesh, options, target)
+
+
+def _trace(fn: Callable, args: tuple, dynamic: Any, mesh: Mesh | None) -> Any:
+    """`fn(*args)` traced (a `jax.stages.Traced`), on `mesh` where there is one."""
     f, _ = traceable(fn, args)
-    with contextlib.nullcontext() if on.mesh is None else jax.set_mesh(on.mesh):
-        lowered = jax.jit(f).lower(dynamic)
+    with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        return jax.jit(f).trace(dynamic)
+
+
+def _compile(traced: Any, options: dict, target: str | None) -> jax.stages.Compiled:
     try:
-        compiled = lowered.compile(dict(compiler_options or {}))
+        return traced.lower().compile(options)
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" in str(e):
             e.add_note(
@@ -173,9 +237,42 @@ def memory_report(
                 "how much it needs. Nothing else can be reported for it."
             )
         raise
-    with on.traced():
-        flops = count_flops(fn, *args)
-    return compiled_report(compiled, flops=flops, target=on.label)
+
+
+def _unpaid(
+    report: MemoryReport,
+    fn: Callable,
+    args: tuple,
+    dynamic: Any,
+    mesh: Mesh | None,
+    options: dict,
+    target: str | None,
+) -> tuple[str, str] | None:
+    """`(what, why)` for `report`, the report of a program that offloads: the
+    offloading policies and why they do not pay, or `None` where it pays
+    against its save-on-device twin
+    (`offload_fails`). The twin is `fn` traced with eqx_remat applying each
+    offloading policy as one that saves what it offloads; where that leaves an
+    offload in the program (a `jax.checkpoint` or `device_put` of the
+    caller's own), there is no twin to compare with, and only a program that
+    moves no bytes to the host is warned about."""
+    with saving_on_device() as seen:
+        twin = _trace(fn, args, dynamic, mesh)
+    if seen and not offloads(twin.jaxpr):
+        saving = compiled_report(
+            _compile(twin, options, target), flops=report.flops, target=report.target
+        )
+        why = offload_fails(report, saving)
+        what = ", ".join(map(policy_name, seen))
+    elif report.host_temp_bytes <= 0:
+        why = (
+            "it moves no bytes to the host (it keeps "
+            f"{format_bytes(report.temp_bytes)} of device memory for temporaries)"
+        )
+        what = "the offloading of this program (not an eqx_remat checkpoint's)"
+    else:
+        return None
+    return None if why is None else (what, why)
 
 
 def compiled_report(

@@ -9,7 +9,16 @@ import numpy as np
 
 from .. import _jax_private
 from .._util import format_bytes, traceable
-from ._jaxpr import CALLS, KEEP_TAG, is_literal, open_jaxpr, producers, scan_sizes
+from ._jaxpr import (
+    KEEP_TAG,
+    called_jaxpr,
+    hi_operation,
+    is_literal,
+    open_jaxpr,
+    producers,
+    scan_sizes,
+    tag_name,
+)
 
 
 class Residual(NamedTuple):
@@ -162,8 +171,8 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
         inner = e.invars[0]
         if inner in producer:
             return _describe(jaxpr, inner, producer)
-    if prim == "name":
-        tag = e.params["name"]
+    tag = tag_name(e)  # a `name` equation, or remat3's tag
+    if tag is not None:
         inner = e.invars[0]
         if tag == KEEP_TAG and not is_literal(inner) and inner in producer:
             return _describe(jaxpr, inner, producer)
@@ -193,10 +202,12 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             None,
             1,
         )
-    if prim in CALLS:
+    called = called_jaxpr(e)
+    if called is not None:
         # A call that runs its body once (the `jax.checkpoint` of a name
-        # policy, a `closed_call`): describe the value where the body makes it.
-        body = open_jaxpr(e.params[CALLS[prim]])
+        # policy, remat3's too, a `closed_call`): describe the value where the
+        # body makes it.
+        body = open_jaxpr(called)
         inner = body.outvars[e.outvars.index(v)]
         inner_producer = producers(body)
         if not is_literal(inner) and inner in inner_producer:
@@ -205,7 +216,9 @@ def _describe(jaxpr, v, producer) -> tuple[str, str | None, int]:
             outer = e.invars[body.invars.index(inner)]
             if not is_literal(outer) and outer in producer:
                 return _describe(jaxpr, outer, producer)
-    return f"output of {prim} from {_where(e)}", None, 1
+    hi = hi_operation(e)  # a higher-order operation of JAX's: by its name
+    what = prim if hi is None else type(hi).__name__
+    return f"output of {what} from {_where(e)}", None, 1
 
 
 def print_residuals(fn: Callable[..., Any], *args: Any) -> None:

@@ -4,12 +4,14 @@ races programs, and remembers what it learnt between calls (in one
 keeps no count and no record of a call. The loop (`_loop.answer`) asks it; a
 test hands the loop a bench with a fake clock and a cache of its own."""
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 
+from .._inspect._memory import inspect_memory
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
@@ -115,8 +117,17 @@ class Bench:
                 self.hardware,
                 problem.share,
                 self.say,
+                check=functools.partial(self.unpaid_offload, problem),
             ),
         )
+
+    def unpaid_offload(self, problem: Problem, c: Planned) -> str | None:
+        """Why offloading checkpoint `c` does not pay for `problem` on the
+        target (compiled beside its save-on-device twin, as `memory_report`
+        does), or `None` where it pays."""
+        args = set_checkpoint(problem.args, c)
+        unpaid = inspect_memory(problem.fn, args, self.target.name, None)[1]
+        return None if unpaid is None else unpaid[1]
 
     def stacks(self, problem: Problem) -> list[tuple[str, int]]:
         """`(path, depth)` of each stack `problem` differentiates, once each,

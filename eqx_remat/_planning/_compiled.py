@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import jax
 
 from .._inspect._flops import count_flops
-from .._inspect._memory import MemoryReport, compiled_report, memory_report
+from .._inspect._memory import MemoryReport, compiled_report, inspect_memory
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args, traceable
 
@@ -106,7 +106,9 @@ def _compile(
     """`(report, executable)`: `memory_report`'s compile, keeping the
     executable where it can run here (else `None`)."""
     if not runnable:
-        return memory_report(fn, *args, target=target), None
+        # Compiled once: whether an offload pays is the pricer's question
+        # (`price_function`), asked before any option is compiled here.
+        return inspect_memory(fn, args, target, None, check_offload=False)[0], None
     # Lowered on the arguments as given (their shardings included), as
     # `memory_report` lowers them.
     f, _ = traceable(fn, args)

@@ -799,6 +799,8 @@ def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
             f"stacks of different depths ({', '.join(map(str, m.prices.depths))}) "
             "cannot share layer ranges: comparing uniform options only"
         )
+    if m.prices is not None:
+        out += m.prices.notes
     out += _mix_notes(m)
     for s in swaps:
         old, new = checkpoint_name(s.old.checkpoint), checkpoint_name(s.new.checkpoint)

@@ -1,7 +1,8 @@
 """The planner's one pricer: what tracing a function tells, priced once: its
 stacks, and each stack's per-layer options per layer and per chip (`Prices`,
-frozen), one stack the case k = 1 of k. Traced, never compiled or run; the
-bench caches it per function, arguments and target."""
+frozen), one stack the case k = 1 of k. Traced, never run; compiled only to
+ask whether an offloading option on a stack's hull pays (`check`); the bench
+caches it per function, arguments and target."""
 
 import dataclasses
 import functools
@@ -27,6 +28,7 @@ from ._evidence import Price
 from ._report import format_size
 from ._solve import (
     Option,
+    lower_hull,
     per_layer_options,
     prefix_options,
     price,
@@ -92,6 +94,8 @@ class Prices:
       minus that: zero for one stack). Its `time` is the roofline's.
     - `schedules`: the whole-stack schedules worth comparing (one stack),
       with their FLOPs.
+    - `notes`: what the pricing found that the result should say (offloading
+      options dropped because they do not pay).
     """
 
     stacks: tuple[Stack, ...]
@@ -101,6 +105,7 @@ class Prices:
     flops_none: int
     base: Option
     schedules: tuple[tuple[Schedule, int], ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def per(self) -> int:
@@ -141,11 +146,15 @@ def price_function(
     hw: Hardware,
     share: float,
     say: Callable[..., None],
+    check: Callable[[Planned], str | None] | None = None,
 ) -> Prices:
     """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
     its per-layer options, every other stack on `"nothing"` (`say` tells
     each, as a detail). One stack is the case k = 1: its options are priced
-    on their own."""
+    on their own. With `check`, an offloading option on a stack's lower hull
+    is checked once (`check(c)`: why the program with it does not pay,
+    compiled beside its save-on-device twin, or `None`) and dropped, with a
+    note, where it does not pay; then the hull is taken again."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -182,10 +191,15 @@ def price_function(
 
     per = depths[0] if len(set(depths)) == 1 else 1
     none = priced(PerStack({p: None for p in nothing}) if several else None)
-    out = []
+    out, notes = [], []
     for path, depth in stacks:
         on = functools.partial(lambda path, c: priced(plan(path, c)), path)
         out.append(_stack(path, depth if several else per, tags, on, share, hw))
+        if check is not None:
+            checked = functools.partial(lambda path, c: check(plan(path, c)), path)
+            options = {o.checkpoint: o for o in out[-1].options}
+            notes += _drop_unpaid(options, checked, say)
+            out[-1] = out[-1]._replace(options=tuple(options.values()))
         if several:
             n = len(out[-1].options)
             say(f"priced {n} options of {path} ({depth} layers)", detail=True)
@@ -212,6 +226,7 @@ def price_function(
         none[2],
         base,
         () if several else tuple(_schedules(fn, args, min(depths))),
+        tuple(notes),
     )
 
 
@@ -245,6 +260,37 @@ def _stack(
         by[c] = priced(c)
     options = (_option(c, by[c], by[None][2], depth, share, hw) for c in by)
     return Stack(path, depth, tuple(options))
+
+
+def _drop_unpaid(
+    options: dict[Checkpoint, Option],
+    check: Callable[[Checkpoint], str | None],
+    say: Callable[..., None],
+) -> list[str]:
+    """Drop from `options` each offloading option on their lower hull that
+    does not pay (`check`), until every one left on the hull pays; the notes
+    that say so. Only hull options can be picked or mixed, so only they are
+    compiled (each once, beside its twin)."""
+    checked: set[Checkpoint] = set()
+    notes: list[str] = []
+    while True:
+        unchecked = [
+            o.checkpoint
+            for o in lower_hull(list(options.values()))
+            if o.host_bytes > 0 and o.checkpoint not in checked
+        ]
+        if not unchecked:
+            return notes
+        for c in unchecked:
+            checked.add(c)
+            say(f"checking that offloading pays: {checkpoint_name(c)}", detail=True)
+            why = check(c)
+            if why is not None:
+                del options[c]
+                notes.append(
+                    f"{checkpoint_name(c)} offloads, but compiled it does not pay "
+                    f"({why}): not an option"
+                )
 
 
 def _option(

@@ -24,7 +24,11 @@ from ._cost import (
 )
 from ._evidence import Evidence as Evidence
 from ._loop import Compile as Compile, Time as Time, search as search
-from ._prices import Prices as Prices, Stack as Stack
+from ._prices import (
+    Prices as Prices,
+    Stack as Stack,
+    price_function as price_function,
+)
 from ._report import FrontierPoint as FrontierPoint, Progress as Progress
 from ._solve import (
     Option as Option,

@@ -1,22 +1,18 @@
 """How a policy is applied to a layer function: the one place `jax.checkpoint` is
 called with a policy, checking a name policy's names against the layer's tags."""
 
-import types
+import functools
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
+from .. import _jax_private
 from .._inspect._jaxpr import checkpoint_names
 from ._exclude import ExcludeProducers
-from ._values import (
-    NamePolicy,
-    Offloading,
-    Policy,
-    check_tags,
-    save_all_but_names,
-    save_names,
-)
+from ._values import NamePolicy, Policy, check_tags, save_all_but_names, save_names
 
 
 _cp = jax.checkpoint_policies
@@ -32,11 +28,14 @@ def checkpointed(fn: Callable, pol: Policy, *, prevent_cse: bool = False) -> Cal
     `scan_layers` and `chain`, and the engine's `Layers`): a name policy whose
     names are not all tags of `fn` raises a `ValueError` when it is called (at
     trace time), see `check_tags`."""
+    if isinstance(pol, save_all_but_names):
+        # Under remat3 too: see `ExcludeProducers`.
+        return ExcludeProducers(fn, pol, prevent_cse=prevent_cse)
     checked = pol  # the policy whose names are checked against the tags
     if remat3():
         pol = for_remat3(pol)
-    elif isinstance(pol, save_all_but_names):
-        return ExcludeProducers(fn, pol, prevent_cse=prevent_cse)
+        if pol is _cp.everything_saveable:  # saves what no checkpoint saves
+            return fn
     checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=prevent_cse)
     if isinstance(checked, NamePolicy):
         return _CheckedNames(fn, checkpointed_fn, checked)
@@ -44,45 +43,92 @@ def checkpointed(fn: Callable, pol: Policy, *, prevent_cse: bool = False) -> Cal
 
 
 def remat3() -> bool:
-    """Whether `jax.checkpoint` is JAX's remat3 (the `jax_remat3` flag, which
-    jax 0.10.2 has off and later versions turn on): it honours only its own
-    name policies (`jax.checkpoint_policies.save_only_these_names`, ...) at a
-    `checkpoint_name` tag, and recomputes the tag under any other."""
+    """Whether `jax.checkpoint` is JAX's remat3 (the `jax_remat3` flag, off by
+    default in jax 0.10.2 to 0.12.1, and by JAX's docs on its way to becoming
+    the default)."""
     return bool(getattr(jax.config, "jax_remat3", False))
 
 
 def for_remat3(pol: Policy) -> Policy:
-    """`pol` as a value remat3 honours: `save_names` as JAX's own
-    `save_only_these_names`, an offloading policy as the JAX policy it wraps;
-    any other policy (JAX's, or a callable of your own) as it is.
+    """`pol` as a value JAX's remat3 honours, for `jax.checkpoint` under
+    `jax_remat3=True`.
+
+    - `save_names` as JAX's own `save_only_these_names`, one value per set of
+      names (rebuilding an equal policy gives the same value, so nothing is
+      compiled again);
+    - where this jax's remat3 asks any policy at each operation it can save
+      (matrix products and `checkpoint_name` tags; jax 0.12 does): any other
+      policy as it is, `offload_names` and `save_and_offload_names` as their
+      JAX policy (also one value per policy);
+    - where it honours only JAX's own policy values, by their type (jax
+      0.10.2): those (`save_only_these_names`, `'dots'`, `'dots_no_batch'`,
+      `'nothing'`) and `'everything'`, which `checkpointed` then applies as no
+      checkpoint at all (what jax 0.12's remat3 does).
+
+    (`save_all_but_names` never comes here: `checkpointed` applies it with
+    `ExcludeProducers`.)
 
     **Raises:**
 
-    `NotImplementedError` for `save_all_but_names` (its exact rewrite tags
-    values for a policy of its own, which remat3 would ignore), and for
-    `offload_names` and `save_and_offload_names` where this jax's
-    `save_and_offload_only_these_names` is a plain function (remat3 would
-    recompute every tag instead of offloading it).
+    `NotImplementedError`, at trace time, naming the policy and the jax
+    version, for a policy this jax's remat3 would silently not honour (jax
+    0.10.2: an offloading policy, or a callable of your own, which its remat3
+    would take for `'nothing'`).
     """
     if isinstance(pol, save_names):
-        return _cp.save_only_these_names(*sorted(pol.names))
-    if isinstance(pol, save_all_but_names):
-        raise NotImplementedError(
-            f"{pol!r} is not supported under JAX's remat3 (jax_remat3=True): "
-            "remat3 honours only its own name policies. Use save_names with the "
-            "names to keep, or a policy name such as 'dots'."
-        )
-    inner = getattr(pol, "_jax_policy", pol)
-    inner = inner.policy if isinstance(inner, Offloading) else inner
-    if isinstance(pol, NamePolicy) and isinstance(inner, types.FunctionType):
-        raise NotImplementedError(
-            f"{pol!r} is not supported under JAX's remat3 (jax_remat3=True) in jax "
-            f"{jax.__version__}: its save_and_offload_only_these_names is a "
-            "function, which remat3 ignores at a checkpoint_name tag (it would "
-            "recompute every tag instead of offloading it). Use save_names with "
-            "the same names, or a newer jax."
-        )
-    return inner
+        return _save_only_these_names(tuple(sorted(pol.names)))
+    if _remat3_asks_policies():
+        return getattr(pol, "_jax_policy", pol)
+    if pol is _cp.everything_saveable or _jax_policy_value(pol):
+        return pol
+    raise NotImplementedError(
+        f"{pol!r} is not supported under JAX's remat3 (jax_remat3=True) in jax "
+        f"{jax.__version__}: this jax's remat3 honours only JAX's own policy "
+        "values (save_only_these_names, 'dots', 'dots_no_batch', 'nothing', "
+        "'everything'), and would recompute what this policy saves or "
+        "offloads. Use one of those (eqx_remat.save_names for names), turn "
+        "jax_remat3 off, or use jax >= 0.12, whose remat3 honours any policy."
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _save_only_these_names(names: tuple[str, ...]) -> Policy:
+    """JAX's `save_only_these_names(*names)`, one value per `names` (while
+    among the 256 most recently used): jax 0.12 makes it a new function at
+    each call, which would compare unequal to the last and so compile again."""
+    return _cp.save_only_these_names(*names)
+
+
+def _jax_policy_value(pol: Policy) -> bool:
+    """Whether `pol` is one of the policy values jax 0.10.2's remat3 honours
+    by their type (at a tag: `save_only_these_names`,
+    `save_any_names_but_these`; at a matrix product: `dots_saveable` and
+    `dots_with_no_batch_dims_saveable`), or `nothing_saveable`."""
+    cls = type(pol)
+    return pol is _cp.nothing_saveable or (
+        cls.__module__ == "jax._src.ad_checkpoint"
+        and cls.__name__
+        in ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "DotsSaveable")
+    )
+
+
+@functools.cache
+def _remat3_asks_policies() -> bool:
+    """Whether this jax's remat3 calls a policy callable at a `checkpoint_name`
+    tag (jax 0.12 does, and at every operation it can save; jax 0.10.2's looks
+    only at the type of JAX's own policy values), found once by tracing the
+    gradient of one tagged operation under remat3 with a policy that notes
+    its calls."""
+    calls = []
+
+    def probe(prim, *_, **params):
+        calls.append(prim)
+        return False
+
+    f = jax.checkpoint(lambda x: checkpoint_name(jnp.sin(x), "probe"), policy=probe)
+    with _jax_private.remat3_set(True):
+        jax.make_jaxpr(jax.grad(f))(1.0)
+    return bool(calls)
 
 
 class _CheckedNames:

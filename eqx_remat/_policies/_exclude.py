@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from .. import _jax_private
 from .._inspect._jaxpr import (
     KEEP_TAG,
     checkpoint_names,
@@ -76,6 +77,12 @@ class ExcludeProducers:
     is evaluated again, with those tags inserted, inside `jax.checkpoint`.
     Signatures match input shapes as suffixes, so leading axes added by
     `jax.vmap` still match.
+
+    Under JAX's remat3 (`jax_remat3=True`) too, this checkpoint is JAX's
+    previous one (traced with remat3 off): remat3 saves only the outputs of
+    the operations it has a rule for (matrix products, tags) and recomputes
+    every other, whatever the policy says, so "everything but" cannot be said
+    to it. The gradients and the values saved are the same as without remat3.
     """
 
     def __init__(
@@ -86,6 +93,10 @@ class ExcludeProducers:
         self.prevent_cse = prevent_cse
 
     def __call__(self, *args):
+        with _jax_private.remat3_set(False):
+            return self._checkpointed(*args)
+
+    def _checkpointed(self, *args):
         closed, flat, out_tree = trace(self.fn, *args)
         check_tags(self.pol, checkpoint_names(closed.jaxpr))
         # Inline calls to jitted functions, so the region can follow values

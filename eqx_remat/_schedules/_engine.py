@@ -56,6 +56,7 @@ from jax.extend.core import Jaxpr
 
 from .. import _jax_private
 from .._inspect._jaxpr import checkpoint_names, eval_jaxpr, varying
+from .._inspect._offload import on_device
 from .._policies._apply import checkpointed
 from .._policies._named import to_jax_policy
 from .._policies._values import NamePolicy, check_tags
@@ -230,7 +231,7 @@ class Layers:
         """`_step` under the inner policy."""
         if self._policy is None:
             return self._step
-        return checkpointed(self._step, self._policy)
+        return checkpointed(self._step, on_device(self._policy))
 
     @functools.cached_property
     def _consts_split(self) -> tuple[Any, Any]:

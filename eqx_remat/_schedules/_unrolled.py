@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from .._inspect._offload import on_device
 from .._policies._apply import checkpointed
 from .._policies._values import Policy
 from ._checkpoint import Checkpoint, normalise_checkpoint
@@ -50,7 +51,11 @@ def each(layers: Sequence[Layer], carry: Any, policy: Policy | None) -> Any:
     """Each layer in turn, under `jax.checkpoint` with `policy` (saving the
     layer's input and what the policy saves), or as it is for `None`."""
     for layer in layers:
-        f = layer if policy is None else checkpointed(layer, policy, prevent_cse=True)
+        f = (
+            layer
+            if policy is None
+            else checkpointed(layer, on_device(policy), prevent_cse=True)
+        )
         carry = f(carry)
     return carry
 
