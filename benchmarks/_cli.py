@@ -4,7 +4,6 @@ checkpoint spec is `eqx_remat.parse_checkpoint`'s syntax."""
 
 import argparse
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import eqx_remat as er
 
 from . import _device
+from ._files import writable_problem
 from ._results import RESULTS, run_dir
 
 
@@ -255,22 +255,3 @@ def presets_problem(specs: Sequence[str] | None, names: Sequence[str]) -> str | 
         for path, depth in PRESETS[n].stack_depths().items()
     }
     return depth_problem(specs, depths)
-
-
-def writable_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory to write in, or `None`: tried (the missing
-    directories made, a file written), then what was made removed again."""
-    made = []
-    try:
-        for parent in [*reversed(path.absolute().parents), path.absolute()]:
-            if not parent.exists():
-                parent.mkdir()
-                made.append(parent)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        return str(e.strerror or e)
-    finally:
-        for d in reversed(made):
-            d.rmdir()
-    return None

@@ -4,7 +4,6 @@ over every (checkpoint, depth) point, and the plot against depth."""
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -12,7 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _cli, _console, _format, _plots, _table
+from . import _cli, _console, _format, _plots, _table, _timing
 
 
 def parser(doc: str, depths: list[int], what: str) -> argparse.ArgumentParser:
@@ -23,11 +22,10 @@ def parser(doc: str, depths: list[int], what: str) -> argparse.ArgumentParser:
 
 
 def compile_seconds(fn: Callable, *args) -> float:
-    """Trace, lower and compile `fn` from scratch (caches cleared first)."""
+    """Trace, lower and compile `fn` from scratch (caches cleared first):
+    `_timing.compile_step`'s seconds."""
     jax.clear_caches()
-    t0 = time.perf_counter()
-    jax.jit(fn).lower(*args).compile()
-    return time.perf_counter() - t0
+    return _timing.compile_step(fn, *args).compile_s
 
 
 def sweep(

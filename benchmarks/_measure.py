@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,9 +21,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import eqx_remat as er
 import zoo
-from eqx_remat.internal import compiled_report, needed_bytes
+from eqx_remat.internal import needed_bytes
 
-from . import _console, _device, _format, _models, _peers
+from . import _console, _device, _format, _models, _peers, _timing
 
 
 V5E_HBM = 16 * 2**30
@@ -130,26 +129,24 @@ def _report_fields(report: er.MemoryReport) -> dict[str, Any]:
 
 def compile_variant(
     v: Variant, limit: int | None
-) -> tuple[dict[str, Any], Any, tuple | None]:
-    """`(row, compiled, args)`: compiled memory and FLOPs; `compiled` is `None`
-    when the variant does not fit (the row says why)."""
+) -> tuple[dict[str, Any], _timing.Step | None]:
+    """`(row, step)`: compiled memory and FLOPs, and the step compiled
+    (`_timing.compile_step`); `step` is `None` when the variant does not fit
+    (the row says why)."""
     row = v.row(fits=True, device_kind=_device.device_kind())
     row |= {"device_count": jax.device_count(), "process_index": jax.process_index()}
     fn, args = v.build()
-    t0 = time.perf_counter()
     try:
-        compiled = jax.jit(fn).lower(*args).compile()
+        step = _timing.compile_step(fn, *args)
     except jax.errors.JaxRuntimeError as e:  # XLA refuses what does not fit
-        return {**row, "fits": False, "error": _format.first_line(e)}, None, None
-    row["compile_s"] = time.perf_counter() - t0
-    flops = er.count_flops(fn, *args)
-    report = compiled_report(compiled, flops=flops, target=jax.default_backend())
-    row |= _report_fields(report)
+        return {**row, "fits": False, "error": _format.first_line(e)}, None
+    row["compile_s"] = step.compile_s
+    row |= _report_fields(step.report(flops=er.count_flops(fn, *args)))
     if limit is not None and row["total_bytes"] > limit:
         row["fits"] = False
         row["error"] = f"compiled size {row['total_bytes']} B > limit {limit} B"
-        return row, None, None
-    return row, compiled, args
+        return row, None
+    return row, step
 
 
 # --------------------------------------------------------------------------------------
@@ -163,30 +160,30 @@ def measure_here(
     limit: int | None,
     step: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Compile and run every variant in this process; time them round-robin."""
+    """Compile and run every variant in this process; time them round-robin
+    (`_timing.time_steps`): `step_s` the median of its rounds."""
     rows, ready = [], []
     for v in variants:
         step(f"compile {v.group} {v.impl} {v.checkpoint}")
-        row, compiled, args = compile_variant(v, limit)
+        row, compiled = compile_variant(v, limit)
         rows.append(row)
         if compiled is None:
             continue
         try:  # one step, the warm-up: its loss
-            first = jax.tree.leaves(jax.block_until_ready(compiled(*args)))[0]
+            first = jax.tree.leaves(jax.block_until_ready(compiled.run()))[0]
         except Exception as e:  # a run that fails (out of memory) marks the row
             row.update(fits=False, error=_format.first_line(e))
             continue
         row["loss"] = float(first) if first.ndim == 0 else None
-        ready.append((row, compiled, args))
-    times: list[list[float]] = [[] for _ in ready]
-    for r in range(repeats):
-        step(f"time round {r + 1}/{repeats}")
-        for ts, (_, compiled, args) in zip(times, ready):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            ts.append(time.perf_counter() - t0)
-    for ts, (row, _, _) in zip(times, ready):
-        row["step_s"], row["times_s"] = statistics.median(ts), ts
+        ready.append((row, compiled))
+    timings = _timing.time_steps(
+        [compiled for _, compiled in ready],
+        repeats,
+        warmup=False,  # the run above
+        each_round=lambda r: step(f"time round {r + 1}/{repeats}"),
+    )
+    for t, (row, _) in zip(timings, ready, strict=True):
+        row["step_s"], row["times_s"] = t.seconds, list(t.times)
         row["peak_bytes"] = _device.peak_bytes_in_use()  # None on the CPU
     return rows
 

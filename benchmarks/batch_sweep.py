@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from benchmarks import (
     _results,
     _table,
     _targets,
+    _timing,
 )
 from benchmarks._results import of_kind
 
@@ -61,32 +63,31 @@ def _loss(model, tokens, axis=None):
 GRAD = eqx.filter_grad(_loss)
 
 
+@dataclasses.dataclass(frozen=True)
 class _Combo:
-    """One (checkpoint, micro-batches, loss chunk) combination, compiled."""
+    """One (checkpoint, micro-batches, loss chunk) combination, compiled:
+    its compiled memory, and its time (`_time`, with the others)."""
 
-    def __init__(self, model, tokens, checkpoint, k: int, chunk: int | None):
-        self.checkpoint, self.k, self.chunk = checkpoint, k, chunk
-        model = er.set_checkpoint(model, checkpoint)
-        self.model, self.tokens = zoo.set_loss_chunk_size(model, chunk), tokens
-        # equinox's Compiled: runs with the model's arrays, holds jax's.
-        lowered = eqx.filter_jit(er.accumulate(GRAD, k)).lower(self.model, tokens)
-        self.run = lowered.compile()
-        report = er.internal.compiled_report(
-            self.run.compiled, flops=0, target=jax.default_backend()
-        )
-        self.memory = report.total_bytes
-        self.seconds = 0.0  # measured with the others (`_time`)
+    checkpoint: Any
+    k: int
+    chunk: int | None
+    step: _timing.Step
+    memory: int
+    seconds: float = math.nan  # until timed
 
-    def __call__(self):
-        return self.run(self.model, self.tokens)
+    @classmethod
+    def compile(cls, model, tokens, checkpoint, k: int, chunk: int | None):
+        model = zoo.set_loss_chunk_size(er.set_checkpoint(model, checkpoint), chunk)
+        step = _timing.compile_step(er.accumulate(GRAD, k), model, tokens)
+        return cls(checkpoint, k, chunk, step, step.memory_bytes)
 
     def name(self) -> str:
         return f"{self.checkpoint!r} x{self.k} chunk {self.chunk}"
 
 
-def _time(programs, rounds: int) -> list[er.internal.Timing]:
-    timings = er.internal.time_interleaved(programs, rounds=rounds)
-    return er.internal.on_one_clock(timings, 0)
+def _time(combos: list[_Combo], rounds: int) -> list[er.internal.Timing]:
+    """Timed together, on the first one's clock."""
+    return _timing.time_steps([c.step for c in combos], rounds, on=0)
 
 
 def _preset(name: str) -> _models.TransformerPreset:
@@ -113,9 +114,11 @@ def sweep_preset(args, name: str, preset, console) -> list[dict[str, Any]]:
         uniform = [er.parse_checkpoint(c, preset.depth) for c in args.checkpoint]
     grid = list(itertools.product(uniform, counts, chunks))
     console.print(f"{name}: compiling {len(grid)} combinations")
-    combos = [_Combo(model, tokens, c, k, ch) for c, k, ch in grid]
-    for combo, t in zip(combos, _time(combos, args.repeats), strict=True):
-        combo.seconds = t.seconds
+    combos = [_Combo.compile(model, tokens, c, k, ch) for c, k, ch in grid]
+    combos = [
+        dataclasses.replace(c, seconds=t.seconds)
+        for c, t in zip(combos, _time(combos, args.repeats), strict=True)
+    ]
     low = min(c.memory for c in combos)
     high = combos[grid.index((None, 1, None))].memory
     budgets = np.geomspace(low, high, args.budgets).astype(int).tolist()
@@ -165,7 +168,9 @@ def _pick(args, name, model, tokens, way, budget, combos, plain_s) -> dict[str, 
     how = {"micro_batches": way[0], "loss_chunks": way[1], "progress": False}
     r, plan_s = _timed(er.plan, GRAD, model, tokens, budget_bytes=budget, **how)
     fitting = sorted((c for c in combos if c.memory <= budget), key=lambda c: c.seconds)
-    pick = _Combo(model, tokens, r.checkpoint, r.micro_batches, r.loss_chunk_size)
+    pick = _Combo.compile(
+        model, tokens, r.checkpoint, r.micro_batches, r.loss_chunk_size
+    )
     timings = _time([pick, *fitting[:3]], args.repeats)
     rivals = timings[1:]
     best = min(range(len(rivals)), key=lambda i: rivals[i].seconds)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         v = vs[0] if spec else next(v for v in vs if v.impl == "eqxi.scan")
         if first:
             jax.clear_caches()
-            row, _, _ = _measure.compile_variant(v, None)
+            row, _ = _measure.compile_variant(v, None)
         else:
             row = {"compile_s": _depth.compile_seconds(*v.build())}
         return row | {

@@ -12,8 +12,12 @@ the semi-public `eqx_remat.internal`, never a private `eqx_remat._x` module; onl
 module without a leading underscore) imports only the shared `_x` modules (and
 `train_lm.py` the training package), never another script; a shared module never
 imports a script or the training package; the training package
-(`benchmarks/train/`) imports of the harness only `_device` (where it runs),
-which imports nothing of `benchmarks`; and the package has no import cycle.
+(`benchmarks/train/`) imports of the harness only `_device` (where it runs) and
+`_files` (whether a directory can be written in), which import nothing of
+`benchmarks`; the package has no import cycle, counting `from P import name` as
+an import of `P` (`import_graph(..., package_reads=True)`: a module that reads
+its own package's namespace while the package's `__init__` imports it is in a
+cycle); and no file of it is over 800 lines.
 
 Each check is a function returning what it found, so that the checks themselves
 are tested on small made-up packages (they can fail).
@@ -50,7 +54,9 @@ PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
 MAX_FUNCTION_LINES = 80  # lines of code, as `function_sizes` counts them
 BENCHMARKS = "benchmarks"
 TRAIN = "train"  # the training package, benchmarks/train/
-TRAIN_MAY_IMPORT = ("_device",)  # of the harness: where it runs, nothing else
+# Of the harness: where it runs, and whether a directory can be written in.
+TRAIN_MAY_IMPORT = ("_device", "_files")
+MAX_BENCHMARK_FILE_LINES = 800
 
 
 def _imports(path: Path):
@@ -61,12 +67,17 @@ def _imports(path: Path):
     ]
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
+def import_graph(
+    package_dir: Path, *, package_reads: bool = False
+) -> dict[str, set[str]]:
     """`module -> the modules of the same package it imports`, for every `.py`
     file of the package at any depth, each named by its dotted path inside the
     package (`_inspect._jaxpr`; a subpackage by its name, `_inspect`; the
     package's own `__init__` as `__init__`). `from . import name`, when `name`
-    is not a module, is an import of the package's `__init__`."""
+    is not a module, is an import of the package's `__init__`; with
+    `package_reads`, `from P import name` is one of `P` (its `__init__`, for a
+    package) whatever `name` is: Python reads `name` from `P`, which a module
+    that `P`'s `__init__` imports finds half made."""
     name = package_dir.name
 
     def dotted(path: Path) -> str:
@@ -110,6 +121,8 @@ def import_graph(package_dir: Path) -> dict[str, set[str]]:
             for alias in node.names:  # `from pkg import sub`: the submodule
                 sub = ".".join([*base, alias.name])
                 edges.add(sub if sub in files else module_of(base))
+                if package_reads:
+                    edges.add(module_of(base))
         edges.discard(module)
         graph[module] = edges
     return graph
@@ -168,7 +181,18 @@ def benchmark_rule_breaks(graph: dict[str, set[str]]) -> list[str]:
             elif ka == "train" and kb == "shared" and b not in TRAIN_MAY_IMPORT:
                 out.append(f"{a} imports {b}: the measuring harness")
             elif a in TRAIN_MAY_IMPORT and kb != "init":
-                out.append(f"{a} imports {b}: the training package's only import")
+                out.append(f"{a} imports {b}: a module the training package imports")
+    return out
+
+
+def long_files(package_dir: Path, limit: int) -> list[str]:
+    """`file.py n` for each `.py` file under `package_dir` (at any depth) of more
+    than `limit` lines."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out.append(f"{path.relative_to(package_dir)} {n}")
     return out
 
 
@@ -399,12 +423,19 @@ def test_eqx_remat_imports_only_downwards():
 
 
 def test_benchmarks_are_one_tool_without_a_cycle():
-    graph = import_graph(ROOT / BENCHMARKS)
+    graph = import_graph(ROOT / BENCHMARKS, package_reads=True)
     # The parse found them.
     assert {"_cli", "_results"} <= graph["run"] and "train.config" in graph
+    assert "train.loop" in graph["train"] and "train.metrics" in graph["train.loop"]
     assert benchmark_rule_breaks(graph) == []
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle in benchmarks: {' imports '.join(cycle)}"
+
+
+def test_no_benchmark_file_is_over_800_lines():
+    assert len(list((ROOT / BENCHMARKS).rglob("*.py"))) > 20  # found them
+    found = long_files(ROOT / BENCHMARKS, MAX_BENCHMARK_FILE_LINES)
+    assert found == [], f"over {MAX_BENCHMARK_FILE_LINES} lines: {found}"
 
 
 def test_eqx_remat_never_imports_zoo_or_benchmarks():
@@ -515,13 +546,16 @@ def test_benchmark_rule_breaks_are_found(tmp_path):
             "train/config.py": "from benchmarks import _device, _cli\n",
         },
     )
-    graph = import_graph(package)
+    graph = import_graph(package, package_reads=True)
+    # `from benchmarks import _device` reads `benchmarks/__init__.py` too.
     assert graph["train_lm"] == {"train"} and graph["train.config"] == {
         "_device",
         "_cli",
+        "__init__",
     }
     assert benchmark_rule_breaks(graph) == [
-        "_device imports _ok: the training package's only import",
+        "_device imports _ok: a module the training package imports",
+        "_results imports train: the training package",
         "_results imports train.config: the training package",
         "run imports plan_sweep: a script",
         "seed_claim imports run: a script",
@@ -531,7 +565,42 @@ def test_benchmark_rule_breaks_are_found(tmp_path):
     # The training package's cycle the checks found (config <-> data).
     (package / "train/data.py").write_text("from .config import main\n")
     (package / "train/config.py").write_text("def f():\n    from .data import x\n")
-    assert set(find_cycle(import_graph(package))) == {"train.config", "train.data"}
+    cycle = find_cycle(import_graph(package, package_reads=True))
+    assert set(cycle) == {"train.config", "train.data"}
+
+
+def test_a_cycle_through_a_package_namespace_is_found(tmp_path):
+    """The training package's cycle the checks found (loop -> the package,
+    whose `__init__` imports loop): `from . import config` reads the package
+    half made, though `config` is a module."""
+    package = _package(
+        tmp_path,
+        BENCHMARKS,
+        {
+            "__init__.py": "",
+            "train/__init__.py": "from .config import c\nfrom .loop import main\n",
+            "train/config.py": "c = 1\n",
+            "train/loop.py": "def main():\n    from . import config\n",
+        },
+    )
+    assert import_graph(package)["train.loop"] == {"train.config"}
+    assert find_cycle(import_graph(package)) is None  # without package reads
+    graph = import_graph(package, package_reads=True)
+    assert graph["train.loop"] == {"train", "train.config"}
+    assert set(find_cycle(graph)) == {"train", "train.loop"}
+    (package / "train/loop.py").write_text("from .config import c\n")
+    assert find_cycle(import_graph(package, package_reads=True)) is None
+
+
+def test_long_files_are_found(tmp_path):
+    package = _package(
+        tmp_path,
+        BENCHMARKS,
+        {"a.py": "x = 1\n" * 5, "sub/b.py": "y = 2\n" * 6, "c.txt": "z\n" * 9},
+    )
+    assert long_files(package, 5) == ["sub/b.py 6"]
+    assert long_files(package, 4) == ["a.py 5", "sub/b.py 6"]
+    assert long_files(package, 6) == []
 
 
 def test_an_import_of_zoo_is_found(tmp_path):

@@ -16,8 +16,9 @@ import tyro
 
 import eqx_remat as er
 from benchmarks import _device
+from benchmarks._files import writable_problem
 
-from .files import data_problem, run_dir, writable_problem
+from .files import data_problem, run_dir
 
 
 VOCAB_SIZE = 256  # bytes

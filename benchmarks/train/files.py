@@ -1,10 +1,10 @@
-"""Files: the run directory (fresh, or `--save-dir` if writable), the text
-files of a corpus, and why a `--data` path cannot be read. Imported by both the
-flags (`config`) and the corpus (`data`), and importing neither."""
+"""Files: a fresh run directory, the text files of a corpus, and why a
+`--data` path cannot be read (whether `--save-dir` can be written in:
+`benchmarks/_files.py`). Imported by both the flags (`config`) and the corpus
+(`data`), and importing neither."""
 
 import datetime
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,25 +16,6 @@ def run_dir(script: str) -> Path:
     """A fresh `benchmarks/runs/<script>-<date>/`, so nothing is overwritten."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     return RUNS / f"{script}-{stamp}"
-
-
-def writable_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory to write in, or `None`: tried (the missing
-    directories made, a file written), then what was made removed again."""
-    made = []
-    try:
-        for parent in [*reversed(path.absolute().parents), path.absolute()]:
-            if not parent.exists():
-                parent.mkdir()
-                made.append(parent)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        return str(e.strerror or e)
-    finally:
-        for d in reversed(made):
-            d.rmdir()
-    return None
 
 
 def walk(

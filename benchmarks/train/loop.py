@@ -25,8 +25,25 @@ import eqx_remat
 import eqx_remat as er
 from benchmarks import _device
 
-from . import checkpointing, config, model
-from .config import Flags, RunConfig, UsageError
+from .checkpointing import (
+    find_resume_point,
+    newest_meta,
+    open_manager,
+    save_checkpoint,
+)
+from .config import (
+    FORMAT,
+    USAGE,
+    Flags,
+    RunConfig,
+    UsageError,
+    check_extension,
+    check_remat,
+    learning_rate_schedule,
+    mesh_spec,
+    parse_args,
+    run_config,
+)
 from .data import Corpus, corpus_for, sample
 from .metrics import (
     PLOT_FILE,
@@ -36,7 +53,16 @@ from .metrics import (
     plot_losses,
     say,
 )
-from .model import Placement, TrainState, eval_loss, train_step
+from .model import (
+    Placement,
+    TrainState,
+    eval_loss,
+    init_state,
+    make_optimizer,
+    make_placement,
+    step_flops,
+    train_step,
+)
 
 
 class TrainResult(NamedTuple):
@@ -70,11 +96,11 @@ class Run(NamedTuple):
 def main(argv: Sequence[str] | None = None) -> TrainResult:
     """Train as the command line `argv` says (see `--help`). A bad flag exits with
     status 2; a bad combination of flags or checkpoint raises `UsageError`."""
-    args = config.parse_args(argv)
-    platform = _device.select_device(args, config.USAGE)
+    args = parse_args(argv)
+    platform = _device.select_device(args, USAGE)
     # A new --save-dir is made once every flag is checked (a refused run writes none).
     exists = args.save_dir is not None and args.save_dir.exists()
-    mgr = checkpointing.open_manager(args.save_dir, args.keep) if exists else None
+    mgr = open_manager(args.save_dir, args.keep) if exists else None
     stop = StopRequest()  # a signal before the first step stops the run after it
     try:
         run, state = prepare(args, platform, mgr)
@@ -86,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> TrainResult:
             )
             return TrainResult(state, [], run.first, None, False)
         if args.save_dir is not None and mgr is None:
-            mgr = checkpointing.open_manager(args.save_dir, args.keep)
+            mgr = open_manager(args.save_dir, args.keep)
         return train(run, state, mgr, stop)
     except Exception as e:
         if jax.process_count() > 1 and not isinstance(e, UsageError):
@@ -140,18 +166,16 @@ def prepare(
             f"{', '.join(map(str, mgr.all_steps()))}): add --resume to continue "
             "that run, or pick another directory."
         )
-    saved = checkpointing.newest_meta(mgr) if args.resume else None
-    c = config.run_config(args, saved and saved["config"], platform)
+    saved = newest_meta(mgr) if args.resume else None
+    c = run_config(args, saved and saved["config"], platform)
     checkpoint = er.parse_checkpoint(args.remat, depth=c.layers)
-    config.check_remat(args.remat, checkpoint, c.layers)
-    placement = model.make_placement(config.mesh_spec(args.mesh), c.batch)
+    check_remat(args.remat, checkpoint, c.layers)
+    placement = make_placement(mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
     if args.resume:
-        step, meta, state = checkpointing.find_resume_point(
-            mgr, args.save_dir, placement
-        )
-        c = config.run_config(args, meta["config"], platform)
-        config.check_extension(RunConfig(**meta["config"]), c, step)
+        step, meta, state = find_resume_point(mgr, args.save_dir, placement)
+        c = run_config(args, meta["config"], platform)
+        check_extension(RunConfig(**meta["config"]), c, step)
         if meta["corpus_sha256"] != corpus.sha256:
             raise UsageError(
                 f"--resume: the corpus ({corpus.source}) differs from the "
@@ -160,16 +184,16 @@ def prepare(
                 "or changed --data?). Batches would not match."
             )
     else:
-        state = model.init_state(c)
+        state = init_state(c)
         state = state if placement is None else placement.params(state)
     # `--remat` changes memory and FLOPs only. As a static field of the model, it is
     # in the treedefs of the Adam moments too: set it in the whole state.
     state = eqx_remat.set_checkpoint(state, checkpoint)
     first = int(state.step)
     last = c.steps if args.stop_after is None else min(c.steps, first + args.stop_after)
-    meta = dict(format=config.FORMAT, config=dataclasses.asdict(c))
+    meta = dict(format=FORMAT, config=dataclasses.asdict(c))
     meta |= dict(corpus_sha256=corpus.sha256, checkpoint=repr(checkpoint))
-    optimizer = model.make_optimizer(c)
+    optimizer = make_optimizer(c)
     run = Run(args, c, checkpoint, placement, corpus, optimizer, first, last, meta)
     return run, state
 
@@ -265,7 +289,7 @@ def _loop(run, state, mgr, stop, writer):
     flops = (None, None)
     if _device.peak_flops_per_chip() is not None:  # else MFU is null anyway
         tokens = jax.ShapeDtypeStruct((c.batch, c.seq + 1), jnp.int32)
-        flops = model.step_flops(state, tokens, run.optimizer)
+        flops = step_flops(state, tokens, run.optimizer)
     started = tick = time.perf_counter()
     losses, since, timed, seconds = [], run.first, 0, 0.0
     final_eval = stopped_by = None
@@ -301,7 +325,7 @@ def _loop(run, state, mgr, stop, writer):
                 bar.update(task, loss=f"{row['loss']:.4f}")
                 since, timed, seconds = done, 0, 0.0
             if saving:
-                checkpointing.save_checkpoint(mgr, done, state, run.meta)
+                save_checkpoint(mgr, done, state, run.meta)
             if logging or saving:
                 tick = time.perf_counter()
             bar.update(task, completed=done)
@@ -340,7 +364,7 @@ def _row(run, state, done, window, step_s, flops, started) -> dict[str, Any]:
     args, c = run.args, run.c
     eval_due = args.eval_batches and (done == c.steps or _every(done, args.eval_every))
     with jax.numpy_dtype_promotion("standard"):
-        lr = float(config.learning_rate_schedule(c)(done - 1))
+        lr = float(learning_rate_schedule(c)(done - 1))
     return {
         "step": done,
         "loss": window[-1],
