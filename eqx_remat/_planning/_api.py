@@ -2,6 +2,7 @@
 then solves one function (`_plan`) or a global batch's combinations of
 micro-batches and loss chunking (`_batch`)."""
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +20,7 @@ from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
 from ._loop import compare
 from ._report import PlanResult, Progress
-from ._stacks import relative_result, solve_model
+from ._stacks import solve_model
 
 
 _EXAMPLES = {
@@ -216,14 +217,17 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
     with warnings.catch_warnings(), on.traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        problem = Problem.of(fn, args, on)
         if ways is not None:
             if loss_chunks is not None:
                 warn_if_chunks_do_nothing(fn, args, ways)
-            return relative_result(plan_batches(bench, fn, args, budget, ways, in_axes))
-        problem = Problem.of(fn, args, on)
-        if candidates is not None:
-            return compare(bench, problem, budget, candidates)
-        return relative_result(solve_model(bench, problem, budget).result)
+            result = plan_batches(bench, fn, args, budget, ways, in_axes)
+        elif candidates is not None:
+            result = compare(bench, problem, budget, candidates)
+        else:
+            result = solve_model(bench, problem, budget).result
+        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
+    return dataclasses.replace(result, stacks=stacks)
 
 
 def _measuring(measure: Any, target: str | None) -> bool:
