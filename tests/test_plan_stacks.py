@@ -282,6 +282,24 @@ def test_plan_a_one_stack_training_step_with_adam():
     check_close(updates, step(*er.set_checkpoint((model, state), None), x)[0])
 
 
+def test_a_stack_is_spelled_one_way_in_progress_errors_and_results(capsys):
+    # As `set_checkpoint` and the result take it: from inside the model.
+    bench = Bench(
+        Target(None, figures=_CPU),
+        True,
+        say=Progress("verbose"),
+        cache=CACHE,
+        clock=_fake_clock,
+        warm=lambda programs: 0.0,
+    )
+    with pytest.raises(ValueError, match="No candidate fits") as e:
+        plan_on(bench, GRAD, MODEL, X, budget_bytes=1)
+    err = capsys.readouterr().err
+    for text in (str(e.value), err):
+        assert "'.encoder.checkpoint'" in text or ".encoder.checkpoint (" in text
+        assert "[0]." not in text, text
+
+
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
     # Hand-made prices of two stacks (no compile): every plan the greedy
     # returns is predicted to fit, and costs no more than the cheapest pair
