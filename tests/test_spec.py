@@ -12,19 +12,20 @@ import eqx_remat as er
 
 
 NAMES = ("layer_input", "qkv_proj", "attention_context", "mlp_hidden", "a-b", "x.y")
-SPACES = ("device", "pinned_host")
+SPACES = ("device", "pinned_host")  # where offloaded values are kept
 
-names = st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True)
+# A tag is any non-empty text: the labels escape it as Python does.
+tags = st.one_of(st.sampled_from(NAMES), st.text(min_size=1))
+names = st.lists(tags, min_size=1, max_size=3, unique=True)
 
 
 @st.composite
 def per_name_decisions(draw):
-    both = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=4, unique=True))
+    both = draw(st.lists(tags, min_size=1, max_size=4, unique=True))
     cut = draw(st.integers(0, len(both)))
     return er.save_and_offload_names(
         save=both[:cut],
         offload=both[cut:],
-        src=draw(st.sampled_from(SPACES)),
         dst=draw(st.sampled_from(SPACES)),
     )
 
@@ -35,10 +36,7 @@ policies = st.one_of(
     names.map(lambda n: er.save_names(*n)),
     names.map(lambda n: er.save_all_but_names(*n)),
     st.builds(
-        lambda n, src, dst: er.offload_names(*n, src=src, dst=dst),
-        names,
-        st.sampled_from(SPACES),
-        st.sampled_from(SPACES),
+        lambda n, dst: er.offload_names(*n, dst=dst), names, st.sampled_from(SPACES)
     ),
     per_name_decisions(),
 )
@@ -122,6 +120,33 @@ def test_labels_read_as_the_results_files_write_them():
     assert er.checkpoint_label(c) == "ranges(4:save_names('qkv_proj'), 12:None)"
     # JAX's policy objects of POLICIES are labelled by their names.
     assert er.checkpoint_label(er.POLICIES["dots"]) == "dots"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a\\b", "tab\there", "line\nbreak", "\x1f", "\U00018cd6", "both'\"quotes", "é"],
+    ids=["backslash", "tab", "newline", "control", "non-printable", "quotes", "é"],
+)
+def test_a_name_that_needs_escaping_round_trips(name):
+    for c in (
+        er.save_names(name),
+        er.save_all_but_names(name, "b"),
+        er.every(3, er.save_names(name)),
+        er.ranges((2, er.offload_names(name)), (1, er.binomial(2))),
+        er.save_and_offload_names(save=("a",), offload=(name,)),
+    ):
+        label = er.checkpoint_label(c)
+        assert er.parse_checkpoint(label) == c, label
+    # Written by hand, in either quotes.
+    assert er.parse_checkpoint(f"save_names({name!r})") == er.save_names(name)
+    double = '"' + repr(name)[1:-1].replace('"', '\\"') + '"'
+    if repr(name).startswith("'"):
+        assert er.parse_checkpoint(f"save_names({double})") == er.save_names(name)
+
+
+def test_a_quoted_name_that_is_no_string_literal_is_named():
+    with pytest.raises(ValueError, match=r"is not a Python string literal"):
+        er.parse_checkpoint("save_names('\\N{nope}')")
 
 
 @pytest.mark.parametrize(

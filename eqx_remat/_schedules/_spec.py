@@ -10,6 +10,7 @@ that need no shell quoting: colons for a schedule (`every:4:dots`,
 `recursive`) and `n:spec` for a part of `ranges(...)`.
 """
 
+import ast
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -50,8 +51,12 @@ _NAME_POLICIES = {
     "offload_names": offload_names,
     "save_and_offload_names": save_and_offload_names,
 }
+# A name in quotes is a Python string literal, escapes and all (as `repr`
+# writes one, and so `checkpoint_label`): scanned here, read by
+# `ast.literal_eval`.
 _TOKEN = re.compile(
-    r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.\-]*)|'([^']*)'|\"([^\"]*)\"|(.))"
+    r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.\-]*)"
+    r"|('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")|(.))"
 )
 
 
@@ -64,6 +69,17 @@ _KINDS = {
 }
 
 
+def _string(literal: str, fail: Callable[[str], Exception]) -> str:
+    """The text of a quoted name: a Python string literal (`'a\\tb'`)."""
+    try:
+        value = ast.literal_eval(literal)
+    except (SyntaxError, ValueError) as e:
+        raise fail(f"{literal} is not a Python string literal ({e})") from None
+    if not isinstance(value, str):  # pragma: no cover - the regex quotes it
+        raise fail(f"{literal} is not a string")
+    return value
+
+
 class _Tokens:
     """The tokens of a spec: `("int", 4)`, `("word", "dots")`, `("str", "a b")`
     or `("op", "(")`, read left to right."""
@@ -71,13 +87,13 @@ class _Tokens:
     def __init__(self, text: str, fail: Callable[[str], Exception]):
         self.items: list[tuple[str, Any]] = []
         for m in _TOKEN.finditer(text.strip()):
-            number, word, single, double, op = m.groups()
+            number, word, literal, op = m.groups()
             if number is not None:
                 self.items.append(("int", int(number)))
             elif word is not None:
                 self.items.append(("word", word))
-            elif single is not None or double is not None:
-                self.items.append(("str", single if double is None else double))
+            elif literal is not None:
+                self.items.append(("str", _string(literal, fail)))
             elif op in "():,=":
                 self.items.append(("op", op))
             elif op is not None:
