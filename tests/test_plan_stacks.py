@@ -126,6 +126,9 @@ def test_a_path_that_names_no_stack_is_an_error_listing_those_there_are():
         er.set_checkpoint(MODEL, {PATHS[0]: "dot"})
     with pytest.raises(ValueError, match="PerStack: checkpoint of"):
         er.PerStack({PATHS[0]: "dot"})
+    # Paths are text: two keys that are the same text are one path twice.
+    with pytest.raises(ValueError, match="one checkpoint per path. Got '1' and 1"):
+        er.PerStack({"1": "dots", 1: "nothing"})
 
 
 # --- a model and its optimiser state --------------------------------------------------

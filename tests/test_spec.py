@@ -175,6 +175,15 @@ def test_a_bad_spec_is_named_with_the_valid_forms(spec, problem):
     assert "save_and_offload_names(save=(name, ...), offload=(name, ...))" in message
 
 
+@pytest.mark.parametrize("depth", [-4, 0, True], ids=["negative", "zero", "bool"])
+def test_a_bad_depth_is_named_with_the_spec(depth):
+    for spec in ("every(sqrt)", "binomial(log2)", "dots"):
+        with pytest.raises(ValueError, match="depth must be an int >= 1") as e:
+            er.parse_checkpoint(spec, depth=depth)
+        assert str(e.value).startswith(f"Invalid checkpoint {spec!r} at depth="), e
+    assert er.parse_checkpoint("every(sqrt)", depth=1) == er.every(1)
+
+
 def test_a_checkpoint_without_text_is_an_error():
     with pytest.raises(ValueError, match="has no text"):
         er.checkpoint_label(jax.checkpoint_policies.save_only_these_names("a"))

@@ -47,6 +47,14 @@ class PerStack(Mapping):
 
     def __init__(self, checkpoints: Mapping[str, Any]):
         pairs = tuple((str(p), c) for p, c in dict(checkpoints).items())
+        seen: dict[str, Any] = {}
+        for (path, _), key in zip(pairs, dict(checkpoints)):
+            if path in seen:
+                raise ValueError(
+                    f"PerStack expected one checkpoint per path. Got {seen[path]!r} "
+                    f"and {key!r}, which are both the path {path!r}."
+                )
+            seen[path] = key
         for path, c in pairs:
             check_checkpoint(c, name=f"PerStack: checkpoint of {path!r}")
         object.__setattr__(self, "_pairs", pairs)

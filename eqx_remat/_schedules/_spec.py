@@ -24,6 +24,7 @@ from .._policies._values import (
     save_and_offload_names,
     save_names,
 )
+from .._validate import check_int
 from ._binomial import binomial
 from ._checkpoint import Checkpoint
 from ._ranges import ranges
@@ -292,7 +293,8 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> Checkpoint:
       (`"ranges(4:dots, 12:every:3)"`). Where a schedule takes an integer,
       `sqrt` or `log2` (of `depth`; inside `ranges`, of the range's count) may
       stand for it.
-    - `depth`: the depth of the stack, for `sqrt` and `log2`.
+    - `depth`: the depth of the stack, for `sqrt` and `log2`: `None` (the
+      default) or an int `>= 1`.
 
     **Returns:**
 
@@ -302,10 +304,20 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> Checkpoint:
     **Raises:**
 
     `ValueError` naming `spec`, saying what is wrong and listing the forms it
-    may take.
+    may take; for a `depth` that is not `None` or an int `>= 1`, naming `spec`
+    and `depth`.
     """
     if not isinstance(spec, str):
         raise ValueError(f"parse_checkpoint expected a string. Got {spec!r}.")
+    if depth is not None:
+        try:
+            depth = check_int("parse_checkpoint", "depth", depth, 1)
+        except ValueError:
+            raise ValueError(
+                f"Invalid checkpoint {spec!r} at depth={depth!r}: parse_checkpoint's "
+                "depth must be an int >= 1, the depth of the stack (for sqrt and "
+                f"log2), or None. Got {depth!r}."
+            ) from None
 
     def fail(problem: str) -> ValueError:
         return ValueError(
