@@ -231,6 +231,7 @@ def test_with_micro_batches_each_stack_still_gets_its_own_checkpoint(pairs):
     check_close(er.set_checkpoint(got, None), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_plan_a_training_step_with_adamw_and_switch_model_and_state_in_one_call():
     # The training step users write: AdamW's `mu` and `nu` hold copies of the
     # model's modules. Planned, the pick fits; `result.apply((model,

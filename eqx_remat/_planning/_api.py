@@ -68,7 +68,9 @@ def plan(
       int `>= 0`, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`
       ([`eqx_remat.parse_bytes`][]). Arguments, outputs and temporaries must
       add up to at most this. A budget over what one device holds is planned
-      for the device, with a note.
+      for the device, with a note: the device at hand's limit, or what XLA
+      lets a program use of a target's chip (15.75 GiB of a v5e's 16 GiB);
+      less, where XLA refuses a program and says it holds less.
     - `target`: `None` (the default) or the default backend's name (e.g.
       `"cpu"`) for the device at hand; `"v5e"` / `"v5e:AxB"` to compile for
       TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
