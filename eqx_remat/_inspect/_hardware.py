@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -130,13 +130,13 @@ def _tpu(
     bandwidth: float,
     gib: int,
     doc: str,
-    *measured: Any,
+    measured: tuple[float, str] | None = None,
     usable: int | None = None,
 ) -> Hardware:
     source = f"{_TPU_DOCS.format(doc)}; {_TPU_HOST_SOURCE}"
-    measured = measured or (None, None)
+    fraction, by = (None, None) if measured is None else measured
     return Hardware(
-        kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source, *measured, usable
+        kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source, fraction, by, usable
     )
 
 
@@ -146,18 +146,8 @@ HARDWARE: Mapping[str, Hardware] = MappingProxyType(
         for h in (
             _tpu("TPU v4", 275e12, 1228e9, 32, "v4"),
             # what a v5e reports
-            _tpu(
-                "TPU v5 lite",
-                197e12,
-                819e9,
-                16,
-                "v5e",
-                *_V5E_MEASURED,
-                usable=_V5E_USABLE,
-            ),
-            _tpu(
-                "TPU v5e", 197e12, 819e9, 16, "v5e", *_V5E_MEASURED, usable=_V5E_USABLE
-            ),
+            _tpu("TPU v5 lite", 197e12, 819e9, 16, "v5e", _V5E_MEASURED, _V5E_USABLE),
+            _tpu("TPU v5e", 197e12, 819e9, 16, "v5e", _V5E_MEASURED, _V5E_USABLE),
             _tpu("TPU v5", 459e12, 2765e9, 95, "v5p"),  # what a v5p chip reports
             _tpu("TPU v5p", 459e12, 2765e9, 95, "v5p"),
             _tpu("TPU v6 lite", 918e12, 1640e9, 32, "v6e"),  # v6e (Trillium)
