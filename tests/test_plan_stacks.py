@@ -286,6 +286,15 @@ def test_plan_a_one_stack_training_step_with_adam():
     check_close(updates, step(*er.set_checkpoint((model, state), None), x)[0])
 
 
+def test_a_plan_result_names_the_stacks_as_set_checkpoint_takes_them():
+    result = plan_on(
+        _bench(), GRAD, MODEL, X, budget_bytes="1GiB", candidates=["nothing"]
+    )
+    assert result.stacks == PATHS
+    model = er.set_checkpoint(MODEL, dict.fromkeys(result.stacks, "dots"))
+    assert model.encoder.checkpoint == model.decoder.checkpoint == "dots"
+
+
 def test_a_stack_is_spelled_one_way_in_progress_errors_and_results(capsys):
     # As `set_checkpoint` and the result take it: from inside the model.
     bench = Bench(
