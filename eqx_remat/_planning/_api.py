@@ -59,7 +59,11 @@ def plan(
     - `fn`: the function to plan for: a gradient or training step, e.g.
       `eqx.filter_grad(loss)`; it must differentiate the stacks.
     - `*args`: its arguments; at least one must contain an `eqx.Module` with a
-      `checkpoint` field (every zoo model has one). Array leaves may be
+      `checkpoint` field (every zoo model has one). An optimiser state among
+      them (a training step's) may hold copies of the model's modules, as
+      optax's Adam and AdamW do in `mu` and `nu`: each copy gets what the
+      model gets, and `model, opt_state = result.apply((model, opt_state))`
+      switches both to the pick (see [`eqx_remat.set_checkpoint`][]). Array leaves may be
       `jax.ShapeDtypeStruct`s (timing runs them on arrays of that shape, dtype
       and sharding). On a target with several chips, give the batch a
       sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
