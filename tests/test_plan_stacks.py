@@ -176,6 +176,22 @@ def test_set_checkpoint_by_path_sets_the_copies_in_the_optimiser_state(model_fir
     )
 
 
+def test_copies_of_two_models_of_one_type_each_follow_their_own():
+    # Two arguments of one type, and one optimiser state over both: each copy
+    # follows the model whose arrays it has the shapes of.
+    import zoo
+
+    a = zoo.MLP(4, 1, 8, 3, key=jax.random.key(0))
+    b = zoo.MLP(4, 1, 8, 2, key=jax.random.key(1))
+    with jax.numpy_dtype_promotion("standard"):
+        state = OPT.init(eqx.filter((a, b), eqx.is_array))
+    c = {"[0].checkpoint": "dots", "[1].checkpoint": "nothing"}
+    a, b, state = er.set_checkpoint((a, b, state), c)
+    assert (a.checkpoint, b.checkpoint) == ("dots", "nothing")
+    for moment in (state[0].mu, state[0].nu):
+        assert (moment[0].checkpoint, moment[1].checkpoint) == ("dots", "nothing")
+
+
 # --- planning ------------------------------------------------------------------------
 
 

@@ -63,10 +63,10 @@ def plan(
       them (a training step's) may hold copies of the model's modules, as
       optax's Adam and AdamW do in `mu` and `nu`: each copy gets what the
       model gets, and `model, opt_state = result.apply((model, opt_state))`
-      switches both to the pick (see [`eqx_remat.set_checkpoint`][]). Array leaves may be
-      `jax.ShapeDtypeStruct`s (timing runs them on arrays of that shape, dtype
-      and sharding). On a target with several chips, give the batch a
-      sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
+      switches both to the pick (see [`eqx_remat.set_checkpoint`][]). Array
+      leaves may be `jax.ShapeDtypeStruct`s (timing runs them on arrays of
+      that shape, dtype and sharding). On a target with several chips, give
+      the batch a sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
       [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
     - `budget_bytes`: device memory available (per chip on a TPU target): an
       int `>= 0`, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`

@@ -268,43 +268,55 @@ def _parts(tree: Any) -> list[tuple[str, Any]]:
     return [(jtu.keystr(p), x) for p, x in children if p]
 
 
-def _copies_in(x: Any, path: str, of: Any, paths: list[str], out: list[str]) -> None:
-    """Append to `out` the path (from `x`, prefixed by `path`) of every proper
-    part of `x` that is a copy of `of`: of its type, with checkpoint fields at
-    the same `paths`; outermost first, not looking inside a copy."""
+def _copies_in(
+    x: Any, path: str, of: Any, paths: list[str], out: list[tuple[str, Any]]
+) -> None:
+    """Append to `out` `(path, part)` (its path from `x`, prefixed by `path`)
+    of every proper part of `x` that may be a copy of `of`: of its type, with
+    checkpoint fields at the same `paths`; outermost first, not looking
+    inside one."""
     children = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]
     for p, y in children:
         if not p:
             continue
         here = path + jtu.keystr(p)
         if type(y) is type(of) and checkpoint_paths(y) == paths:
-            out.append(here)
+            out.append((here, y))
         else:
             _copies_in(y, here, of, paths, out)
+
+
+def _shapes(x: Any) -> list[tuple[int, ...]]:
+    return sorted(tuple(a.shape) for a in jtu.tree_leaves(x) if hasattr(a, "shape"))
 
 
 def copies(tree: Any) -> dict[str, str]:
     """`{path: original}`: the checkpoint fields of `tree` that are copies of
     another's. A copy of a top-level part of `tree` (the model among a
     function's arguments) is a part of another top-level part of the same type
-    with checkpoint fields at the same paths: an optimiser state made by
+    with checkpoint fields at the same paths (of the parts it may copy, the
+    first whose arrays have its arrays' shapes): an optimiser state made by
     `optimiser.init(eqx.filter(model, eqx.is_array))` holds such copies of the
     model's modules (Adam's `mu` and `nu`), static `checkpoint` fields
     included, and they must hold what the model's fields hold for the model
     and the state to have the same structure."""
     parts = [(h, x, checkpoint_paths(x)) for h, x in _parts(tree)]
-    out: dict[str, str] = {}
+    candidates: dict[str, list[tuple[str, list[str], bool]]] = {}
     for head, part, paths in parts:
         if not paths:
             continue
         for other_head, other, _ in parts:
             if other_head == head:
                 continue
-            found: list[str] = []
+            found: list[tuple[str, Any]] = []
             _copies_in(other, other_head, part, paths, found)
-            for at in found:
-                for p in paths:
-                    out.setdefault(at + p, head + p)
+            for at, copy in found:
+                alike = _shapes(copy) == _shapes(part)
+                candidates.setdefault(at, []).append((head, paths, alike))
+    out: dict[str, str] = {}
+    for at, of in candidates.items():
+        head, paths, _ = next((c for c in of if c[2]), of[0])
+        out.update({at + p: head + p for p in paths})
     return out
 
 
