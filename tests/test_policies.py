@@ -94,6 +94,19 @@ def test_offload_names_checks_spaces():
         er.offload_names("a", dst="pinned")
     with pytest.raises(ValueError, match="src must be .* Got 'host'"):
         er.save_and_offload_names(offload="a", src="host")
+    # A layer's values are computed in device memory: offloading them from
+    # the host is refused when built, naming `src`, not a bare AssertionError
+    # in the backward pass.
+    for make in (
+        lambda: er.offload_names("a", src="pinned_host"),
+        lambda: er.save_and_offload_names(offload="a", src="pinned_host"),
+    ):
+        with pytest.raises(
+            ValueError, match="src must be .*'device'.* Got 'pinned_host'"
+        ):
+            make()
+    with pytest.raises(ValueError, match="src must be"):
+        er.parse_checkpoint("offload_names(a, src=pinned_host)")
 
 
 def test_rebuilt_policy_does_not_recompile():

@@ -55,7 +55,6 @@ from ._loop import (
 from ._report import (
     FrontierPoint,
     PlanEntry,
-    PlanResult,
     raise_nothing_fits,
 )
 from ._solve import (
@@ -466,19 +465,6 @@ def solve_model(bench: Bench, problem: Problem, asked: int) -> Solved:
     return solve(bench, problem, asked)
 
 
-def relative_result(r: PlanResult) -> PlanResult:
-    """`r` with every plan's paths taken from inside the argument that holds
-    the stacks, as `apply(model)` takes them."""
-    rel = lambda x: x._replace(checkpoint=relative(x.checkpoint))  # noqa: E731
-    return dataclasses.replace(
-        r,
-        checkpoint=relative(r.checkpoint),
-        entry=rel(r.entry),
-        frontier=tuple(map(rel, r.frontier)),
-        batches=tuple(map(rel, r.batches)),
-    )
-
-
 def _predicted(m: StacksModel, c: PerStack) -> float | None:
     layers = m.maybe_layers(c)
     return None if layers is None or m.base(0.0) is None else m.predict(layers)
@@ -564,16 +550,3 @@ def _race(
         f"{timings[i].seconds / timings[0].seconds:.3f}x the first; " + spent(ev)
     )
     return ev, run[i]
-
-
-def relative(c: Any) -> Any:
-    """`c` with its paths taken from inside the argument that holds the
-    stacks (`"[0].encoder.checkpoint"` -> `".encoder.checkpoint"`), where
-    they are all in one."""
-    if not isinstance(c, PerStack):
-        return c
-    heads = {p[: p.index("]") + 1] if p.startswith("[") else "" for p in c}
-    if len(heads) != 1 or heads == {""}:
-        return c
-    (head,) = heads
-    return PerStack({p[len(head) :]: k for p, k in c.items()})

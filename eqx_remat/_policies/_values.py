@@ -159,8 +159,10 @@ class offload_names(NamePolicy):
     **Arguments:**
 
     - `*names`: the `checkpoint_name` tags to offload.
-    - `src`: the memory space the values are computed in, `"device"` (the
-      default) or `"pinned_host"`.
+    - `src`: the memory space the values are computed in: `"device"` (the
+      default, and the only one: a layer's values are computed in device
+      memory; JAX cannot differentiate an offload from `"pinned_host"` of
+      values that are not, so it is refused here, naming `src`).
     - `dst`: where they are kept until the backward pass, `"pinned_host"`
       (the default) or `"device"`.
     """
@@ -229,8 +231,9 @@ class save_and_offload_names(NamePolicy):
     - `save`: the tags to save, a tuple of names (or one name as a string).
     - `offload`: the tags to offload, likewise. No name may be in both, and at
       least one name must be given.
-    - `src`: the memory space the offloaded values are computed in,
-      `"device"` (the default) or `"pinned_host"`.
+    - `src`: the memory space the offloaded values are computed in:
+      `"device"` (the default, and the only one, as for
+      [`eqx_remat.offload_names`][]).
     - `dst`: where they are kept until the backward pass, `"pinned_host"`
       (the default) or `"device"`.
     """
@@ -343,13 +346,22 @@ class Offloading:
 
 
 def _check_spaces(fn: str, src: Any, dst: Any) -> None:
+    # A layer's values are computed in device memory: JAX's offload of such a
+    # value from "pinned_host" fails in the backward pass with a bare
+    # AssertionError, so `src` is "device" only. JAX reads any other name as
+    # "device": a misspelt "pinned_host" would offload nothing.
+    valid = {"src": ("device",), "dst": ("device", "pinned_host")}
     for arg, value in (("src", src), ("dst", dst)):
-        # JAX reads any other name as "device": a misspelt "pinned_host" would
-        # offload nothing.
-        if not isinstance(value, str) or value not in ("device", "pinned_host"):
+        if not isinstance(value, str) or value not in valid[arg]:
+            why = ""
+            if arg == "src":
+                why = (
+                    " (a layer's values are computed in device memory; JAX "
+                    "cannot differentiate an offload of them from host memory)"
+                )
             raise ValueError(
-                f"{fn}: {arg} must be a memory-space name, 'device' or "
-                f"'pinned_host'. Got {value!r}."
+                f"{fn}: {arg} must be a memory-space name, "
+                f"{' or '.join(map(repr, valid[arg]))}{why}. Got {value!r}."
             )
 
 
