@@ -296,6 +296,38 @@ def test_readme_snippets_stand_alone_and_change_one_thing():
     assert len(reports) == 1 and not reports[0].keywords, python[0]
 
 
+@pytest.mark.heavy
+def test_readme_plan_paragraph_states_its_blocks_figures():
+    """The README's plan paragraph names the block's budget and what the
+    checkpoints it compares the budget with need, compiled (at the jax CI
+    runs the docs at: each within 5%)."""
+    text = (ROOT / "README.md").read_text()
+    code = next(b.code for b in _blocks(ROOT / "README.md") if "er.plan(" in b.code)
+    budget = int(re.search(r'budget_bytes="(\d+)MiB"', code).group(1))
+    said = re.search(
+        rf"with {budget} MiB: more than `\"nothing\"` needs \(about\s+(\d+)\s+MiB"
+        r".*?less than\s+`\"dots_no_batch\"` \((\d+) MiB\) or `\"dots\"` "
+        r"\((\d+) MiB\)",
+        text,
+        re.S,
+    )
+    assert said, "the README's plan paragraph does not state the block's budget"
+    setup = code[: code.index("result = er.plan(")]
+    namespace: dict = {}
+    mib = {}
+    # As a reader runs it: jax's default promotion rules, not the tests'.
+    with jax.numpy_dtype_promotion("standard"):
+        exec(setup, namespace)  # the model, the AdamW state, the step: no plan
+        er, step = namespace["er"], namespace["step"]
+        args = (namespace["model"], namespace["opt_state"], namespace["tokens"])
+        for c in ("nothing", "dots_no_batch", "dots"):
+            report = er.memory_report(step, *er.set_checkpoint(args[:2], c), args[2])
+            mib[c] = report.total_bytes / 2**20
+    assert mib["nothing"] < budget < mib["dots_no_batch"] < mib["dots"], mib
+    for c, figure in zip(mib, map(int, said.groups())):
+        assert abs(mib[c] - figure) <= 0.05 * figure, (c, mib[c], figure)
+
+
 @pytest.mark.parametrize(("page", "slow"), _cases())
 def test_page_code_runs(page, slow, tmp_path):
     blocks = [b for b in _blocks(page) if slow or not b.slow]

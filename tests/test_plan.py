@@ -377,6 +377,10 @@ def test_v5e_target():
     assert re.fullmatch(r"v5e:2x2", result.target)
     assert all(e.report.target == "v5e:2x2" for e in result.table)
     assert not any(e.measured for e in result.table)
+    # 16 GiB is over what XLA lets a program use of a v5e chip, whether or
+    # not a program is refused: planned for the chip, with a note.
+    assert result.budget_bytes == int(15.75 * 2**30)
+    assert any("more than one device holds (15.75 GiB)" in n for n in result.notes)
 
 
 def test_a_candidate_xla_refuses_is_recorded_and_planning_goes_on():
@@ -936,6 +940,8 @@ def test_offloading_is_priced_with_the_host_link():
     v5e = er.internal.HARDWARE["TPU v5 lite"]
     assert v5e.peak_flops == 197e12 and v5e.host_bytes_per_s == 16e9
     assert v5e.memory_bytes_per_s == 819e9 and v5e.memory_bytes == 16 * 2**30
+    # What XLA lets one program use of it (its RESOURCE_EXHAUSTED figure).
+    assert v5e.capacity_bytes == int(15.75 * 2**30)
     t = seam.roofline_time(v5e, 1e9, 1e6, off[1])
     assert t == pytest.approx(1e9 / 197e12 + 1e6 / 819e9 + 2 * off[1] / 16e9)
     assert er.internal.cpu_hardware().host_bytes_per_s is None

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import check_close
 
@@ -98,7 +99,7 @@ def pairs():
     problem = Problem.of(GRAD, (MODEL, X), bench.target)
     out = {}
     for a, b in itertools.product(UNIFORM, UNIFORM):
-        c = er.PerStack({f"[0]{PATHS[0]}": a, f"[0]{PATHS[1]}": b})
+        c = er.PerStack({PATHS[0]: a, PATHS[1]: b})
         record, _ = bench.compile(problem, c)
         out[a, b] = record.memory_bytes, _fake_seconds(record)
     return out
@@ -128,6 +129,70 @@ def test_a_path_that_names_no_stack_is_an_error_listing_those_there_are():
         er.set_checkpoint(MODEL, {PATHS[0]: "dot"})
     with pytest.raises(ValueError, match="PerStack: checkpoint of"):
         er.PerStack({PATHS[0]: "dot"})
+    # Paths are text: two keys that are the same text are one path twice.
+    with pytest.raises(ValueError, match="one checkpoint per path. Got '1' and 1"):
+        er.PerStack({"1": "dots", 1: "nothing"})
+
+
+# --- a model and its optimiser state --------------------------------------------------
+
+
+OPT = optax.adamw(1e-2)
+with jax.numpy_dtype_promotion("standard"):
+    STATE = OPT.init(eqx.filter(MODEL, eqx.is_array))
+
+
+def _step(model, opt_state, x):
+    """A training step as users write it: AdamW's state holds copies of the
+    model's modules (`mu`, `nu`), `checkpoint` fields included."""
+    grads = GRAD(model, x)
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 count
+        params = eqx.filter(model, eqx.is_array)
+        updates, opt_state = OPT.update(grads, opt_state, params)
+    return eqx.apply_updates(model, updates), opt_state
+
+
+@pytest.mark.parametrize(
+    "model_first", [True, False], ids=["model-first", "state-first"]
+)
+def test_set_checkpoint_by_path_sets_the_copies_in_the_optimiser_state(model_first):
+    # Paths from inside the model name its fields in (model, opt_state) and
+    # in each copy of the model in Adam's `mu` and `nu`: one call switches
+    # both, and the next update sees matching structures.
+    c = er.PerStack({PATHS[0]: "nothing", PATHS[1]: er.every(2)})
+    tree = (MODEL, STATE) if model_first else (STATE, MODEL)
+    out = er.set_checkpoint(tree, c)
+    model, state = out if model_first else out[::-1]
+    for part in (model, state[0].mu, state[0].nu):
+        assert part.encoder.checkpoint == "nothing"
+        assert part.decoder.checkpoint == er.every(2)
+    new_model, new_state = _step(model, state, X)
+    assert new_model.decoder.checkpoint == er.every(2)
+    # The copies follow full paths too, and the gradients are unchanged.
+    full = er.set_checkpoint((MODEL, STATE), {f"[0]{PATHS[0]}": "dots"})
+    assert full[1][0].mu.encoder.checkpoint == "dots"
+    check_close(
+        er.set_checkpoint(GRAD(model, X), None),
+        GRAD(er.set_checkpoint(MODEL, None), X),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_copies_of_two_models_of_one_type_each_follow_their_own():
+    # Two arguments of one type, and one optimiser state over both: each copy
+    # follows the model whose arrays it has the shapes of.
+    import zoo
+
+    a = zoo.MLP(4, 1, 8, 3, key=jax.random.key(0))
+    b = zoo.MLP(4, 1, 8, 2, key=jax.random.key(1))
+    with jax.numpy_dtype_promotion("standard"):
+        state = OPT.init(eqx.filter((a, b), eqx.is_array))
+    c = {"[0].checkpoint": "dots", "[1].checkpoint": "nothing"}
+    a, b, state = er.set_checkpoint((a, b, state), c)
+    assert (a.checkpoint, b.checkpoint) == ("dots", "nothing")
+    for moment in (state[0].mu, state[0].nu):
+        assert (moment[0].checkpoint, moment[1].checkpoint) == ("dots", "nothing")
 
 
 # --- planning ------------------------------------------------------------------------
@@ -193,7 +258,7 @@ def test_the_pick_of_several_stacks_races_its_rivals_and_the_swap_is_noted(pairs
     (fast, t_fast), (second, _) = sorted(
         ((k, t) for k, (_, t) in pairs.items()), key=lambda kt: kt[1]
     )[:2]
-    plan = er.PerStack({f"[0]{PATHS[0]}": second[0], f"[0]{PATHS[1]}": second[1]})
+    plan = er.PerStack({PATHS[0]: second[0], PATHS[1]: second[1]})
 
     def clock(programs, *, rounds, warmup=True, **race):
         out = _fake_clock(programs, rounds=rounds)
@@ -220,6 +285,88 @@ def test_nothing_fits_several_stacks_names_the_smallest_memory(pairs):
     result = plan_on(_bench(), GRAD, MODEL, X, budget_bytes=int(named))
     assert result.entry.fits and result.entry.memory_bytes <= int(named)
     assert isinstance(result.checkpoint, er.PerStack)
+
+
+@pytest.mark.heavy
+def test_plan_a_training_step_with_adamw_and_switch_model_and_state_in_one_call():
+    # The training step users write: AdamW's `mu` and `nu` hold copies of the
+    # model's modules. Planned, the pick fits; `result.apply((model,
+    # opt_state))` switches both; the next update works; gradients unchanged.
+    bench = _bench()
+    problem = Problem.of(_step, (MODEL, STATE, X), bench.target)
+    low = bench.compile(problem, "nothing")[0].memory_bytes
+    high = bench.compile(problem, None)[0].memory_bytes
+    budget = (low + high) // 2
+    result = plan_on(bench, _step, MODEL, STATE, X, budget_bytes=budget)
+    assert result.stacks == PATHS, str(result)
+    assert isinstance(result.checkpoint, er.PerStack), str(result)
+    assert tuple(result.checkpoint) == PATHS
+    assert result.entry.fits and result.entry.memory_bytes <= budget, str(result)
+    model, state = result.apply((MODEL, STATE))
+    for part in (model, state[0].mu, state[0].nu):
+        assert part.encoder.checkpoint == result.checkpoint[PATHS[0]]
+        assert part.decoder.checkpoint == result.checkpoint[PATHS[1]]
+    record, _ = bench.compile(problem, result.checkpoint)
+    assert record.memory_bytes == result.entry.memory_bytes <= budget
+    new_model, new_state = _step(model, state, X)
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+    check_close(
+        er.set_checkpoint(GRAD(model, X), None),
+        GRAD(er.set_checkpoint(MODEL, None), X),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_plan_a_one_stack_training_step_with_adam():
+    # The issue's example: one stack (k = 1), Adam's state among the arguments.
+    import zoo
+
+    model = zoo.MLP(4, 1, 8, 3, key=jax.random.key(0))
+    opt = optax.adam(1e-3)
+    with jax.numpy_dtype_promotion("standard"):
+        state = opt.init(eqx.filter(model, eqx.is_array))
+    grad = eqx.filter_grad(lambda m, x: jnp.sum(jax.vmap(m)(x)))
+
+    def step(m, s, x):
+        with jax.numpy_dtype_promotion("standard"):
+            return opt.update(grad(m, x), s, eqx.filter(m, eqx.is_array))
+
+    x = jnp.ones((4, 4))
+    result = plan_on(_bench(), step, model, state, x, budget_bytes="1MiB")
+    assert result.stacks == (".checkpoint",)
+    assert result.entry.fits and result.entry.memory_bytes <= 2**20, str(result)
+    model, state = result.apply((model, state))
+    assert model.checkpoint == state[0].mu.checkpoint == result.checkpoint
+    updates, _ = step(model, state, x)
+    check_close(updates, step(*er.set_checkpoint((model, state), None), x)[0])
+
+
+def test_a_plan_result_names_the_stacks_as_set_checkpoint_takes_them():
+    result = plan_on(
+        _bench(), GRAD, MODEL, X, budget_bytes="1GiB", candidates=["nothing"]
+    )
+    assert result.stacks == PATHS
+    model = er.set_checkpoint(MODEL, dict.fromkeys(result.stacks, "dots"))
+    assert model.encoder.checkpoint == model.decoder.checkpoint == "dots"
+
+
+def test_a_stack_is_spelled_one_way_in_progress_errors_and_results(capsys):
+    # As `set_checkpoint` and the result take it: from inside the model.
+    bench = Bench(
+        Target(None, figures=_CPU),
+        True,
+        say=Progress("verbose"),
+        cache=CACHE,
+        clock=_fake_clock,
+        warm=lambda programs: 0.0,
+    )
+    with pytest.raises(ValueError, match="No candidate fits") as e:
+        plan_on(bench, GRAD, MODEL, X, budget_bytes=1)
+    err = capsys.readouterr().err
+    for text in (str(e.value), err):
+        assert "'.encoder.checkpoint'" in text or ".encoder.checkpoint (" in text
+        assert "[0]." not in text, text
 
 
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():

@@ -94,6 +94,19 @@ def test_offload_names_checks_spaces():
         er.offload_names("a", dst="pinned")
     with pytest.raises(ValueError, match="src must be .* Got 'host'"):
         er.save_and_offload_names(offload="a", src="host")
+    # A layer's values are computed in device memory: offloading them from
+    # the host is refused when built, naming `src`, not a bare AssertionError
+    # in the backward pass.
+    for make in (
+        lambda: er.offload_names("a", src="pinned_host"),
+        lambda: er.save_and_offload_names(offload="a", src="pinned_host"),
+    ):
+        with pytest.raises(
+            ValueError, match="src must be .*'device'.* Got 'pinned_host'"
+        ):
+            make()
+    with pytest.raises(ValueError, match="src must be"):
+        er.parse_checkpoint("offload_names(a, src=pinned_host)")
 
 
 def test_rebuilt_policy_does_not_recompile():
@@ -215,6 +228,7 @@ def test_residuals_with_prng_keys():
     assert len(keys) == 1 and keys[0].shape == (3,) and keys[0].nbytes > 0
 
 
+@pytest.mark.parametrize("on", [False, True], ids=["", "remat3"])
 @pytest.mark.parametrize(
     "pol",
     [
@@ -224,7 +238,10 @@ def test_residuals_with_prng_keys():
     ],
     ids=["offload_dots_no_batch", "offload_names", "save_and_offload_names"],
 )
-def test_offloading_under_second_order(pol):
+def test_offloading_under_second_order(pol, on):
+    """With JAX's remat3 or without. Without, JAX calls the policy on the
+    backward pass's reload, and it raises; remat3 never asks it there, so a
+    mark on the derivatives of the checkpoint's inputs raises instead."""
     w = jnp.ones((4, 4)) / 4 + jnp.eye(4)
 
     def f(x, pol):
@@ -232,16 +249,64 @@ def test_offloading_under_second_order(pol):
         return er.chain([layer] * 2, checkpoint=pol)(x).sum()
 
     x = jnp.linspace(0.0, 1.0, 8).reshape(2, 4)
-    # First order and forward-over-reverse work, with the un-checkpointed values.
-    assert jnp.allclose(jax.grad(f)(x, pol), jax.grad(f)(x, None), rtol=1e-6)
-    hvp = lambda pol: jax.jvp(lambda x: jax.grad(f)(x, pol), (x,), (x,))[1]
-    assert jnp.allclose(hvp(pol), hvp(None), rtol=1e-5, atol=1e-6)
-    # Reverse-over-reverse raises a clear error while tracing.
-    with pytest.raises(NotImplementedError, match="grad of grad.*not supported") as e:
-        jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
-    # The message names every offloading policy, the one raising included.
+    before = jax.config.jax_remat3
+    jax.config.update("jax_remat3", on)
+    try:
+        if on and jax.__version_info__ < (0, 12):
+            # This jax's remat3 would not offload: refused at first order.
+            with pytest.raises(NotImplementedError, match="not supported under"):
+                jax.grad(f)(x, pol)
+            return
+        # First order, forward-over-reverse and jax.hessian (the same) work,
+        # with the un-checkpointed values.
+        assert jnp.allclose(jax.grad(f)(x, pol), jax.grad(f)(x, None), rtol=1e-6)
+        hvp = lambda pol: jax.jvp(lambda x: jax.grad(f)(x, pol), (x,), (x,))[1]
+        assert jnp.allclose(hvp(pol), hvp(None), rtol=1e-5, atol=1e-6)
+        assert jnp.allclose(
+            jax.hessian(f)(x, pol), jax.hessian(f)(x, None), rtol=1e-5, atol=1e-6
+        )
+        # Reverse-over-reverse raises a clear error while tracing.
+        with pytest.raises(
+            NotImplementedError, match="grad of grad.*not supported"
+        ) as e:
+            jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
+    finally:
+        jax.config.update("jax_remat3", before)
+    # The message names every offloading policy, the one raising included, and
+    # the jax that fails; under remat3, the policy itself.
     for name in ("offload_names", "save_and_offload_names", "offload_dots_no_batch"):
         assert name in str(e.value)
+    assert f"jax {jax.__version__} " in str(e.value)
+    if on:
+        assert repr(er.policy(pol)) in str(e.value)
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["", "remat3"])
+def test_per_name_decisions_that_offload_nothing_support_second_order(on):
+    """`save_and_offload_names` with nothing to offload saves what `save_names`
+    saves, and is differentiated to any order, with remat3 or without."""
+    w = jnp.ones((4, 4)) / 4 + jnp.eye(4)
+
+    def f(x, pol):
+        layer = lambda c: jnp.sin(checkpoint_name(c @ w, "h")) @ w.T
+        return er.chain([layer] * 2, checkpoint=pol)(x).sum()
+
+    def grad2(pol):
+        return jax.grad(lambda x: jax.grad(f)(x, pol).sum())(x)
+
+    x = jnp.linspace(0.0, 1.0, 8).reshape(2, 4)
+    pol = er.save_and_offload_names(save=("h",))
+    before = jax.config.jax_remat3
+    jax.config.update("jax_remat3", on)
+    try:
+        if on and jax.__version_info__ < (0, 12):
+            # This jax's remat3 honours only JAX's own policy values.
+            with pytest.raises(NotImplementedError, match="not supported under"):
+                jax.grad(f)(x, pol)
+            return
+        assert jnp.allclose(grad2(pol), grad2(None), rtol=1e-5, atol=1e-6)
+    finally:
+        jax.config.update("jax_remat3", before)
 
 
 # --- name policies whose names tag nothing ---------------------------------------

@@ -23,6 +23,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
 import zoo
+from eqx_remat._inspect._jaxpr import eval_jaxpr, hi_operation, tag_name
+from eqx_remat._policies._apply import checkpointed
 
 
 # jax 0.12's remat3 calls a policy at each matrix product and tag; jax 0.10.2's
@@ -85,11 +87,6 @@ CHECKPOINTS = {
         (1, "nothing"), (3, er.save_all_but_names("h"))
     ),
 }
-# Known gap (issue 57): a range reversed per layer under `save_all_but_names`
-# saves, under remat3, one value more per layer than without it (the `cos` of
-# the layer's derivative, which the policy excludes with `h`); gradients and
-# FLOPs agree. Strict: this test fails once it is fixed, to drop the mark.
-KNOWN_GAPS = {"ranges_save_all_but_names"}
 # Those that offload (in a range, too): refused by jax 0.10.2's remat3.
 OFFLOADING = {
     "offload_dots_no_batch",
@@ -107,24 +104,7 @@ def _measure(ck):
     return g, sorted((r.shape, str(r.dtype), r.name or "") for r in res), flops
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=[
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="known gap: one more residual per layer under remat3",
-                )
-            ]
-            if n in KNOWN_GAPS
-            else [],
-        )
-        for n in CHECKPOINTS
-    ],
-    ids=list(CHECKPOINTS),
-)
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_remat3_same_gradients_residuals_and_flops(name):
     ck = CHECKPOINTS[name]
     with remat3(False):
@@ -145,6 +125,45 @@ def test_remat3_same_gradients_residuals_and_flops(name):
     assert res3 == res
     assert (int(flops3), flops3.transcendentals) == (int(flops), flops.transcendentals)
     assert flops3.dot_bytes == flops.dot_bytes and flops3.unknown == {}
+
+
+@pytest.mark.parametrize("traced_on", [False, True], ids=["traced", "traced_remat3"])
+def test_remat3_tags_take_the_form_in_force_and_save_all_but_names_sees_them(
+    traced_on,
+):
+    """A layer traced once (as the engine traces each stack's layer) and
+    evaluated again binds its tags as the checkpoint in force takes them. The
+    exact `save_all_but_names` checkpoints with remat3 off: a layer traced
+    with remat3 on must still show it its tags, or its pullback keeps the
+    `cos` of the excluded `h` (as `ranges` once did, one value per layer)."""
+    w = _layers.w[0]
+    with remat3(traced_on):
+        closed = jax.make_jaxpr(lambda w, x: _Layer(w)(x))(w, _x)
+
+    def layer(w, x):
+        return eval_jaxpr(closed.jaxpr, closed.consts, [w, x])[0]
+
+    def forms(on):
+        with remat3(on):
+            again = jax.make_jaxpr(layer)(w, _x).jaxpr
+        return {
+            type(hi_operation(e)).__name__ if hi_operation(e) else e.primitive.name
+            for e in again.eqns
+            if tag_name(e) is not None
+        }
+
+    assert forms(False) == {"name"} and forms(True) == {"CheckpointName"}
+
+    def saved(fn, on):
+        with remat3(on):
+            res = er.residuals(checkpointed(fn, er.save_all_but_names("h")), w, _x)
+        return [(r.shape, str(r.dtype)) for r in res], [r.source for r in res]
+
+    expected, sources = saved(lambda w, x: _Layer(w)(x), False)
+    got, sources3 = saved(layer, True)
+    # `h` excluded: nothing computed from it but for the output's derivative.
+    assert not any("of cos" in s or "of sin" in s for s in sources + sources3)
+    assert got == expected
 
 
 def test_remat3_recomputation_is_counted_and_xla_agrees():

@@ -12,19 +12,20 @@ import eqx_remat as er
 
 
 NAMES = ("layer_input", "qkv_proj", "attention_context", "mlp_hidden", "a-b", "x.y")
-SPACES = ("device", "pinned_host")
+SPACES = ("device", "pinned_host")  # where offloaded values are kept
 
-names = st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True)
+# A tag is any non-empty text: the labels escape it as Python does.
+tags = st.one_of(st.sampled_from(NAMES), st.text(min_size=1))
+names = st.lists(tags, min_size=1, max_size=3, unique=True)
 
 
 @st.composite
 def per_name_decisions(draw):
-    both = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=4, unique=True))
+    both = draw(st.lists(tags, min_size=1, max_size=4, unique=True))
     cut = draw(st.integers(0, len(both)))
     return er.save_and_offload_names(
         save=both[:cut],
         offload=both[cut:],
-        src=draw(st.sampled_from(SPACES)),
         dst=draw(st.sampled_from(SPACES)),
     )
 
@@ -35,10 +36,7 @@ policies = st.one_of(
     names.map(lambda n: er.save_names(*n)),
     names.map(lambda n: er.save_all_but_names(*n)),
     st.builds(
-        lambda n, src, dst: er.offload_names(*n, src=src, dst=dst),
-        names,
-        st.sampled_from(SPACES),
-        st.sampled_from(SPACES),
+        lambda n, dst: er.offload_names(*n, dst=dst), names, st.sampled_from(SPACES)
     ),
     per_name_decisions(),
 )
@@ -125,6 +123,33 @@ def test_labels_read_as_the_results_files_write_them():
 
 
 @pytest.mark.parametrize(
+    "name",
+    ["a\\b", "tab\there", "line\nbreak", "\x1f", "\U00018cd6", "both'\"quotes", "é"],
+    ids=["backslash", "tab", "newline", "control", "non-printable", "quotes", "é"],
+)
+def test_a_name_that_needs_escaping_round_trips(name):
+    for c in (
+        er.save_names(name),
+        er.save_all_but_names(name, "b"),
+        er.every(3, er.save_names(name)),
+        er.ranges((2, er.offload_names(name)), (1, er.binomial(2))),
+        er.save_and_offload_names(save=("a",), offload=(name,)),
+    ):
+        label = er.checkpoint_label(c)
+        assert er.parse_checkpoint(label) == c, label
+    # Written by hand, in either quotes.
+    assert er.parse_checkpoint(f"save_names({name!r})") == er.save_names(name)
+    double = '"' + repr(name)[1:-1].replace('"', '\\"') + '"'
+    if repr(name).startswith("'"):
+        assert er.parse_checkpoint(f"save_names({double})") == er.save_names(name)
+
+
+def test_a_quoted_name_that_is_no_string_literal_is_named():
+    with pytest.raises(ValueError, match=r"is not a Python string literal"):
+        er.parse_checkpoint("save_names('\\N{nope}')")
+
+
+@pytest.mark.parametrize(
     "spec, problem",
     [
         ("checkpoint_dots", "unknown checkpoint 'checkpoint_dots'"),
@@ -148,6 +173,15 @@ def test_a_bad_spec_is_named_with_the_valid_forms(spec, problem):
     for form in ("None", *er.POLICIES, "every(k[, policy])", "ranges(n:spec, ...)"):
         assert form in message
     assert "save_and_offload_names(save=(name, ...), offload=(name, ...))" in message
+
+
+@pytest.mark.parametrize("depth", [-4, 0, True], ids=["negative", "zero", "bool"])
+def test_a_bad_depth_is_named_with_the_spec(depth):
+    for spec in ("every(sqrt)", "binomial(log2)", "dots"):
+        with pytest.raises(ValueError, match="depth must be an int >= 1") as e:
+            er.parse_checkpoint(spec, depth=depth)
+        assert str(e.value).startswith(f"Invalid checkpoint {spec!r} at depth="), e
+    assert er.parse_checkpoint("every(sqrt)", depth=1) == er.every(1)
 
 
 def test_a_checkpoint_without_text_is_an_error():

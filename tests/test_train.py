@@ -257,6 +257,31 @@ def test_switching_the_checkpoint_keeps_the_loss_curve(uninterrupted, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.heavy
+def test_a_plain_resume_continues_with_the_saved_checkpoint(tmp_path, capsys):
+    """Stopped under `every(2)` and resumed without `--remat`: the run goes on
+    under `every(2)`, bit for bit as if uninterrupted. `--remat` given on
+    resume changes it, with a line that says so."""
+    every = [*TINY, "--remat", "every:2"]
+    whole = train_lm.main([*every, "--save-dir", str(tmp_path / "whole")])
+    save_dir = tmp_path / "run"
+    train_lm.main([*every, "--save-dir", str(save_dir), "--stop-after", "4"])
+    shutil.copytree(save_dir, tmp_path / "copy")
+    capsys.readouterr()
+    resume = ["--resume", "--no-progress", "--mesh", "none", "--save-dir"]
+    resumed = train_lm.main([*resume, str(save_dir)])
+    assert resumed.state.model.checkpoint == eqx_remat.every(2)
+    assert "it was saved with" not in capsys.readouterr().err
+    assert_same_state(resumed.state, whole.state)
+    assert meta(save_dir, 8)["checkpoint"] == "every(2)"
+    switched = train_lm.main([*resume, str(tmp_path / "copy"), "--remat", "dots"])
+    assert switched.state.model.checkpoint == "dots"
+    err = capsys.readouterr().err
+    assert (
+        "--remat dots: the run continues with dots (it was saved with every(2))" in err
+    )
+
+
 # --------------------------------------------------------------------------- damage
 
 
@@ -482,22 +507,36 @@ def _refused(flags, tmp_path) -> str:
             ["--remat", "ranges(1:dots, 5:None)", "--layers", "4"],
             "add up to the depth of the stack, 4 layers. Got 1 + 5 = 6 layers",
         ),
-        (
-            ["--remat", "every:4", "--layers", "2"],
-            "every(4) stores one carry every 4 layers, but there are 2 layers",
-        ),
-        (
-            ["--remat", "ranges(1:dots, 2:every:3)"],
-            "every(3) stores one carry every 3 layers, but there are 2 layers in a "
-            "range of 2",
-        ),
     ],
-    ids=["warmup", "mesh", "data", "ranges", "every", "every-in-ranges"],
+    ids=["warmup", "mesh", "data", "ranges"],
 )
 def test_flags_checked_together_write_nothing(flags, message, tmp_path):
     """Errors that combine flags (or a flag and the machine) are found before
     anything is written: no metrics, no TensorBoard file, no --save-dir."""
     assert message in _refused(flags, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "spec, layers",
+    [
+        ("every:4", 2),
+        ("ranges(1:dots, 1:every:2)", 2),
+        ("ranges(1:dots, 2:every:3)", 3),
+    ],
+)
+def test_the_script_accepts_every_checkpoint_the_library_runs(spec, layers):
+    """One rule, the library's: `every(K)` with `K` at least its range's layers
+    re-runs them as one segment (`eqx_remat.every`'s docstring), and runs."""
+    import zoo
+
+    checkpoint = eqx_remat.parse_checkpoint(spec, depth=layers)
+    config.check_remat(spec, checkpoint, layers)  # no UsageError
+    net = zoo.ResidualChain(4, layers, checkpoint=checkpoint, key=jax.random.key(0))
+    grad = eqx.filter_grad(lambda m: jax.numpy.sum(m(jax.numpy.ones(4))))
+    got = eqx_remat.set_checkpoint(grad(net), None)
+    want = grad(eqx_remat.set_checkpoint(net, None))
+    for a, b in zip(arrays(got), arrays(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_defaults_that_depend_on_steps_scale_with_it():

@@ -14,8 +14,9 @@ is held out.
 
 SIGTERM or Ctrl-C: the step finishes, is saved, exit 0 (with `--distributed`,
 every process stops after the same step). `--resume` continues bit for bit from
-the newest checkpoint whose SHA-256 still matches; `--remat` may change, `--steps`
-may grow if the steps taken keep their learning rates. The run directory holds
+the newest checkpoint whose SHA-256 still matches, under the run's saved
+`--remat` unless one is given (a line says when it changes); `--steps` may grow if
+the steps taken keep their learning rates. The run directory holds
 `metrics.jsonl` (loss, held-out loss, lr, tokens/s, MFU, HFU, peak memory), the
 same as TensorBoard events, and `loss.png`. More: docs/tutorials/training.md.
 (`python -m benchmarks.train` is the same command.)

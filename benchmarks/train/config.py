@@ -79,7 +79,8 @@ class Flags:
     run: Annotated[RunConfig, tyro.conf.OmitArgPrefixes] = RunConfig()
     remat: str = "dots"
     """how the blocks are rematerialised: None, a policy name, every:K[:POLICY] or
-    every(K[, POLICY]), nested:L, recursive, binomial:S, ranges(N:SPEC, ...)"""
+    every(K[, POLICY]), nested:L, recursive, binomial:S, ranges(N:SPEC, ...); with
+    --resume, the saved run's unless given"""
     mesh: str = "auto"  # auto (dp over all devices if several), none, dp[:N], fsdp[:N]
     save_dir: Path | None = None
     """the run directory: Orbax checkpoints, metrics.jsonl, TensorBoard events,
@@ -103,6 +104,7 @@ class Flags:
     ] = None
     run_dir: tyro.conf.Suppress[Path | None] = None  # --save-dir, or a fresh one
     given: tyro.conf.Suppress[frozenset[str]] = frozenset()  # RunConfig fields given
+    remat_given: tyro.conf.Suppress[bool] = False  # --remat spelt out
 
 
 # The bounds of the numeric flags.
@@ -160,7 +162,10 @@ def parse_args(argv: Sequence[str] | None) -> Flags:
     spoken = {a[2:].split("=")[0].replace("-", "_") for a in argv if a[:2] == "--"}
     given = frozenset(f.name for f in dataclasses.fields(RunConfig)) & spoken
     fresh = flags.save_dir or run_dir("train_lm")  # made when written
-    return dataclasses.replace(flags, run_dir=fresh, given=given)
+    remat_given = "remat" in spoken
+    return dataclasses.replace(
+        flags, run_dir=fresh, given=given, remat_given=remat_given
+    )
 
 
 def _problems(flags: Flags) -> Iterator[tuple[str, str | None]]:
@@ -251,8 +256,10 @@ def run_config(flags: Flags, saved: dict[str, Any] | None, platform: str) -> Run
 
 
 def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
-    """A `UsageError` unless `--remat` acts as asked on `--layers`: `ranges` add up
-    to the layers, and `every(k)` has `k` layers or more in its range."""
+    """A `UsageError` unless `--remat` fits `--layers` as the library says
+    (`Schedule.check_depth`: a `ranges` adds up to the layers). One rule, the
+    library's: whatever it runs, the script runs (`every(K)` with `K` at least
+    the layers of its range re-runs them as one segment)."""
     import eqx_remat as er
 
     if isinstance(checkpoint, er.Schedule):
@@ -260,15 +267,6 @@ def check_remat(spec: str, checkpoint: Any, layers: int) -> None:
             checkpoint.check_depth(layers)
         except ValueError as e:
             raise UsageError(f"--remat {spec} with --layers {layers}: {e}") from None
-    ranged = isinstance(checkpoint, er.ranges)
-    for n, c in checkpoint.parts if ranged else [(layers, checkpoint)]:
-        if isinstance(c, er.every) and c.k > n:
-            where = "" if n == layers else f" in a range of {n}"
-            raise UsageError(
-                f"--remat {spec}: every({c.k}) stores one carry every {c.k} layers, "
-                f"but there are {n} layers{where} (--layers {layers}): it would "
-                f"store only the input. Use every(K) with K <= {n}."
-            )
 
 
 def learning_rate_schedule(c: RunConfig) -> optax.Schedule:

@@ -168,8 +168,20 @@ def prepare(
         )
     saved = newest_meta(mgr) if args.resume else None
     c = run_config(args, saved and saved["config"], platform)
-    checkpoint = er.parse_checkpoint(args.remat, depth=c.layers)
-    check_remat(args.remat, checkpoint, c.layers)
+    spec = args.remat
+    checkpoint = er.parse_checkpoint(spec, depth=c.layers)
+    if saved is not None and "checkpoint" in saved:
+        # The run continues as it was saved, unless --remat says otherwise.
+        was = er.parse_checkpoint(saved["checkpoint"], depth=c.layers)
+        if not args.remat_given:
+            spec, checkpoint = er.checkpoint_label(was), was
+        elif checkpoint != was:
+            say(
+                f"train_lm.py: --remat {spec}: the run continues with "
+                f"{er.checkpoint_label(checkpoint)} (it was saved with "
+                f"{er.checkpoint_label(was)})."
+            )
+    check_remat(spec, checkpoint, c.layers)
     placement = make_placement(mesh_spec(args.mesh), c.batch)
     corpus = corpus_for(c)
     if args.resume:
@@ -192,7 +204,8 @@ def prepare(
     first = int(state.step)
     last = c.steps if args.stop_after is None else min(c.steps, first + args.stop_after)
     meta = dict(format=FORMAT, config=dataclasses.asdict(c))
-    meta |= dict(corpus_sha256=corpus.sha256, checkpoint=repr(checkpoint))
+    label = er.checkpoint_label(checkpoint)  # what a plain --resume reads back
+    meta |= dict(corpus_sha256=corpus.sha256, checkpoint=label)
     optimizer = make_optimizer(c)
     run = Run(args, c, checkpoint, placement, corpus, optimizer, first, last, meta)
     return run, state

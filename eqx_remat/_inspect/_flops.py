@@ -294,6 +294,9 @@ _FREE = frozenset(
     inspect_sharding zeros_like empty shape_assertion platform_index tie pin
     unpin mesh_cast
     """.split()
+    # eqx_remat's own identity on the derivatives of an offloading checkpoint's
+    # inputs under remat3 (eqx_remat/_policies/_second_order.py).
+    + ["eqx_remat_offload_guard"]
 )
 
 

@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,9 @@ class Hardware(NamedTuple):
     - `measured_fraction`: the fraction of the roofline's rate that published
       runs on this chip reach (a measured step takes the roofline's time over
       it), or `None` where no run was compared; `measured_source` says which.
+    - `usable_bytes`: what XLA lets one program use of `memory_bytes`, where
+      known (a v5e chip: 15.75 GiB of its 16 GiB, as XLA's
+      `RESOURCE_EXHAUSTED` messages say); else `None` (all of it).
     """
 
     kind: str
@@ -45,6 +48,13 @@ class Hardware(NamedTuple):
     source: str
     measured_fraction: float | None = None
     measured_source: str | None = None
+    usable_bytes: int | None = None
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        """What one program may use of one chip's memory: `usable_bytes`
+        where known, else `memory_bytes`."""
+        return self.memory_bytes if self.usable_bytes is None else self.usable_bytes
 
     def estimate_note(self) -> str:
         """How an estimate on this chip compares with published runs: what
@@ -109,11 +119,25 @@ _A100_40 = (
 _V5E_MEASURED = (0.79, "MaxText's measured v5e runs")
 
 
+# What XLA lets one program use of a v5e chip's 16 GiB of HBM: "exceeds
+# available HBM (15.75G)" in its RESOURCE_EXHAUSTED messages (libtpu 0.0.42.1).
+_V5E_USABLE = int(15.75 * _GIB)
+
+
 def _tpu(
-    kind: str, flops: float, bandwidth: float, gib: int, doc: str, *measured: Any
+    kind: str,
+    flops: float,
+    bandwidth: float,
+    gib: int,
+    doc: str,
+    measured: tuple[float, str] | None = None,
+    usable: int | None = None,
 ) -> Hardware:
     source = f"{_TPU_DOCS.format(doc)}; {_TPU_HOST_SOURCE}"
-    return Hardware(kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source, *measured)
+    fraction, by = (None, None) if measured is None else measured
+    return Hardware(
+        kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source, fraction, by, usable
+    )
 
 
 HARDWARE: Mapping[str, Hardware] = MappingProxyType(
@@ -122,8 +146,8 @@ HARDWARE: Mapping[str, Hardware] = MappingProxyType(
         for h in (
             _tpu("TPU v4", 275e12, 1228e9, 32, "v4"),
             # what a v5e reports
-            _tpu("TPU v5 lite", 197e12, 819e9, 16, "v5e", *_V5E_MEASURED),
-            _tpu("TPU v5e", 197e12, 819e9, 16, "v5e", *_V5E_MEASURED),
+            _tpu("TPU v5 lite", 197e12, 819e9, 16, "v5e", _V5E_MEASURED, _V5E_USABLE),
+            _tpu("TPU v5e", 197e12, 819e9, 16, "v5e", _V5E_MEASURED, _V5E_USABLE),
             _tpu("TPU v5", 459e12, 2765e9, 95, "v5p"),  # what a v5p chip reports
             _tpu("TPU v5p", 459e12, 2765e9, 95, "v5p"),
             _tpu("TPU v6 lite", 918e12, 1640e9, 32, "v6e"),  # v6e (Trillium)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
 from typing_extensions import TypeIs
 
@@ -234,7 +235,17 @@ def eval_jaxpr(
 
 def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list:
     """Bind `eqn`'s primitive to `invals` with its parameters, at its source
-    location and in its context; its outputs as a list."""
+    location and in its context; its outputs as a list.
+
+    A `checkpoint_name` tag is bound again with `checkpoint_name`, so it takes
+    the form of the checkpoint in force where it is evaluated (JAX's remat3
+    tag under `jax_remat3=True`, the tag before it otherwise), whichever form
+    it was traced in: the exact `save_all_but_names` checkpoints a layer with
+    remat3 off, that the engine may have traced with it on."""
+    name = _user_tag(eqn)
+    if name is not None:
+        with _user_context(eqn):
+            return [checkpoint_name(invals[0], name)]
     params = eqn.primitive.get_bind_params(eqn.params)
     invals = list(invals)
     if isinstance(params, tuple):  # older jax: (subfuns, params)
@@ -293,6 +304,18 @@ def checkpoint_names(jaxpr: Jaxpr) -> list[str]:
         if name is not None and name != KEEP_TAG:
             found.setdefault(name, None)
     return list(found)
+
+
+def _user_tag(eqn: JaxprEqn) -> str | None:
+    """The name of `eqn` if it is a `checkpoint_name(x, name)` tag in either
+    form (not remat3's `CheckpointNameFwd`, which its backward pass binds),
+    else `None`."""
+    if is_tag(eqn.primitive, eqn.params):
+        return eqn.params["name"]
+    hi = hi_operation(eqn)
+    if type(hi).__name__ == "CheckpointName":
+        return getattr(hi, "params", {}).get("name")
+    return None
 
 
 def tag_name(eqn: JaxprEqn) -> str | None:

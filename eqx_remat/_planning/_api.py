@@ -15,12 +15,7 @@ import numpy as np
 
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
-from .._schedules._checkpoint import (
-    Checkpoint,
-    PerStack,
-    check_checkpoint,
-    map_checkpoints,
-)
+from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
 from .._util import split_args
 from .._validate import check_int
 from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
@@ -65,16 +60,22 @@ def plan(
     - `fn`: the function to plan for: a gradient or training step, e.g.
       `eqx.filter_grad(loss)`; it must differentiate the stacks.
     - `*args`: its arguments; at least one must contain an `eqx.Module` with a
-      `checkpoint` field (every zoo model has one). Array leaves may be
-      `jax.ShapeDtypeStruct`s (timing runs them on arrays of that shape, dtype
-      and sharding). On a target with several chips, give the batch a
-      sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
+      `checkpoint` field (every zoo model has one). An optimiser state among
+      them (a training step's) may hold copies of the model's modules, as
+      optax's Adam and AdamW do in `mu` and `nu`: each copy gets what the
+      model gets, and `model, opt_state = result.apply((model, opt_state))`
+      switches both to the pick (see [`eqx_remat.set_checkpoint`][]). Array
+      leaves may be `jax.ShapeDtypeStruct`s (timing runs them on arrays of
+      that shape, dtype and sharding). On a target with several chips, give
+      the batch a sharding (`zoo.shard_batch(batch, eqx_remat.v5e_mesh(target))`): an
       [`eqx_remat.ReplicatedArgumentsWarning`][] says when nothing is split.
     - `budget_bytes`: device memory available (per chip on a TPU target): an
       int `>= 0`, or a string such as `"16GiB"`, `"512MiB"` or `"1.5GB"`
       ([`eqx_remat.parse_bytes`][]). Arguments, outputs and temporaries must
       add up to at most this. A budget over what one device holds is planned
-      for the device, with a note.
+      for the device, with a note: the device at hand's limit, or what XLA
+      lets a program use of a target's chip (15.75 GiB of a v5e's 16 GiB);
+      less, where XLA refuses a program and says it holds less.
     - `target`: `None` (the default) or the default backend's name (e.g.
       `"cpu"`) for the device at hand; `"v5e"` / `"v5e:AxB"` to compile for
       TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
@@ -223,40 +224,17 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
     with warnings.catch_warnings(), on.traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        problem = Problem.of(fn, args, on)
         if ways is not None:
             if loss_chunks is not None:
                 warn_if_chunks_do_nothing(fn, args, ways)
-            return relative_result(plan_batches(bench, fn, args, budget, ways, in_axes))
-        problem = Problem.of(fn, args, on)
-        if candidates is not None:
-            return compare(bench, problem, budget, candidates)
-        return relative_result(solve(bench, problem, budget).result)
-
-
-def relative_result(r: PlanResult) -> PlanResult:
-    """`r` with every plan's paths taken from inside the argument that holds
-    the stacks, as `apply(model)` takes them."""
-    rel = lambda x: x._replace(checkpoint=relative(x.checkpoint))  # noqa: E731
-    return dataclasses.replace(
-        r,
-        checkpoint=relative(r.checkpoint),
-        entry=rel(r.entry),
-        frontier=tuple(map(rel, r.frontier)),
-        batches=tuple(map(rel, r.batches)),
-    )
-
-
-def relative(c: Any) -> Any:
-    """`c` with its paths taken from inside the argument that holds the
-    stacks (`"[0].encoder.checkpoint"` -> `".encoder.checkpoint"`), where
-    they are all in one."""
-    if not isinstance(c, PerStack):
-        return c
-    heads = {p[: p.index("]") + 1] if p.startswith("[") else "" for p in c}
-    if len(heads) != 1 or heads == {""}:
-        return c
-    (head,) = heads
-    return PerStack({p[len(head) :]: k for p, k in c.items()})
+            result = plan_batches(bench, fn, args, budget, ways, in_axes)
+        elif candidates is not None:
+            result = compare(bench, problem, budget, candidates)
+        else:
+            result = solve(bench, problem, budget).result
+        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
+    return dataclasses.replace(result, stacks=stacks)
 
 
 def _measuring(measure: Any, target: str | None) -> bool:

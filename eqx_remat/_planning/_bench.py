@@ -95,10 +95,11 @@ class Bench:
 
     def capacity(self) -> int | None:
         """What one device holds: the device's limit (not what is free now: the
-        same on every process of a multi-process run), a target's chip, or
-        `None` for the host's memory."""
+        same on every process of a multi-process run), what XLA lets a program
+        use of a target's chip (`Hardware.capacity_bytes`), or `None` for the
+        host's memory."""
         if self.target.name is not None:
-            return self.hardware.memory_bytes
+            return self.hardware.capacity_bytes
         if jax.default_backend() == "cpu":
             return None
         return device_memory_bytes(free=False)

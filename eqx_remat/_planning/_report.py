@@ -156,6 +156,12 @@ class PlanResult:
       [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
       that of the combination solved in full (see
       [Which combination][which-combination]).
+    - `stacks`: the path of the `checkpoint` field of each stack `fn`
+      differentiates, in the order it runs them, as
+      [`eqx_remat.set_checkpoint`][] takes them and a
+      [`eqx_remat.PerStack`][] pick is keyed: from inside the argument that
+      holds them (`".encoder.checkpoint"`), or from the arguments
+      (`"[1].checkpoint"`) where the stacks are in several.
     """
 
     checkpoint: Planned
@@ -173,12 +179,18 @@ class PlanResult:
     in_axes: Any = (None, 0)
     batches: tuple[BatchOption, ...] = ()
     estimate: str = "roofline"
+    stacks: tuple[str, ...] = ()
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
         (e.g. the model) using the chosen checkpoint; planned with
         `loss_chunks=`, with `loss_chunk_size` set too
-        (`zoo.set_loss_chunk_size`)."""
+        (`zoo.set_loss_chunk_size`).
+
+        To switch a model being trained, give it with its optimiser state:
+        `model, opt_state = result.apply((model, opt_state))` sets the copies
+        of the model's modules in the state (Adam's `mu` and `nu`) too, so
+        the next `optimiser.update` sees matching structures."""
         tree = set_checkpoint(tree, self.checkpoint)
         if self.batches and map_loss_chunk_sizes(tree, lambda c: c)[1]:
             tree = map_loss_chunk_sizes(tree, lambda _: self.loss_chunk_size)[0]

@@ -35,6 +35,8 @@ from .._schedules._checkpoint import (
     Checkpoint,
     Planned,
     checkpoint_paths,
+    copies,
+    part_paths,
     set_checkpoint,
 )
 from .._schedules._engine import Layers, Schedule
@@ -75,14 +77,23 @@ def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
 def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
     """`(path, depth)` of every run of a stack whose `checkpoint` field is in
     `args` and that `fn` differentiates, in the order `fn` runs them (`path`:
-    the field's, as [`eqx_remat.set_checkpoint`][] takes it): `fn` is traced
-    once (`jax.eval_shape`), each `checkpoint` field set to a probe."""
+    the field's, as [`eqx_remat.set_checkpoint`][] takes it, from inside the
+    argument that holds the stacks where one does: `part_paths`): `fn` is
+    traced once (`jax.eval_shape`), each `checkpoint` field set to a probe,
+    the copies of the model's fields in an optimiser state to their
+    field's."""
     seen: list[tuple[str, int]] = []
-    probes = {p: _Probe(seen, path=p) for p in checkpoint_paths(args)}
+    # A copy of the model (in Adam's state) gets its field's probe, and so
+    # the same static metadata as the model.
+    copied = copies(args)
+    probes = {
+        p: _Probe(seen, path=p) for p in checkpoint_paths(args) if p not in copied
+    }
     f, dynamic = traceable(fn, set_checkpoint(args, probes))
     with stacking_lists():
         jax.eval_shape(f, dynamic)
-    return seen
+    spelling = part_paths(args, [p for p, _ in seen])
+    return [(spelling[p], depth) for p, depth in seen]
 
 
 # --- jaxpr walks ----------------------------------------------------------------

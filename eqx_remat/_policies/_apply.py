@@ -12,7 +12,15 @@ from jax.ad_checkpoint import checkpoint_name
 from .. import _jax_private
 from .._inspect._jaxpr import checkpoint_names
 from ._exclude import ExcludeProducers
-from ._values import NamePolicy, Policy, check_tags, save_all_but_names, save_names
+from ._second_order import guarded
+from ._values import (
+    NamePolicy,
+    Offloading,
+    Policy,
+    check_tags,
+    save_all_but_names,
+    save_names,
+)
 
 
 _cp = jax.checkpoint_policies
@@ -27,7 +35,10 @@ def checkpointed(fn: Callable, pol: Policy, *, prevent_cse: bool = False) -> Cal
     The one place a policy is applied to a layer function (the plain scan of
     `scan_layers` and `chain`, and the engine's `Layers`): a name policy whose
     names are not all tags of `fn` raises a `ValueError` when it is called (at
-    trace time), see `check_tags`."""
+    trace time), see `check_tags`. Under remat3, an offloading policy's
+    backward pass differentiated in reverse mode again raises a clear
+    `NotImplementedError` (see `guarded`), as JAX's previous checkpoint makes
+    `Offloading` raise."""
     if isinstance(pol, save_all_but_names):
         # Under remat3 too: see `ExcludeProducers`.
         return ExcludeProducers(fn, pol, prevent_cse=prevent_cse)
@@ -37,6 +48,9 @@ def checkpointed(fn: Callable, pol: Policy, *, prevent_cse: bool = False) -> Cal
         if pol is _cp.everything_saveable:  # saves what no checkpoint saves
             return fn
     checkpointed_fn = jax.checkpoint(fn, policy=pol, prevent_cse=prevent_cse)
+    if isinstance(pol, Offloading) and remat3():
+        # remat3 does not ask the policy on the backward pass: see `guarded`.
+        checkpointed_fn = guarded(checkpointed_fn, checked)
     if isinstance(checked, NamePolicy):
         return _CheckedNames(fn, checkpointed_fn, checked)
     return checkpointed_fn

@@ -82,7 +82,10 @@ class ExcludeProducers:
     previous one (traced with remat3 off): remat3 saves only the outputs of
     the operations it has a rule for (matrix products, tags) and recomputes
     every other, whatever the policy says, so "everything but" cannot be said
-    to it. The gradients and the values saved are the same as without remat3.
+    to it. Its tags too: a layer traced with remat3 on (as the engine traces
+    each stack's layer) has them bound again as this checkpoint's (see
+    `eval_jaxpr`). The gradients and the values saved are the same as without
+    remat3.
     """
 
     def __init__(

@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 import jax
 
 from .._inspect._jaxpr import is_tag
+from ._second_order import second_order_offload_message
 
 
 Policy: TypeAlias = Callable[..., Any]
@@ -144,10 +145,11 @@ class offload_names(NamePolicy):
     Offloading needs a backend with a host memory space (TPU, GPU); on the CPU the
     values stay where they are.
 
-    Reverse-over-reverse differentiation (`jax.grad` of `jax.grad`,
-    `jax.hessian`) through an offloading policy raises a `NotImplementedError`
-    at trace time: JAX cannot differentiate the reload of an offloaded value in
-    the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`) works.
+    Reverse-over-reverse differentiation (`jax.grad` of `jax.grad`) through an
+    offloading policy raises a `NotImplementedError` at trace time, with JAX's
+    remat3 or without: JAX cannot differentiate the reload of an offloaded
+    value in the backward pass. Forward-over-reverse (`jax.jvp` of `jax.grad`,
+    `jax.hessian`) works.
 
     Each name must tag a value of the layers it checkpoints, or tracing raises
     a `ValueError` (see [Name-based policies][name-based-policies]).
@@ -157,8 +159,10 @@ class offload_names(NamePolicy):
     **Arguments:**
 
     - `*names`: the `checkpoint_name` tags to offload.
-    - `src`: the memory space the values are computed in, `"device"` (the
-      default) or `"pinned_host"`.
+    - `src`: the memory space the values are computed in: `"device"` (the
+      default, and the only one: a layer's values are computed in device
+      memory; JAX cannot differentiate an offload from `"pinned_host"` of
+      values that are not, so it is refused here, naming `src`).
     - `dst`: where they are kept until the backward pass, `"pinned_host"`
       (the default) or `"device"`.
     """
@@ -227,8 +231,9 @@ class save_and_offload_names(NamePolicy):
     - `save`: the tags to save, a tuple of names (or one name as a string).
     - `offload`: the tags to offload, likewise. No name may be in both, and at
       least one name must be given.
-    - `src`: the memory space the offloaded values are computed in,
-      `"device"` (the default) or `"pinned_host"`.
+    - `src`: the memory space the offloaded values are computed in:
+      `"device"` (the default, and the only one, as for
+      [`eqx_remat.offload_names`][]).
     - `dst`: where they are kept until the backward pass, `"pinned_host"`
       (the default) or `"device"`.
     """
@@ -298,30 +303,18 @@ def _offload_policy(
     """The JAX policy of `save_and_offload_names(save=save, offload=offload,
     src=src, dst=dst)` (and of `offload_names`, which saves nothing): one object
     per value (while it is among the 256 most recently used), so that rebuilding
-    the same policy does not retrigger compilation."""
-    return Offloading(
-        _cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=sorted(save),
-            names_which_can_be_offloaded=sorted(offload),
-            offload_src=src,
-            offload_dst=dst,
-        ),
-        repr((sorted(save), sorted(offload), src, dst)),
+    the same policy does not retrigger compilation. `Offloading` only where
+    it offloads: with no names to offload, it is differentiated to any order,
+    as `save_names` is."""
+    pol = _cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=sorted(save),
+        names_which_can_be_offloaded=sorted(offload),
+        offload_src=src,
+        offload_dst=dst,
     )
-
-
-_SECOND_ORDER_OFFLOAD = (
-    "Differentiating the backward pass of an offloading policy "
-    "(offload_names, save_and_offload_names, 'offload_dots_no_batch') — grad of "
-    "grad, jax.hessian — is "
-    "not supported: JAX's offloading reloads the saved values from host memory "
-    "in the backward pass, and differentiating that reload fails in jax "
-    "(<= 0.10.2: 'Expected cotangent type float32[...] but got "
-    "float32<host>[...]'). Use the matching saving policy for higher-order "
-    "derivatives (save_names with the same names — for save_and_offload_names, "
-    "its save and offload names together — or 'dots_no_batch'); "
-    "forward-over-reverse (jax.jvp of jax.grad) works."
-)
+    if not offload:
+        return pol
+    return Offloading(pol, repr((sorted(save), sorted(offload), src, dst)))
 
 
 class Offloading:
@@ -332,7 +325,9 @@ class Offloading:
     backward pass is differentiated again, the policy is called once more, on the
     backward pass's operations — which include the reload of an offloaded value
     from host memory. That reload is what JAX cannot transpose, so seeing an
-    input in host memory is the signal.
+    input in host memory is the signal. (JAX's remat3 never asks a policy
+    there: under it, `checkpointed` marks the checkpoint instead, see
+    `_second_order.py`.)
     """
 
     def __init__(self, policy: Policy, key: str):
@@ -343,7 +338,7 @@ class Offloading:
         for a in avals:
             space = getattr(a, "memory_space", None)
             if getattr(space, "name", None) == "Host":
-                raise NotImplementedError(_SECOND_ORDER_OFFLOAD)
+                raise NotImplementedError(second_order_offload_message())
         return self.policy(prim, *avals, **params)
 
     def __repr__(self) -> str:
@@ -351,13 +346,22 @@ class Offloading:
 
 
 def _check_spaces(fn: str, src: Any, dst: Any) -> None:
+    # A layer's values are computed in device memory: JAX's offload of such a
+    # value from "pinned_host" fails in the backward pass with a bare
+    # AssertionError, so `src` is "device" only. JAX reads any other name as
+    # "device": a misspelt "pinned_host" would offload nothing.
+    valid = {"src": ("device",), "dst": ("device", "pinned_host")}
     for arg, value in (("src", src), ("dst", dst)):
-        # JAX reads any other name as "device": a misspelt "pinned_host" would
-        # offload nothing.
-        if not isinstance(value, str) or value not in ("device", "pinned_host"):
+        if not isinstance(value, str) or value not in valid[arg]:
+            why = ""
+            if arg == "src":
+                why = (
+                    " (a layer's values are computed in device memory; JAX "
+                    "cannot differentiate an offload of them from host memory)"
+                )
             raise ValueError(
-                f"{fn}: {arg} must be a memory-space name, 'device' or "
-                f"'pinned_host'. Got {value!r}."
+                f"{fn}: {arg} must be a memory-space name, "
+                f"{' or '.join(map(repr, valid[arg]))}{why}. Got {value!r}."
             )
 
 

@@ -7,7 +7,7 @@ expected and what was got, as Equinox's do.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import equinox as eqx
@@ -47,6 +47,14 @@ class PerStack(Mapping):
 
     def __init__(self, checkpoints: Mapping[str, Any]):
         pairs = tuple((str(p), c) for p, c in dict(checkpoints).items())
+        seen: dict[str, Any] = {}
+        for (path, _), key in zip(pairs, dict(checkpoints)):
+            if path in seen:
+                raise ValueError(
+                    f"PerStack expected one checkpoint per path. Got {seen[path]!r} "
+                    f"and {key!r}, which are both the path {path!r}."
+                )
+            seen[path] = key
         for path, c in pairs:
             check_checkpoint(c, name=f"PerStack: checkpoint of {path!r}")
         object.__setattr__(self, "_pairs", pairs)
@@ -251,6 +259,125 @@ def checkpoint_paths(tree: Any) -> list[str]:
     ]
 
 
+def _parts(tree: Any) -> list[tuple[str, Any]]:
+    """The top-level parts of `tree`, with their paths: `tree` itself where it
+    is a module, else its children (the arguments of `(model, opt_state)`)."""
+    if _is_module(tree):
+        return [("", tree)]
+    children = jtu.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    return [(jtu.keystr(p), x) for p, x in children if p]
+
+
+def _copies_in(
+    x: Any, path: str, of: Any, paths: list[str], out: list[tuple[str, Any]]
+) -> None:
+    """Append to `out` `(path, part)` (its path from `x`, prefixed by `path`)
+    of every proper part of `x` that may be a copy of `of`: of its type, with
+    checkpoint fields at the same `paths`; outermost first, not looking
+    inside one."""
+    children = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]
+    for p, y in children:
+        if not p:
+            continue
+        here = path + jtu.keystr(p)
+        if type(y) is type(of) and checkpoint_paths(y) == paths:
+            out.append((here, y))
+        else:
+            _copies_in(y, here, of, paths, out)
+
+
+def _shapes(x: Any) -> list[tuple[int, ...]]:
+    return sorted(tuple(a.shape) for a in jtu.tree_leaves(x) if hasattr(a, "shape"))
+
+
+def copies(tree: Any) -> dict[str, str]:
+    """`{path: original}`: the checkpoint fields of `tree` that are copies of
+    another's. A copy of a top-level part of `tree` (the model among a
+    function's arguments) is a part of another top-level part of the same type
+    with checkpoint fields at the same paths (of the parts it may copy, the
+    first whose arrays have its arrays' shapes): an optimiser state made by
+    `optimiser.init(eqx.filter(model, eqx.is_array))` holds such copies of the
+    model's modules (Adam's `mu` and `nu`), static `checkpoint` fields
+    included, and they must hold what the model's fields hold for the model
+    and the state to have the same structure."""
+    parts = [(h, x, checkpoint_paths(x)) for h, x in _parts(tree)]
+    candidates: dict[str, list[tuple[str, list[str], bool]]] = {}
+    for head, part, paths in parts:
+        if not paths:
+            continue
+        for other_head, other, _ in parts:
+            if other_head == head:
+                continue
+            found: list[tuple[str, Any]] = []
+            _copies_in(other, other_head, part, paths, found)
+            for at, copy in found:
+                alike = _shapes(copy) == _shapes(part)
+                candidates.setdefault(at, []).append((head, paths, alike))
+    out: dict[str, str] = {}
+    for at, of in candidates.items():
+        head, paths, _ = next((c for c in of if c[2]), of[0])
+        out.update({at + p: head + p for p in paths})
+    return out
+
+
+def resolve_paths(tree: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec`'s paths as paths from the root of `tree`, with the copies of the
+    fields they name (see `copies`): the rule by which
+    [`eqx_remat.set_checkpoint`][] reads a mapping.
+
+    **Raises:** `ValueError` for a path that names no checkpoint field of
+    `tree` nor of any of its top-level parts."""
+    paths = checkpoint_paths(tree)
+    have = set(paths)
+    heads = [h for h, _ in _parts(tree) if h]
+    out: dict[str, Any] = {}
+    for key, c in spec.items():
+        full = [key] if key in have else [h + key for h in heads if h + key in have]
+        if not full and paths:
+            parts = "" if not heads else " (or of one of its top-level parts)"
+            raise ValueError(
+                f"set_checkpoint expected paths of checkpoint fields of the tree"
+                f"{parts}, which are {', '.join(map(repr, paths))}. Got {key!r}, "
+                "which names none."
+            )
+        out.update(dict.fromkeys(full, c))
+    named = dict(out)
+    for path, original in copies(tree).items():
+        if original in named and path not in named:
+            out[path] = named[original]
+    return out
+
+
+def part_paths(tree: Any, paths: Sequence[str]) -> dict[str, str]:
+    """`{path: spelling}`: each of `paths` (from the root of `tree`) taken from
+    inside the top-level part of `tree` that holds them all
+    (`"[0].encoder.checkpoint"` -> `".encoder.checkpoint"`), where one does
+    and the spelling names no other field (`resolve_paths` reads it back to
+    the same field); else as it is. The one spelling of a stack's path in
+    [`eqx_remat.plan`][]'s results, progress lines and errors."""
+    have = set(checkpoint_paths(tree))
+    heads = [h for h, _ in _parts(tree) if h]
+
+    def head_of(p: str) -> str | None:
+        for h in heads:
+            if p.startswith(h) and p[len(h) : len(h) + 1] in (".", "["):
+                return h
+        return None
+
+    holders = {head_of(p) for p in paths}
+    if len(holders) != 1 or None in holders:
+        return {p: p for p in paths}
+    (head,) = holders
+    assert head is not None
+    out = {p: p[len(head) :] for p in paths}
+    if any(
+        r in have or any(h + r in have for h in heads if h != head)
+        for r in out.values()
+    ):
+        return {p: p for p in paths}
+    return out
+
+
 def set_checkpoint(tree: _T, spec: Checkpoint | Mapping[str, Checkpoint]) -> _T:
     """A copy of `tree` with every `checkpoint` field replaced by `spec`; or,
     with a mapping `{path: checkpoint}`, each field named by a path replaced by
@@ -270,9 +397,13 @@ def set_checkpoint(tree: _T, spec: Checkpoint | Mapping[str, Checkpoint]) -> _T:
     ```
 
     A path is where the field sits in `tree`, as `jax.tree_util.keystr` writes
-    it, then the field's name; [`eqx_remat.PlanResult`][]`.stacks` names them
-    so, and a path that names no checkpoint field is an error that lists those
-    there are.
+    it, then the field's name (`".encoder.checkpoint"` in a model); where
+    `tree` is a tuple (or list, or dict) of parts, a path may also be taken
+    from inside one of its parts (`".encoder.checkpoint"` names the model's
+    field in `(model, opt_state)`, as `"[0].encoder.checkpoint"` does). This
+    is how [`eqx_remat.PlanResult`][]`.stacks` and the paths of a planned
+    [`eqx_remat.PerStack`][] name them. A path that names no checkpoint field
+    is an error that lists those there are.
 
     The `checkpoint` field is static: it is part of the tree's structure, and so
     of the structure of anything built from the model — an optimiser state made
@@ -284,6 +415,13 @@ def set_checkpoint(tree: _T, spec: Checkpoint | Mapping[str, Checkpoint]) -> _T:
     ```python
     model, opt_state = eqx_remat.set_checkpoint((model, opt_state), "dots")
     ```
+
+    A mapping sets each copy of a field it names too: a copy is a part of
+    another of the tree's top-level parts of the same type as the part that
+    holds the named field, with checkpoint fields at the same paths (Adam's
+    `mu` and `nu` are copies of the model), so
+    `set_checkpoint((model, opt_state), result.checkpoint)` switches a model
+    and its optimiser state to a plan's pick, one checkpoint per stack.
 
     **Arguments:**
 
@@ -307,17 +445,10 @@ def set_checkpoint(tree: _T, spec: Checkpoint | Mapping[str, Checkpoint]) -> _T:
     if isinstance(spec, Mapping):
         for path, c in spec.items():
             check_checkpoint(c, name=f"set_checkpoint: spec[{path!r}]")
+        full = resolve_paths(tree, spec)
         out, found = map_fields_at(
-            tree, _is_checkpoint_field, lambda p, v: spec.get(p, v)
+            tree, _is_checkpoint_field, lambda p, v: full.get(p, v)
         )
-        paths = [p for p, _ in found]
-        unknown = [p for p in spec if p not in paths]
-        if found and unknown:
-            raise ValueError(
-                f"set_checkpoint expected paths of checkpoint fields of the tree, "
-                f"which are {', '.join(map(repr, paths))}. Got {unknown[0]!r}, "
-                "which names none."
-            )
     else:
         check_checkpoint(spec, name="set_checkpoint: spec")
         out, found = map_checkpoints(tree, lambda _: spec)

@@ -10,6 +10,7 @@ that need no shell quoting: colons for a schedule (`every:4:dots`,
 `recursive`) and `n:spec` for a part of `ranges(...)`.
 """
 
+import ast
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from .._policies._values import (
     save_and_offload_names,
     save_names,
 )
+from .._validate import check_int
 from ._binomial import binomial
 from ._checkpoint import Checkpoint
 from ._ranges import ranges
@@ -50,8 +52,12 @@ _NAME_POLICIES = {
     "offload_names": offload_names,
     "save_and_offload_names": save_and_offload_names,
 }
+# A name in quotes is a Python string literal, escapes and all (as `repr`
+# writes one, and so `checkpoint_label`): scanned here, read by
+# `ast.literal_eval`.
 _TOKEN = re.compile(
-    r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.\-]*)|'([^']*)'|\"([^\"]*)\"|(.))"
+    r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.\-]*)"
+    r"|('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")|(.))"
 )
 
 
@@ -64,6 +70,17 @@ _KINDS = {
 }
 
 
+def _string(literal: str, fail: Callable[[str], Exception]) -> str:
+    """The text of a quoted name: a Python string literal (`'a\\tb'`)."""
+    try:
+        value = ast.literal_eval(literal)
+    except (SyntaxError, ValueError) as e:
+        raise fail(f"{literal} is not a Python string literal ({e})") from None
+    if not isinstance(value, str):  # pragma: no cover - the regex quotes it
+        raise fail(f"{literal} is not a string")
+    return value
+
+
 class _Tokens:
     """The tokens of a spec: `("int", 4)`, `("word", "dots")`, `("str", "a b")`
     or `("op", "(")`, read left to right."""
@@ -71,13 +88,13 @@ class _Tokens:
     def __init__(self, text: str, fail: Callable[[str], Exception]):
         self.items: list[tuple[str, Any]] = []
         for m in _TOKEN.finditer(text.strip()):
-            number, word, single, double, op = m.groups()
+            number, word, literal, op = m.groups()
             if number is not None:
                 self.items.append(("int", int(number)))
             elif word is not None:
                 self.items.append(("word", word))
-            elif single is not None or double is not None:
-                self.items.append(("str", single if double is None else double))
+            elif literal is not None:
+                self.items.append(("str", _string(literal, fail)))
             elif op in "():,=":
                 self.items.append(("op", op))
             elif op is not None:
@@ -276,7 +293,8 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> Checkpoint:
       (`"ranges(4:dots, 12:every:3)"`). Where a schedule takes an integer,
       `sqrt` or `log2` (of `depth`; inside `ranges`, of the range's count) may
       stand for it.
-    - `depth`: the depth of the stack, for `sqrt` and `log2`.
+    - `depth`: the depth of the stack, for `sqrt` and `log2`: `None` (the
+      default) or an int `>= 1`.
 
     **Returns:**
 
@@ -286,10 +304,20 @@ def parse_checkpoint(spec: str, depth: int | None = None) -> Checkpoint:
     **Raises:**
 
     `ValueError` naming `spec`, saying what is wrong and listing the forms it
-    may take.
+    may take; for a `depth` that is not `None` or an int `>= 1`, naming `spec`
+    and `depth`.
     """
     if not isinstance(spec, str):
         raise ValueError(f"parse_checkpoint expected a string. Got {spec!r}.")
+    if depth is not None:
+        try:
+            depth = check_int("parse_checkpoint", "depth", depth, 1)
+        except ValueError:
+            raise ValueError(
+                f"Invalid checkpoint {spec!r} at depth={depth!r}: parse_checkpoint's "
+                "depth must be an int >= 1, the depth of the stack (for sqrt and "
+                f"log2), or None. Got {depth!r}."
+            ) from None
 
     def fail(problem: str) -> ValueError:
         return ValueError(
