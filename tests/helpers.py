@@ -1,3 +1,4 @@
+import contextlib
 import importlib.util
 
 import jax
@@ -62,3 +63,14 @@ def check_close(actual, expected, *, rtol=1e-5, atol=1e-6):
     for a, b in leaves:
         assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+
+
+@contextlib.contextmanager
+def jax_remat3(on: bool):
+    """JAX's `jax_remat3` flag set to `on` inside the block, restored after."""
+    before = jax.config.jax_remat3
+    jax.config.update("jax_remat3", on)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", before)

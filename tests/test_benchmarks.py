@@ -15,10 +15,12 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import jax
 import pytest
+import tyro
 from helpers import needs_libtpu
 
 import eqx_remat as er
@@ -516,8 +518,15 @@ class _TrainFlags:
 
 def _flags(parser) -> set[str]:
     if isinstance(parser, _TrainFlags):
-        fields = dataclasses.fields(config.RunConfig) + dataclasses.fields(config.Flags)
-        names = {f.name for f in fields} - {"run", "run_dir", "given"}
+        # Every field but `run` (the RunConfig, whose fields are flags of their
+        # own) and those tyro suppresses (set by the script, never spelt out).
+        names = {f.name for f in dataclasses.fields(config.RunConfig)}
+        hints = typing.get_type_hints(config.Flags, include_extras=True)
+        for f in dataclasses.fields(config.Flags):
+            if f.name != "run" and tyro.conf.Suppress not in getattr(
+                hints[f.name], "__metadata__", ()
+            ):
+                names.add(f.name)
         return {"--" + n.replace("_", "-") for n in names}
     return {
         f

@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import jax_remat3
 from jax.ad_checkpoint import checkpoint_name
 
 import eqx_remat as er
@@ -249,9 +250,7 @@ def test_offloading_under_second_order(pol, on):
         return er.chain([layer] * 2, checkpoint=pol)(x).sum()
 
     x = jnp.linspace(0.0, 1.0, 8).reshape(2, 4)
-    before = jax.config.jax_remat3
-    jax.config.update("jax_remat3", on)
-    try:
+    with jax_remat3(on):
         if on and jax.__version_info__ < (0, 12):
             # This jax's remat3 would not offload: refused at first order.
             with pytest.raises(NotImplementedError, match="not supported under"):
@@ -270,8 +269,6 @@ def test_offloading_under_second_order(pol, on):
             NotImplementedError, match="grad of grad.*not supported"
         ) as e:
             jax.make_jaxpr(jax.grad(lambda x: jax.grad(f)(x, pol).sum()))(x)
-    finally:
-        jax.config.update("jax_remat3", before)
     # The message names every offloading policy, the one raising included, and
     # the jax that fails; under remat3, the policy itself.
     for name in ("offload_names", "save_and_offload_names", "offload_dots_no_batch"):
@@ -296,17 +293,13 @@ def test_per_name_decisions_that_offload_nothing_support_second_order(on):
 
     x = jnp.linspace(0.0, 1.0, 8).reshape(2, 4)
     pol = er.save_and_offload_names(save=("h",))
-    before = jax.config.jax_remat3
-    jax.config.update("jax_remat3", on)
-    try:
+    with jax_remat3(on):
         if on and jax.__version_info__ < (0, 12):
             # This jax's remat3 honours only JAX's own policy values.
             with pytest.raises(NotImplementedError, match="not supported under"):
                 jax.grad(f)(x, pol)
             return
         assert jnp.allclose(grad2(pol), grad2(None), rtol=1e-5, atol=1e-6)
-    finally:
-        jax.config.update("jax_remat3", before)
 
 
 # --- name policies whose names tag nothing ---------------------------------------
@@ -667,12 +660,8 @@ def remat3():
     on): `jax.checkpoint` honours only JAX's own name policies at a tag."""
     if not hasattr(jax.config, "jax_remat3"):
         pytest.skip("this jax has no jax_remat3 flag")
-    before = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
+    with jax_remat3(True):
         yield
-    finally:
-        jax.config.update("jax_remat3", before)
 
 
 class _TaggedLayer(eqx.Module):

@@ -10,7 +10,6 @@ their type, and cannot vmap a tag: there, what it cannot do is asserted to fail
 clearly instead.
 """
 
-import contextlib
 import re
 
 import equinox as eqx
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import pytest
+from helpers import jax_remat3
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -31,16 +31,6 @@ from eqx_remat._policies._apply import checkpointed
 # looks only at the type of JAX's own policy values, so it would recompute what
 # an offloading policy (a function) offloads: eqx_remat refuses those there.
 ASKS_ANY_POLICY = jax.__version_info__ >= (0, 12)
-
-
-@contextlib.contextmanager
-def remat3(on: bool):
-    before = jax.config.jax_remat3
-    jax.config.update("jax_remat3", on)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_remat3", before)
 
 
 class _Layer(eqx.Module):
@@ -107,10 +97,10 @@ def _measure(ck):
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_remat3_same_gradients_residuals_and_flops(name):
     ck = CHECKPOINTS[name]
-    with remat3(False):
+    with jax_remat3(False):
         g, res, flops = _measure(ck)
     assert flops.unknown == {}
-    with remat3(True):
+    with jax_remat3(True):
         if name in OFFLOADING and not ASKS_ANY_POLICY:
             with pytest.raises(
                 NotImplementedError,
@@ -137,14 +127,14 @@ def test_remat3_tags_take_the_form_in_force_and_save_all_but_names_sees_them(
     with remat3 on must still show it its tags, or its pullback keeps the
     `cos` of the excluded `h` (as `ranges` once did, one value per layer)."""
     w = _layers.w[0]
-    with remat3(traced_on):
+    with jax_remat3(traced_on):
         closed = jax.make_jaxpr(lambda w, x: _Layer(w)(x))(w, _x)
 
     def layer(w, x):
         return eval_jaxpr(closed.jaxpr, closed.consts, [w, x])[0]
 
     def forms(on):
-        with remat3(on):
+        with jax_remat3(on):
             again = jax.make_jaxpr(layer)(w, _x).jaxpr
         return {
             type(hi_operation(e)).__name__ if hi_operation(e) else e.primitive.name
@@ -155,7 +145,7 @@ def test_remat3_tags_take_the_form_in_force_and_save_all_but_names_sees_them(
     assert forms(False) == {"name"} and forms(True) == {"CheckpointName"}
 
     def saved(fn, on):
-        with remat3(on):
+        with jax_remat3(on):
             res = er.residuals(checkpointed(fn, er.save_all_but_names("h")), w, _x)
         return [(r.shape, str(r.dtype)) for r in res], [r.source for r in res]
 
@@ -185,7 +175,7 @@ def test_remat3_recomputation_is_counted_and_xla_agrees():
     x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
     counts = {}
     for on in (False, True):
-        with remat3(on):
+        with jax_remat3(on):
             # `jax.grad`: the forward pass is dead code, dropped by both, so
             # XLA cannot merge the recomputation with it (jaxlib 0.10.2 does,
             # despite the optimisation barrier, when the forward pass is live).
@@ -216,10 +206,10 @@ def test_remat3_scan_of_checkpoints_counts_every_iteration():
     x = jnp.ones((4, 16))
     counts = {}
     for on in (False, True):
-        with remat3(on):
+        with jax_remat3(on):
             counts[on] = er.count_flops(jax.grad(loss), ws, x)
     assert int(counts[True]) == int(counts[False]) and counts[True].unknown == {}
-    with remat3(True):
+    with jax_remat3(True):
         plain = er.count_flops(
             jax.grad(
                 lambda ws, x: lax.scan(lambda c, w: (jnp.sin(c @ w), None), x, ws)[
@@ -264,10 +254,10 @@ def test_remat3_transformer_counts_and_saves_alike(name):
         res = sorted((r.shape, r.name or "") for r in er.residuals(loss, model, tokens))
         return er.count_flops(grad, model, tokens), res
 
-    with remat3(False):
+    with jax_remat3(False):
         flops, res = measure()
         none = er.count_flops(grad, er.set_checkpoint(model, None), tokens)
-    with remat3(True):
+    with jax_remat3(True):
         if not ASKS_ANY_POLICY:
             with pytest.raises(NotImplementedError, match="for vmap support"):
                 measure()

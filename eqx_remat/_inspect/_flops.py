@@ -517,7 +517,7 @@ _NUMPY: dict[str, Callable[..., Any]] = {
     "broadcast_in_dim": lambda a, shape, broadcast_dimensions, **_: np.broadcast_to(
         np.expand_dims(
             a,
-            [d for d in range(len(shape)) if d not in broadcast_dimensions],
+            tuple(d for d in range(len(shape)) if d not in broadcast_dimensions),
         ),
         shape,
     ),
@@ -531,7 +531,7 @@ _NUMPY: dict[str, Callable[..., Any]] = {
     "iota": lambda dtype, shape, dimension, **_: np.broadcast_to(
         np.expand_dims(
             np.arange(shape[dimension], dtype=dtype),
-            [d for d in range(len(shape)) if d != dimension],
+            tuple(d for d in range(len(shape)) if d != dimension),
         ),
         shape,
     ),

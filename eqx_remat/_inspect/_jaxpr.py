@@ -1,3 +1,8 @@
+# pyright: reportPrivateImportUsage=false
+# jax 0.12 merged `ClosedJaxpr` into `Jaxpr` (a `Jaxpr` carries its constants and
+# its `.jaxpr` is itself); `jax.extend.core` keeps `ClosedJaxpr` as an alias
+# (`Jaxpr as ClosedJaxpr`) that pyright does not count as exported. A line's
+# `# pyright: ignore` would be unnecessary, and so an error, with jax 0.10.2.
 """One toolkit for reading, evaluating and rewriting jaxprs.
 
 Every analysis in eqx_remat (`count_flops`, `residuals`, the exact
@@ -18,6 +23,9 @@ from typing_extensions import TypeIs
 
 from .. import _jax_private
 
+
+# An open or a closed jaxpr: what a jaxpr-valued parameter or a trace holds.
+AnyJaxpr = Jaxpr | ClosedJaxpr
 
 # Primitives that call one jaxpr once, and the parameter that holds it.
 CALLS: Mapping[str, str] = {
@@ -54,21 +62,21 @@ def is_literal(v: Any) -> TypeIs[Literal]:
     return isinstance(v, Literal)
 
 
-def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
+def open_jaxpr(j: AnyJaxpr) -> Jaxpr:
     """The open jaxpr of a `Jaxpr` or `ClosedJaxpr`."""
     return j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
 
-def jaxpr_and_consts(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, Sequence[Any]]:
+def jaxpr_and_consts(j: AnyJaxpr) -> tuple[Jaxpr, Sequence[Any]]:
     """`(jaxpr, consts)` of a `Jaxpr` (no constants) or `ClosedJaxpr`."""
     return (j.jaxpr, j.consts) if isinstance(j, ClosedJaxpr) else (j, ())
 
 
 def _is_jaxpr(x: Any) -> bool:
-    return isinstance(x, Jaxpr | ClosedJaxpr)
+    return isinstance(x, AnyJaxpr)
 
 
-def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr | ClosedJaxpr]:
+def sub_jaxprs(eqn: JaxprEqn) -> list[AnyJaxpr]:
     """Every jaxpr an equation holds in its parameters, as it holds it (`Jaxpr`
     or `ClosedJaxpr`): the body of a `scan`, the body and condition of a
     `while`, the branches of a `cond`, the callee of `jit`, `jax.checkpoint`
@@ -94,7 +102,7 @@ def hi_operation(eqn: JaxprEqn) -> Any:
     return eqn.params.get("_prim")
 
 
-def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr | None:
+def called_jaxpr(eqn: JaxprEqn) -> AnyJaxpr | None:
     """The jaxpr that a call (a primitive of `CALLS`, or an operation of
     `HI_CALLS`) calls once, with the equation's inputs; `None` for other
     equations."""

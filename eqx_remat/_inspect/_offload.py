@@ -14,10 +14,8 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
-from jax.extend.core import ClosedJaxpr, Jaxpr
-
 from .._util import format_bytes
-from ._jaxpr import iter_eqns, open_jaxpr
+from ._jaxpr import AnyJaxpr, iter_eqns, open_jaxpr
 
 
 class OffloadWarning(UserWarning):
@@ -118,7 +116,7 @@ def policy_name(pol: Any) -> str:
     return repr(pol)
 
 
-def offloads(jaxpr: Jaxpr | ClosedJaxpr) -> bool:
+def offloads(jaxpr: AnyJaxpr) -> bool:
     """Whether a traced program puts a value in host memory (an offloading
     policy's residuals, `f32<host>[...]`), at any depth of its loops and
     calls."""
