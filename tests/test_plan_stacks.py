@@ -385,7 +385,7 @@ def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
 
     stacks = (Stack(".a", 6, options(1.0)), Stack(".b", 3, options(4.0)))
     nothing = Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
-    prices = Prices(stacks, (6, 3), 1.0, (), 0, nothing, ())
+    prices = Prices(stacks, (6, 3), (), nothing, ())
     record_base = 100.0
 
     def cost(plan):

@@ -1,13 +1,10 @@
 """Planning a global batch: how many micro-batches, which loss chunking and which
 checkpoint run it fastest within the budget (`plan(..., micro_batches=...,
-loss_chunks=...)`): an outer loop over values, around the planner's one loop.
-The search is told once, in the tutorial *Fit a batch, not just a model*
-("Which combination"): the loop (`solve`) runs on one way of running the
-batch in full (`_solve_first`), each later way is tried with its pick
-(`_try`), and the best of each way race (`_race_bests`).
-
-Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
-"""
+loss_chunks=...)`): an outer loop over ways of running the batch, around the
+planner's one loop (told once, in the tutorial *Fit a batch, not just a model*,
+"Which combination"): the loop (`solve`) runs on one way in full
+(`_solve_first`), each later way is tried with its pick (`_try`), and the best
+of each way race (`_race_bests`). Every time is per global batch."""
 
 import dataclasses
 import warnings
@@ -26,9 +23,9 @@ from ._bench import Bench, Problem
 from ._cache import PlanCache
 from ._clock import on_one_clock
 from ._compiled import Compiled
-from ._cost import CostModel
-from ._evidence import Evidence, is_mix, total_left_s
-from ._loop import Compile, State, Time, Trace, answer, loop, notes, solve
+from ._cost import entry
+from ._evidence import Evidence, is_mix
+from ._loop import Compile, State, Time, answer, loop, models, notes, solve, traced
 from ._report import BatchOption, NothingFits, PlanResult
 from ._thresholds import CLOSE_WAYS, FASTER_TRIES, MODEL_ERROR, RACED_WAYS
 
@@ -89,7 +86,7 @@ def warn_if_chunks_do_nothing(
         return
 
     def program(c: int | None) -> str:
-        f, dynamic = traceable(*_variant(fn, args, 1, c, None))
+        f, dynamic = traceable(fn, map_loss_chunk_sizes(args, lambda _: c)[0])
         return str(jax.make_jaxpr(f)(dynamic))
 
     a, b = sizes
@@ -113,8 +110,7 @@ class _Way(NamedTuple):
 
 
 class _Best(NamedTuple):
-    """A way's fastest checkpoint found that fits, and the evidence of the
-    way it stands on."""
+    """A way's fastest checkpoint found that fits, and its evidence."""
 
     way: _Way
     checkpoint: Planned
@@ -131,26 +127,16 @@ def plan_batches(
     ways: list[tuple[int, int | None]],
     in_axes: Any,
 ) -> PlanResult:
-    """`plan` over the ways `ways`: the fastest per global batch. The loop
-    (`solve`) run on the first way for which something fits, the later ways
-    tried with its pick and what was faster where it was solved (`_try`),
-    then one race over the best of each (`_race_bests`)."""
+    """`plan` over the ways `ways`: the fastest per global batch."""
     measuring = bench.measure  # chosen once
 
     def way(k: int, c: int | None) -> _Way:
         f, a = _variant(fn, args, k, c, in_axes, bench.cache)
         return _Way(k, c, Problem.of(f, a, bench.target))
 
-    solved, result, tried = _solve_first(bench, ways, way, budget)
-    first = _Best(
-        solved.way,
-        result.checkpoint,
-        result.entry.time_s,
-        result.entry.measured,
-        solved.evidence,
-    )
-    bests = [first]
-    for k, c in ways[ways.index((solved.way.k, solved.way.c)) + 1 :]:
+    first, result, tried = _solve_first(bench, ways, way, budget)
+    solved, bests = first.way, [first]
+    for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
         bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
         best, ev, first = _try(bench, way(k, c), first, budget, measuring)
         if best is None:
@@ -165,10 +151,10 @@ def plan_batches(
     close = [b for b in bests if b.time_s <= (1 + CLOSE_WAYS) * bests[0].time_s]
     pick = bests[0] if measuring else min(close, key=lambda b: b.way.k)
     if measuring and len(bests) > 1:
-        pick, took = _race_bests(bench, bests, solved.way, tried)
+        pick, took = _race_bests(bench, bests, solved, tried)
         same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
         bests = sorted((pick if same(b) else b for b in bests), key=lambda b: b.time_s)
-        i = next(i for i, b in enumerate(bests) if b.way == solved.way)
+        i = next(i for i, b in enumerate(bests) if b.way == solved)
         ev = bests[i].evidence.timed({}, took)
         bests[i] = bests[i]._replace(evidence=ev)
         pick = next(b for b in bests if same(b))
@@ -178,11 +164,7 @@ def plan_batches(
 def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
     evidence = [b.evidence for b in bests] + list(tried)
     ev = pick.evidence
-    entry = (
-        CostModel(None, ev, bench.hardware)
-        .entry(ev.records[pick.checkpoint], pick.time_s)
-        ._replace(time_s=pick.time_s, measured=pick.measured)
-    )
+    chosen = entry(ev, ev.records[pick.checkpoint], pick.time_s, pick.measured)
     seconds = bench.say.elapsed()
     bench.say(
         f"done: micro_batches={pick.way.k}, loss_chunk_size={pick.way.c}, "
@@ -201,11 +183,11 @@ def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
     ]
     said = [*result.notes]
     for e in evidence:
-        said += notes(bench, CostModel(None, e, bench.hardware), ())
+        said += notes(bench, e, None)
     return dataclasses.replace(
         result,
         checkpoint=pick.checkpoint,
-        entry=entry,
+        entry=chosen,
         budget_bytes=min(e.budget for e in evidence),
         notes=tuple(dict.fromkeys(said)),
         compiles=sum(e.compiles for e in evidence),
@@ -218,16 +200,12 @@ def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
     )
 
 
-def _variant(
-    fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache | None = None
-):
+def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache):
     """The function and arguments of `k` micro-batches and loss chunk `c`:
     `accumulate(fn, k)` (one per function and `k`, kept in the plan cache,
     so that later plans find what this one compiled), arguments whose
-    `loss_chunk_size` fields are `c`. Without a `cache`, a new function."""
-    if k > 1 and cache is None:
-        fn = accumulate(fn, k, in_axes=in_axes)
-    elif k > 1 and cache is not None:
+    `loss_chunk_size` fields are `c`."""
+    if k > 1:
         fn = cache.get(
             fn,
             ("accumulate", id(fn), k, repr(in_axes)),
@@ -238,16 +216,11 @@ def _variant(
     return fn, args
 
 
-class _Solved(NamedTuple):
-    way: _Way
-    evidence: Evidence
-
-
 def _solve_first(
     bench: Bench, ways, way, budget: int
-) -> tuple[_Solved, PlanResult, list[Evidence]]:
-    """Solve, in full, the first way for which something fits, with the
-    evidence of the ways passed over: where the lightest options
+) -> tuple[_Best, PlanResult, list[Evidence]]:
+    """Solve, in full, the first way for which something fits (its best and
+    result), with the evidence of the ways passed over: where the lightest options
     (`recursive()`, `"nothing"`) both need more than the budget plus the
     model's error, the way is passed over after two compiles (the last one
     is solved, to say what fits nowhere). Within that, it is solved: another
@@ -282,10 +255,10 @@ def _solve_first(
                 tried.append(probe)
             continue
         # The probe's compiles count too: its records are the solve's first.
-        ev = solved.evidence
+        ev, r = solved.evidence, solved.result
         if probe is not None:
             ev = dataclasses.replace(ev, fresh={**probe.fresh, **ev.fresh})
-        return _Solved(w, ev), solved.result, tried
+        return _Best(w, r.checkpoint, r.entry.time_s, r.entry.measured, ev), r, tried
     raise AssertionError("unreachable")
 
 
@@ -301,19 +274,10 @@ def _times(
 ) -> tuple[Evidence, dict[Planned, tuple[float, bool]]]:
     """`cs`' times: measured where they ran, else the roofline's (tracing what
     it needs priced)."""
-
-    def model(ev: Evidence) -> CostModel:
-        return CostModel(prices, ev, bench.hardware, problem.share)
-
-    def price(m: CostModel, st: State) -> Trace | State:
-        need = [c for c in cs if c not in st.evidence.timings and not m.priced(c)]
-        return Trace(need[0]) if need else st
-
-    ev = loop(bench, problem, model, State(ev), [price]).evidence
+    model = models(bench, problem, prices)
+    ev = loop(bench, problem, model, State(ev), [traced(cs)]).evidence
     m = model(ev)
-    return ev, {
-        c: (m.time_s(c, 0.0) if c in ev.timings else (m.roofline(c), False)) for c in cs
-    }
+    return ev, {c: m.time_s(c) for c in cs}
 
 
 def _try(
@@ -377,7 +341,7 @@ def _race_bests(
     if len(run) < 2:
         return bests[0], 0.0
     what = ("ways", *((b.way.k, b.way.c, b.checkpoint) for b in run))
-    left = total_left_s([b.evidence for b in bests] + list(tried))
+    left = float(sum(e.left_s for e in [b.evidence for b in bests] + list(tried)))
     timings, took = bench.race(
         solved.problem,
         what,

@@ -27,10 +27,10 @@ from ._clock import (
     warm_up,
 )
 from ._compiled import Compiled, Program, compile_checkpoint
-from ._evidence import Evidence, Price, is_mix
-from ._prices import Prices, price_function, trace_price
+from ._evidence import Evidence, is_mix
+from ._prices import Prices, price_function
 from ._report import Progress
-from ._solve import share_per_chip, stack_depths, stacks_of
+from ._solve import Price, price, share_per_chip, stack_depths, stacks_of
 from ._thresholds import RACE_ROUNDS, TIME_ROUNDS
 
 
@@ -149,7 +149,7 @@ class Bench:
         return self.cache.get(
             problem.fn,
             problem.k("price", c),
-            lambda: trace_price(problem.fn, problem.args, c, depths),
+            lambda: price(problem.fn, problem.args, c, depths),
         )
 
     def start(

@@ -19,8 +19,8 @@ import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,11 +33,8 @@ from ._compiled import Compiled
 from ._evidence import Evidence
 from ._prices import Prices, Stack
 from ._report import FrontierPoint, PlanEntry
-from ._solve import Option, Predict, Real, best_mix, linear, lower_hull, roofline_time
+from ._solve import Option, Predict, best_mix, linear, lower_hull, roofline_time
 from ._thresholds import MODEL_ERROR, MOST_UNIFORM_PLANS, SAME_PRICE, TIME_ERROR
-
-
-T = TypeVar("T")
 
 
 class Part(NamedTuple):
@@ -142,18 +139,14 @@ class CostModel:
             for s, (light, heavy, n) in zip(self.stacks, plan)
         )
 
-    def _priced(self, plan: Plan, field: str) -> float:
+    def priced(self, plan: Plan, field: str = "time") -> float:
         """The sum of `field` of `plan`'s options over its layers, and the
-        base's (`Prices.base`)."""
+        base's (`Prices.base`): as priced (a time not scaled to the clock)."""
         assert self.prices is not None
         return float(getattr(self.prices.base, field)) + sum(
             ((s.depth - n) * getattr(light, field) + n * getattr(heavy, field))
             for s, (light, heavy, n) in zip(self.stacks, plan)
         )
-
-    def priced_time(self, plan: Plan) -> float:
-        """`plan`'s roofline time as priced (not scaled to the clock)."""
-        return self._priced(plan, "time")
 
     # --- time --------------------------------------------------------------------
 
@@ -170,21 +163,8 @@ class CostModel:
         """Measured over roofline time, the median over the timed plans of
         uniform options (1 where none was timed): how this device's clock
         differs from the roofline, so that estimates sit beside measurements."""
-        ratios = [
-            t.seconds / r
-            for plan, t in self._timed()
-            if (r := self._priced(plan, "time")) > 0
-        ]
+        ratios = [t.seconds / r for p, t in self._timed() if (r := self.priced(p)) > 0]
         return statistics.median(ratios) if ratios else 1.0
-
-    def estimate(self, flops: Real, moved: Real = 0, host: Real = 0) -> float:
-        """The roofline's step time on one chip for the whole function's
-        `flops`, bytes `moved` and bytes offloaded to the `host` (all chips
-        together), scaled to the clock (`scale`)."""
-        s = self.share
-        return self.scale() * roofline_time(
-            self.hardware, s * flops, s * moved, s * host
-        )
 
     def layer_time(self, k: int, o: Option, scale: float | None = None) -> float:
         """Option `o`'s time per layer of stack `k`: measured where it ran (on
@@ -245,24 +225,26 @@ class CostModel:
             seconds += n * self.layer_time(k, heavy, scale)
         return seconds, False
 
-    def time_s(self, c: Planned, estimate: float) -> tuple[float, bool]:
-        """`(seconds, measured)`: `c`'s measured step time, else `estimate`."""
+    def time_s(self, c: Planned, estimate: float | None = None) -> tuple[float, bool]:
+        """`(seconds, measured)`: `c`'s measured step time, else `estimate`
+        (by default, its `roofline`)."""
         t = self.evidence.timings.get(c)
-        return (estimate, False) if t is None else (t.seconds, True)
+        if t is not None:
+            return t.seconds, True
+        return self.roofline(c) if estimate is None else estimate, False
 
     def time_error(self) -> float:
         """How far the scaled roofline may be from the clock: the most it was
         off for a timed plan of uniform options, and at least `TIME_ERROR`."""
         scale = self.scale()
-        return clock_error(
-            (t.seconds, scale * self._priced(plan, "time")) for plan, t in self._timed()
-        )
+        estimates = [(t.seconds, scale * self.priced(p)) for p, t in self._timed()]
+        return max([TIME_ERROR, *(abs(t / e - 1) for t, e in estimates if e > 0)])
 
-    def priced(self, c: Planned) -> bool:
+    def can_price(self, c: Planned) -> bool:
         """Whether `roofline(c)` can answer (`c` or its parts priced)."""
         if self.plan(c) is not None or c in self.evidence.priced:
             return True
-        return isinstance(c, ranges) and all(self.priced(p) for _, p in c.parts)
+        return isinstance(c, ranges) and all(self.can_price(p) for _, p in c.parts)
 
     def roofline(self, c: Planned) -> float:
         """The roofline's step time of `c`, scaled to the clock: a plan's from
@@ -271,12 +253,13 @@ class CostModel:
         layers."""
         plan = self.plan(c)
         if plan is not None:
-            return self.scale() * self._priced(plan, "time")
+            return self.scale() * self.priced(plan)
         if isinstance(c, ranges) and c not in self.evidence.priced:
             depth = sum(n for n, _ in c.parts)
             return sum(n * self.roofline(part) for n, part in c.parts) / depth
-        p = self.evidence.priced[c]
-        return self.estimate(p.flops, p.moved, p.host)
+        p, s = self.evidence.priced[c], self.share
+        hw = self.hardware
+        return self.scale() * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
 
     def schedule_time(self, c: Planned, flops: int) -> float:
         """A schedule's estimated step time: where its inner policy (or
@@ -295,7 +278,7 @@ class CostModel:
         """Whether `schedule_time(c, flops)` needs `c` priced first."""
         inner = c.policy if c.policy is not None else "nothing"
         timed = inner in self.evidence.timings and inner in self.evidence.records
-        return not timed and not self.priced(c)
+        return not timed and not self.can_price(c)
 
     # --- memory ------------------------------------------------------------------
 
@@ -342,13 +325,6 @@ class CostModel:
             and self.uniform_plan(c) is not None
         ]
         return max([MODEL_ERROR, *errors])
-
-    # --- points ------------------------------------------------------------------
-
-    def entry(self, record: Compiled, estimate: float) -> PlanEntry:
-        """The entry of a compiled program, `fits` against the budget now."""
-        seconds, measured = self.time_s(record.checkpoint, estimate)
-        return entry(self.evidence, record, seconds, measured)
 
 
 def floor(m: CostModel, c: Schedule) -> float:
@@ -441,14 +417,14 @@ def point(m: CostModel, plan: Plan, predicted: float | None = None) -> FrontierP
     record = m.evidence.records.get(c)
     compiled = None if record is None else record.report and record.memory_bytes
     predicted = m.predict(plan) if predicted is None else predicted
-    flops = m._priced(plan, "total_flops") if record is None else record.flops
+    flops = m.priced(plan, "total_flops") if record is None else record.flops
     seconds, measured = m.time(plan)
     return FrontierPoint(
         c,
         int(predicted or m.saved(plan)),
         compiled,
         int(round(flops)),
-        int(m._priced(plan, "host_bytes")),
+        int(m.priced(plan, "host_bytes")),
         seconds,
         measured,
     )
@@ -573,25 +549,10 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
         predicted = m.predict((Part(o, o, 0),))
         if predicted is not None and predicted <= ev.budget * (1 + error):
             near.append((o.time, (o, predicted)))
-    return sorted(within_error(near, m.time_error()), key=lambda p: p[1])
-
-
-def clock_error(pairs: Iterable[tuple[float, float]]) -> float:
-    """How far estimates were from the clock: the most `|measured / estimate
-    - 1|` over `(measured, estimate)` pairs (estimates of 0 left out), and
-    at least `TIME_ERROR`."""
-    return max([TIME_ERROR, *(abs(t / e - 1) for t, e in pairs if e > 0)])
-
-
-def within_error(near: Sequence[tuple[float, T]], error: float) -> list[T]:
-    """The items of `(time, item)` pairs whose time a model off by up to
-    `error` either way cannot tell from the least: at most `(1 + error) /
-    (1 - error)` times it (all of them for an error of 1 or more)."""
-    if not near:
-        return []
-    least = min(t for t, _ in near)
-    bar = least * (1 + error) / (1 - error) if error < 1 else math.inf
-    return [x for t, x in near if t <= bar]
+    # A model off by up to `e` either way cannot tell apart `(1 + e) / (1 - e)`.
+    e, least = m.time_error(), min((t for t, _ in near), default=0.0)
+    bar = least * (1 + e) / (1 - e) if e < 1 else math.inf
+    return sorted((x for t, x in near if t <= bar), key=lambda p: p[1])
 
 
 def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict:
@@ -705,19 +666,3 @@ def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:
         out = np.where(n < ns[0], values[0] + (n - ns[0]) * slope, out)
         out = np.where(n > ns[-1], values[-1] + (n - ns[-1]) * slope, out)
     return np.asarray(out)
-
-
-def pareto_points(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
-    """The points that no other point beats in both memory and time, least
-    memory first (compiled memory where there is one)."""
-
-    def memory(p):
-        return p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
-
-    out: list[FrontierPoint] = []
-    for p in sorted(points, key=lambda p: (memory(p), p.time_s)):
-        if not out or p.time_s < out[-1].time_s:
-            if out and memory(out[-1]) == memory(p):
-                out.pop()
-            out.append(p)
-    return out

@@ -17,18 +17,7 @@ from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
 from ._clock import Timing
 from ._compiled import Compiled
-
-
-class Price(NamedTuple):
-    """What tracing a function under one checkpoint told: the bytes it keeps
-    across its stacks on the device and on the host, its FLOPs (loop trip
-    counts and recomputation included) and the bytes it moves through device
-    memory (the whole program's, all chips together)."""
-
-    device: int
-    host: int
-    flops: int
-    moved: int
+from ._solve import Price
 
 
 class Raced(NamedTuple):
@@ -204,8 +193,3 @@ class Evidence:
         """What is left of the time timing may take: this call's fresh
         compiles' time, less what timing took so far."""
         return self.compile_s - self.timed_s
-
-
-def total_left_s(evidence: Sequence[Evidence]) -> float:
-    """What is left of the timing allowance of several functions' evidence."""
-    return float(sum(e.left_s for e in evidence))

@@ -1,32 +1,17 @@
-"""The planner's one loop, over values (the algorithm is told once, in the
-tutorial *Fit a model in a budget*), for a function of `k >= 1` stacks.
+"""The planner's one loop, over values, for a function of `k >= 1` stacks (the
+algorithm is told once, in the tutorial *Fit a model in a budget*).
 
 The loop's `State` is what was learnt (`Evidence`) and what was decided (the
-pick, the swaps that replaced it). Each stage is a function of (model,
-state) that returns a request (`Compile`, `Time`, `Trace`, `Race`) or the
-next state; `loop` hands each request to the bench (`Bench`, the only part
-with effects) and folds its answer into new evidence (`answer`, which also
-says what happened: progress is said at this edge and in `finish`), until the
-stage returns a state; then the next stage runs. Which stages run, measuring
-on the device at hand or estimating ahead of time, is chosen once (`solve`).
-The stages, in order:
-
-1. `measure` (on the device at hand): the lightest option and the one with
-   the fewest FLOPs compiled, then the options that may fit and that the
-   model cannot rank apart within its error (`contenders`; with several
-   stacks, every option of every stack, on its stack with the others on
-   `"nothing"`), and all of them run;
-2. `choose`: the fastest plan predicted to fit (`best_plan`), its ends and
-   then the plan compiled, until what is compiled fits (`search`);
-3. `cheaper`: plans of uniform options estimated faster and that may fit,
-   compiled and timed, beside mixes earlier calls raced: the fastest
-   compiled that fits;
-4. `schedule_prices`, `schedules`: whole-stack schedules estimated faster
-   than the pick (of one stack);
-5. `lightest`, `nothing_fits`: where nothing fits, the schedules that may
-   need less memory compiled, and the error naming the least memory;
-6. `race` (on the device at hand): the pick run beside the plans timed
-   within the noise of it (`close_rivals`).
+pick, the swaps that replaced it). Each stage is a function of (model, state)
+that returns a request (`Compile`, `Time`, `Trace`, `Race`) or the next
+state; `loop` hands each request to the bench and folds its answer into new
+evidence (`answer`, where progress is said, as in `finish`). Which stages run,
+measuring on the device at hand or estimating ahead of time, is chosen once
+(`solve`). In order: `measure` (on the device at hand: the options the model
+cannot rank apart compiled and run), `choose` (the search), `cheaper` (plans
+of uniform options estimated faster), `schedule_prices` and `schedules`
+(whole-stack schedules), `nothing_fits` (the error naming the least memory),
+`race` (the pick against the rivals timed within the noise of it).
 """
 
 import functools
@@ -48,10 +33,10 @@ from ._cost import (
     compiled_point,
     contenders,
     ends,
+    entry,
     fewest,
     floor,
     may_fit,
-    pareto_points,
     point,
     points,
     uniform_plans,
@@ -67,7 +52,7 @@ from ._report import (
     format_time,
     raise_nothing_fits,
 )
-from ._solve import lower_hull
+from ._solve import lower_hull, pareto
 from ._thresholds import MIX_TRIES, MODEL_ERROR, RIVALS, RULED_OUT, UNIFORM_RIVALS
 
 
@@ -200,9 +185,7 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
 
 
 def _raced(bench: Bench, problem: Problem, ev: Evidence, request: Race) -> Evidence:
-    """`ev` with the race of `request.run`, on the clock of `run[1]`'s
-    earlier timing; each program's time the race's where it ran at least
-    as many rounds as timed it before."""
+    """`ev` with the race of `request.run`, on the clock of `run[1]`'s timing."""
     run = request.run
     timings, took = bench.race(
         problem,
@@ -232,13 +215,12 @@ def _raced(bench: Bench, problem: Problem, ev: Evidence, request: Race) -> Evide
     return out
 
 
-def spent(ev: Evidence | Sequence[Evidence]) -> str:
+def spent(ev: Evidence) -> str:
     """How long timing took against the compiles: the bound."""
-    evs = [ev] if isinstance(ev, Evidence) else list(ev)
-    timed, fresh = sum(e.timed_s for e in evs), sum(e.compile_s for e in evs)
-    over = " (over: the fewest rounds take longer)" if timed > fresh else ""
+    over = " (over: the fewest rounds take longer)" if ev.timed_s > ev.compile_s else ""
     return (
-        f"timing {timed:.1f} s in all, for {fresh:.1f} s of this call's compiles{over}"
+        f"timing {ev.timed_s:.1f} s in all, for {ev.compile_s:.1f} s of this call's "
+        f"compiles{over}"
     )
 
 
@@ -256,10 +238,7 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
     """The plan of `problem` (a checkpoint per stack) that fits `asked` bytes
     and runs fastest."""
     prices = bench.prices(problem)
-
-    def model(ev: Evidence) -> CostModel:
-        return CostModel(prices, ev, bench.hardware, problem.share)
-
+    model = models(bench, problem, prices)
     m = model(Evidence(asked))
     _say_start(bench, prices)
     references = [
@@ -276,7 +255,7 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
     # Chosen once: on the device at hand every option is compiled and run,
     # the clock ranks them, and the pick races its rivals.
     stages: tuple[Stage, ...] = (choose, cheaper, schedule_prices, schedules)
-    stages += (lightest, functools.partial(nothing_fits, label=bench.target.label))
+    stages += (functools.partial(nothing_fits, label=bench.target.label),)
     if bench.measure:
         stages = (measure, *stages, race)
     st = loop(bench, problem, model, State(ev), stages)
@@ -292,10 +271,17 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
             ),
             detail=True,
         )
-    entry = m.entry(st.evidence.records[pick.checkpoint], pick.time_s)
-    frontier = pareto_points(points(m) + [pick])
-    result = finish(bench, st.evidence, entry, (), frontier, prices, st.swaps)
+    record = st.evidence.records[pick.checkpoint]
+    chosen = entry(st.evidence, record, *m.time_s(pick.checkpoint, pick.time_s))
+    frontier = pareto(points(m) + [pick], _memory_time)
+    result = finish(bench, st.evidence, chosen, (), frontier, prices, st.swaps)
     return Solved(result, st.evidence)
+
+
+def _memory_time(p: FrontierPoint) -> tuple[int, float]:
+    """A point's compiled memory (else predicted) and time, for `pareto`."""
+    memory = p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+    return memory, p.time_s
 
 
 def _say_start(bench: Bench, prices: Prices) -> None:
@@ -327,45 +313,36 @@ def _say_start(bench: Bench, prices: Prices) -> None:
 
 
 def measure(m: CostModel, st: State) -> Request | State:
-    """On the device at hand, before the search: the two ends of the roofline
-    compiled, the lightest option (the base memory every prediction starts
-    from) and the one with the fewest FLOPs (its time says how far the
-    roofline's traffic is from the clock), then each of the `contenders`
-    (the options that may fit and that the model cannot rank apart),
-    lightest first; then all of them timed, again while timing moves the
-    bar (the scale, and the model's error, are the clock's). With several
-    stacks, whether an option may fit depends on the other stacks': every
-    option of every stack is timed, on its stack with the others on
-    `"nothing"` (its time per layer)."""
-    ev = m.evidence
-    first = []
+    """On the device at hand, before the search, compiled then timed: each
+    stack's lightest option (the base memory of every prediction) and the one
+    with the fewest FLOPs (how far the roofline is from the clock); then, of
+    one stack, the `contenders`; of several, every option of every stack (on
+    its stack, the others on `"nothing"`: its time per layer)."""
+    ev, todo = m.evidence, []
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
         cheapest = min(s.options, key=lambda o: (o.total_flops, o.bytes))
-        first += [
-            (m.reference(k, lightest), _LIGHTEST),
-            (m.reference(k, cheapest), _CHEAPEST),
+        todo += [
+            (m.reference(k, lightest), None, _LIGHTEST),
+            (m.reference(k, cheapest), None, _CHEAPEST),
         ]
-    for plan, why in first:
-        if m.checkpoint(plan) not in ev.records:
-            return Compile(m.checkpoint(plan), m.predict(plan), why)
     if len(m.stacks) == 1:
         near = contenders(m)
         fastest = min(near, key=lambda p: p[0].time)[0] if near else None
-        plans = [((Part(o, o, 0),), p, _close(m, o, fastest)) for o, p in near]
+        todo += [((Part(o, o, 0),), p, _close(m, o, fastest)) for o, p in near]
     else:
         why = "one stack on one option, the others on 'nothing': its time per layer"
-        plans = [
+        todo += [
             (m.reference(k, o), None, why)
             for k, s in enumerate(m.stacks)
             for o in s.options
         ]
-    for plan, predicted, why in plans:
+    for plan, predicted, why in todo:
         c = m.checkpoint(plan)
         if c not in ev.records:
             return Compile(c, m.predict(plan) if predicted is None else predicted, why)
-    run = [m.checkpoint(p) for p, _ in first] + [m.checkpoint(p) for p, _, _ in plans]
-    run = [c for c in dict.fromkeys(run) if c not in ev.offered]
+    run = dict.fromkeys(m.checkpoint(p) for p, _, _ in todo)
+    run = [c for c in run if c not in ev.offered]
     return Time(tuple(run)) if run else st
 
 
@@ -374,8 +351,7 @@ _CHEAPEST = "the fewest FLOPs: how far the roofline is from the clock"
 
 
 def _close(m: CostModel, o, fastest) -> str:
-    """Why contender `o` is compiled: how close the model puts it to the
-    fastest contender."""
+    """Why contender `o` is compiled: how close it is to the fastest."""
     if o.checkpoint == fastest.checkpoint:
         return "the fastest option predicted to fit"
     return (
@@ -515,7 +491,7 @@ def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
         if c == pick.checkpoint:
             continue
         plan = m.plan(c)
-        estimate = m.schedule_time(c, r.flops) if plan is None else m.priced_time(plan)
+        estimate = m.schedule_time(c, r.flops) if plan is None else m.priced(plan)
         seconds, _ = m.time_s(c, estimate)
         fitting.append((seconds, i, c, estimate))
     if not fitting or min(fitting)[0] >= pick.time_s:
@@ -526,48 +502,34 @@ def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 def schedule_prices(m: CostModel, st: State) -> Request | State:
     """The schedules priced where their estimate needs it, then those
-    estimated faster than the pick, fastest first, for `schedules`."""
+    estimated faster than the pick, fastest first, for `schedules` (none
+    where the budget is under every checkpoint's arguments and outputs)."""
     assert m.prices is not None
     for c, flops in m.prices.schedules:
         if m.needs_price(c, flops):
             return Trace(c)
-    return st._replace(todo=tuple(_cheaper_schedules(m, st.pick)))
-
-
-def schedules(m: CostModel, st: State) -> Request | State:
-    """The schedules `schedule_prices` found, each compiled, then timed,
-    fastest first: the first that fits and, timed, still beats the pick;
-    else the pick."""
-    out = _schedule(m, st.todo, st.pick)
-    if isinstance(out, FrontierPoint | None):
-        return st._replace(pick=out, todo=())
-    return out
-
-
-def _cheaper_schedules(m: CostModel, pick: FrontierPoint | None) -> list[tuple]:
-    """The schedules estimated faster than `pick`, fastest first."""
-    assert m.prices is not None
     reports = [r.report for r in m.evidence.records.values() if r.report is not None]
-    if (
-        reports
-        and m.evidence.budget < reports[0].argument_bytes + reports[0].output_bytes
+    if reports and m.evidence.budget < (
+        reports[0].argument_bytes + reports[0].output_bytes
     ):
-        return []  # every checkpoint needs the arguments and outputs
+        return st._replace(todo=())
     estimates = sorted(
         (m.schedule_time(c, flops), i, c)
         for i, (c, flops) in enumerate(m.prices.schedules)
     )
-    return [e for e in estimates if pick is None or e[0] < pick.time_s]
+    pick = st.pick
+    return st._replace(
+        todo=tuple(e for e in estimates if pick is None or e[0] < pick.time_s)
+    )
 
 
-def _schedule(
-    m: CostModel, todo: Sequence[tuple], pick: FrontierPoint | None
-) -> Request | FrontierPoint | None:
-    """What to confirm next of the schedules `todo` (compiled, then timed,
-    fastest first), or the answer: the first that fits and, timed, still
-    beats `pick`; else `pick`."""
-    ev = m.evidence
-    for estimate, _, c in todo:
+def schedules(m: CostModel, st: State) -> Request | State:
+    """The schedules `schedule_prices` found, each compiled, then timed,
+    fastest first: the first that fits and, timed, still beats the pick
+    (else the pick). Where nothing fits, what `nothing_fits` is to compile:
+    the schedules whose floor is below the least memory compiled."""
+    ev, pick = m.evidence, st.pick
+    for estimate, _, c in st.todo:
         if floor(m, c) > ev.budget:
             continue
         if c not in ev.records:
@@ -578,50 +540,42 @@ def _schedule(
             return Time((c,))
         done = compiled_point(m, c, estimate)
         if pick is None or done.time_s < pick.time_s:
-            return done
-    return pick
-
-
-def lightest(m: CostModel, st: State) -> State:
-    """Where nothing fits, the schedules whose floor is below the least memory
-    compiled, for `nothing_fits` (so that its error names the smallest
-    memory there is)."""
-    if st.pick is not None:
-        return st
-    ev = m.evidence
+            pick = done
+            break
+    if pick is not None:
+        return st._replace(pick=pick, todo=())
     assert m.prices is not None
     least = min(
         (r.report.total_bytes for r in ev.records.values() if r.report), default=None
     )
     todo = [c for c, _ in m.prices.schedules if least is None or floor(m, c) < least]
-    return st._replace(todo=tuple(todo))
+    return st._replace(pick=None, todo=tuple(todo))
 
 
 def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
-    """Where nothing fits: the schedules `lightest` found compiled, each
-    record priced, then `NothingFits` raised."""
+    """Where nothing fits: the schedules `schedules` left compiled, each
+    record not timed priced, then `NothingFits` raised."""
     if st.pick is not None:
         return st
     ev = m.evidence
     for c in st.todo:
         if c not in ev.records:
             return Compile(c, None, "nothing fits: a schedule that may need less")
-    for c in ev.records:
-        if not m.priced(c):
-            return Trace(c)
-    entries = [m.entry(r, m.roofline(c)) for c, r in ev.records.items()]
+    out = traced(list(ev.records))(m, st)
+    if out is not st:
+        return out
+    entries = [entry(ev, r, *m.time_s(c)) for c, r in ev.records.items()]
     raise_nothing_fits(entries, ev.budget, target_name(label, ev))
 
 
 def race(m: CostModel, st: State) -> Request | State:
-    """The pick against its rivals (`close_rivals`), the plans that fit, are
-    not a mix and were timed within `RULED_OUT` of the fastest of them: the
-    fastest. Timings that close are within the noise of the rounds that
-    ranked them, so where what is left of this call's compile time covers a
-    warm-up and two rounds, the pick and as many rivals as it covers are run
-    round-robin again (once per plan cache); otherwise the plan's own rounds
-    decide. A pick not timed yet (a mix) is always run, with one rival at
-    least: it is measured before it is returned."""
+    """The pick against its rivals: the plans that fit, are not a mix and
+    were timed within `RULED_OUT` of the fastest of them (at most `RIVALS`):
+    timings that close are within the noise of the rounds that ranked them.
+    Where what is left of this call's compile time covers a warm-up and two
+    rounds of the pick and some of them, those are run round-robin again
+    (once per plan cache); else the plan's own rounds decide. A pick not
+    timed yet (a mix) is always run, beside one rival at least."""
     ev, pick = m.evidence, st.pick
     assert pick is not None
     c0 = pick.checkpoint
@@ -638,8 +592,15 @@ def race(m: CostModel, st: State) -> Request | State:
             ),
             key=lambda c: ev.timings[c].seconds,
         )
+        bar = (1 + RULED_OUT) * min((ev.timings[c].seconds for c in fitting), default=0)
+        rivals = [c for c in fitting if ev.timings[c].seconds <= bar and c != c0]
+        rivals, n = rivals[:RIVALS], 0
         step = ev.timings[c0].seconds if measured else pick.time_s
-        rivals, n = close_rivals(ev, c0, step, fitting)
+        for c in rivals:  # a warm-up and two rounds of each program raced
+            step += ev.timings[c].seconds
+            if 3 * step > ev.left_s:
+                break
+            n += 1
         if rivals:
             return Race((c0, *rivals[: max(n, 1)]), go=n > 0 or not measured)
         if not measured and c0 not in ev.offered:  # timed beside the plan's clock
@@ -657,27 +618,24 @@ def race(m: CostModel, st: State) -> Request | State:
     return st._replace(pick=best, swaps=(*st.swaps, Swap("race", pick, best, ratio)))
 
 
-def close_rivals(
-    ev: Evidence, first: Planned, first_s: float, timed: Sequence[Planned]
-) -> tuple[list[Planned], int]:
-    """`(rivals, n)`: of `timed` (timed, fastest first), those other than
-    `first` timed within `RULED_OUT` of the fastest (at most `RIVALS`:
-    timings that close are within the noise of the rounds that ranked
-    them), and how many of them, beside `first` (a step of `first_s`), what
-    is left of this call's compile time covers a warm-up and two rounds
-    of."""
-    if not timed:
-        return [], 0
-    bar = (1 + RULED_OUT) * ev.timings[timed[0]].seconds
-    rivals = [c for c in timed if ev.timings[c].seconds <= bar and c != first]
-    rivals = rivals[:RIVALS]
-    step, n = first_s, 0
-    for c in rivals:  # a warm-up and two rounds of each program raced
-        step += ev.timings[c].seconds
-        if 3 * step > ev.left_s:
-            break
-        n += 1
-    return rivals, n
+def traced(cs: Sequence[Planned]) -> Stage:
+    """A stage: each of `cs` that was not timed priced by tracing (for its
+    roofline)."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        need = [c for c in cs if c not in m.evidence.timings and not m.can_price(c)]
+        return Trace(need[0]) if need else st
+
+    return stage
+
+
+def models(
+    bench: Bench, problem: Problem, prices: Prices | None
+) -> Callable[[Evidence], CostModel]:
+    """The cost model of `problem` on `bench`'s hardware, for any evidence."""
+    return functools.partial(
+        CostModel, prices, hardware=bench.hardware, share=problem.share
+    )
 
 
 def target_name(label: str, ev: Evidence) -> str:
@@ -699,9 +657,7 @@ def compare(
         f"compiling {len(candidates)} candidates for "
         f"{bench.target.name or bench.hardware.kind}"
     )
-
-    def model(ev: Evidence) -> CostModel:
-        return CostModel(None, ev, bench.hardware, problem.share)
+    model = models(bench, problem, None)
 
     def confirm(m: CostModel, st: State) -> Request | State:
         ev = m.evidence
@@ -710,18 +666,12 @@ def compare(
                 return Compile(c)
         if any(c not in ev.offered for c in candidates):
             return Time(tuple(candidates))
-        for c in candidates:
-            if c not in ev.timings and not m.priced(c):
-                return Trace(c)
         return st
 
-    ev = loop(bench, problem, model, State(bench.start(problem, asked)), [confirm])
-    ev = ev.evidence
+    st = State(bench.start(problem, asked))
+    ev = loop(bench, problem, model, st, [confirm, traced(candidates)]).evidence
     m = model(ev)
-    table = [
-        m.entry(ev.records[c], 0.0 if c in ev.timings else m.roofline(c))
-        for c in candidates
-    ]
+    table = [entry(ev, ev.records[c], *m.time_s(c)) for c in candidates]
     fitting = [e for e in table if e.fits]
     if not fitting:
         raise_nothing_fits(table, ev.budget, target_name(bench.target.label, ev))
@@ -746,8 +696,7 @@ def finish(
 ) -> PlanResult:
     """The result, `fits` against the budget the evidence ends with; the notes
     and the closing progress line said."""
-    m = CostModel(prices, ev, bench.hardware)
-    said = notes(bench, m, swaps)
+    said = notes(bench, ev, prices, swaps)
     for n in said:
         bench.say(f"note: {n}")
     seconds = bench.say.elapsed()
@@ -773,11 +722,13 @@ def finish(
     )
 
 
-def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
+def notes(
+    bench: Bench, ev: Evidence, prices: Prices | None, swaps: Sequence[Swap] = ()
+) -> list[str]:
     """What the user should know, from the evidence and the stages' answers:
     a budget over what one device holds, figures of an unknown device,
     stacks that cannot be mixed, mixes that did not fit, and picks replaced."""
-    ev, out = m.evidence, []
+    out = []
     if ev.capacity is not None and ev.asked > ev.capacity:
         out.append(
             f"the budget, {format_bytes(ev.asked)}, is more than one device "
@@ -794,14 +745,13 @@ def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
         out.append(
             f"this device's figures are unknown; priced as {hw.kind} ({hw.source})"
         )
-    if m.prices is not None and len(m.stacks) == 1 and len(set(m.prices.depths)) > 1:
-        out.append(
-            f"stacks of different depths ({', '.join(map(str, m.prices.depths))}) "
-            "cannot share layer ranges: comparing uniform options only"
-        )
-    if m.prices is not None:
-        out += m.prices.notes
-    out += _mix_notes(m)
+    if prices is not None:
+        if len(prices.stacks) == 1 and len(set(prices.depths)) > 1:
+            out.append(
+                f"stacks of different depths ({', '.join(map(str, prices.depths))}) "
+                "cannot share layer ranges: comparing uniform options only"
+            )
+        out += [*prices.notes, *_mix_notes(CostModel(prices, ev, bench.hardware))]
     for s in swaps:
         old, new = checkpoint_name(s.old.checkpoint), checkpoint_name(s.new.checkpoint)
         if s.why == "compiled":
@@ -818,11 +768,8 @@ def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
 
 
 def _mix_notes(m: CostModel) -> list[str]:
-    """The mixes that did not fit, each with what it compiled to (of a
-    function that was priced: only a solve compiles mixes)."""
+    """The mixes that did not fit, each with what it compiled to."""
     ev, out = m.evidence, []
-    if m.prices is None:
-        return out
     failed = ev.failed_mixes()
     for c in failed:
         mixed = [p for p in m.plan(c) or () if p.n]
@@ -865,20 +812,12 @@ def roofline_seconds(
             "`checkpoint` field. Got none."
         )
     on = Target.of(target, "roofline_seconds")
+    c = found[0]
+    parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
     with warnings.catch_warnings(), on.traced():
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         bench = Bench(on, False)
         problem = Problem.of(fn, args, on)
-        m = CostModel(
-            bench.prices(problem), Evidence(2**62), bench.hardware, problem.share
-        )
-        parts = (
-            [p for _, p in found[0].parts]
-            if isinstance(found[0], ranges)
-            else found[:1]
-        )
-        ev = m.evidence
-        for c in parts:
-            if not m.priced(c):
-                ev = ev.with_price(c, bench.price(problem, c))
-        return CostModel(m.prices, ev, bench.hardware, problem.share).roofline(found[0])
+        model = models(bench, problem, bench.prices(problem))
+        st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
+        return model(st.evidence).roofline(c)

@@ -24,10 +24,10 @@ from .._schedules._checkpoint import (
 from .._schedules._engine import Schedule
 from .._schedules._uniform import every, nested, recursive
 from .._util import format_flops
-from ._evidence import Price
 from ._report import format_size
 from ._solve import (
     Option,
+    Price,
     lower_hull,
     per_layer_options,
     prefix_options,
@@ -85,9 +85,7 @@ class Prices:
     - `stacks`: each differentiated stack ([`Stack`][]), in the order it
       first runs.
     - `depths`: the depth of every run of a stack, in the order they run.
-    - `share`: the part of the activations one chip holds.
     - `tags`: the model's `checkpoint_name` tags.
-    - `flops_none`: the function's FLOPs without checkpointing.
     - `base`: what a plan's price adds to its stacks' options', per chip: an
       option of one stack is priced with every other stack on `"nothing"`,
       so a plan of `k` stacks counts that `k - 1` times too many (`base` is
@@ -100,9 +98,7 @@ class Prices:
 
     stacks: tuple[Stack, ...]
     depths: tuple[int, ...]
-    share: float
     tags: tuple[str, ...]
-    flops_none: int
     base: Option
     schedules: tuple[tuple[Schedule, int], ...]
     notes: tuple[str, ...] = ()
@@ -133,12 +129,6 @@ def useful(c: Schedule, depth: int) -> bool:
     return depth > 2
 
 
-def trace_price(fn: Callable, args: tuple, c: Planned, depths: frozenset) -> Price:
-    """`c`'s [`Price`][]: `fn(*args)` traced with every checkpoint field `c`."""
-    device, host, flops, moved, _ = price(fn, args, c, depths)
-    return Price(device, host, flops, moved)
-
-
 def price_function(
     fn: Callable[..., Any],
     args: tuple,
@@ -150,11 +140,10 @@ def price_function(
 ) -> Prices:
     """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
     its per-layer options, every other stack on `"nothing"` (`say` tells
-    each, as a detail). One stack is the case k = 1: its options are priced
-    on their own. With `check`, an offloading option on a stack's lower hull
-    is checked once (`check(c)`: why the program with it does not pay,
-    compiled beside its save-on-device twin, or `None`) and dropped, with a
-    note, where it does not pay; then the hull is taken again."""
+    each, as a detail). With `check`, an offloading option on a stack's lower
+    hull is checked once (`check(c)`: why it does not pay, compiled beside its
+    save-on-device twin, or `None`) and dropped, with a note, where it does
+    not pay."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -165,76 +154,64 @@ def price_function(
             "no checkpointed stack."
         )
     kinds, several = frozenset(depths), len(stacks) > 1
+    per = depths[0] if len(set(depths)) == 1 else 1
     nothing = {p: "nothing" for p, _ in stacks}
-    raw: dict[Planned, tuple[int, int, int, int]] = {}
+    raw: dict[Planned, Price] = {}
     tags: list[str] = []
 
-    def plan(path: str, c: Checkpoint) -> Planned:
+    def on(path: str, c: Checkpoint) -> Planned:
         return PerStack({**nothing, path: c}) if several else c
 
-    def priced(c: Planned) -> tuple[int, int, int, int]:
+    def priced(c: Planned) -> Price:
         if c not in raw:
             start = time.perf_counter()
-            device, host, flops, moved, names = price(fn, args, c, kinds)
-            raw[c] = device, host, flops, moved
+            raw[c] = p = price(fn, args, c, kinds)
             d = per if not several else 1
             say(
-                f"priced {checkpoint_name(c)}: {format_size(share * device / d)}"
+                f"priced {checkpoint_name(c)}: {format_size(share * p.device / d)}"
                 + ("/layer" if not several else "")
-                + (f" + {format_size(share * host / d)} on the host" if host else "")
-                + f", {format_flops(flops)} FLOPs, {format_size(moved)} moved "
+                + (
+                    f" + {format_size(share * p.host / d)} on the host"
+                    if p.host
+                    else ""
+                )
+                + f", {format_flops(p.flops)} FLOPs, {format_size(p.moved)} moved "
                 f"({time.perf_counter() - start:.1f} s)",
                 detail=True,
             )
-            tags.extend(t for t in names if t not in tags)
+            tags.extend(t for t in p.tags if t not in tags)
         return raw[c]
 
-    per = depths[0] if len(set(depths)) == 1 else 1
-    none = priced(PerStack({p: None for p in nothing}) if several else None)
+    # Without checkpointing first: its tags, in the order the program has them.
+    priced(PerStack({p: None for p in nothing}) if several else None)
     out, notes = [], []
     for path, depth in stacks:
-        on = functools.partial(lambda path, c: priced(plan(path, c)), path)
-        out.append(_stack(path, depth if several else per, tags, on, share, hw))
+        each = functools.partial(lambda path, c: priced(on(path, c)), path)
+        stack = _stack(path, depth if several else per, tags, each, share, hw)
         if check is not None:
-            checked = functools.partial(lambda path, c: check(plan(path, c)), path)
-            options = {o.checkpoint: o for o in out[-1].options}
+            checked = functools.partial(lambda path, c: check(on(path, c)), path)
+            options = {o.checkpoint: o for o in stack.options}
             notes += _drop_unpaid(options, checked, say)
-            out[-1] = out[-1]._replace(options=tuple(options.values()))
+            stack = stack._replace(options=tuple(options.values()))
+        out.append(stack)
         if several:
-            n = len(out[-1].options)
+            n = len(stack.options)
             say(f"priced {n} options of {path} ({depth} layers)", detail=True)
     # A plan counts every stack on "nothing" once per stack but one too many.
-    base = _option("nothing", (0, 0, 0, 0), 0, 1, share, hw)
+    base = Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
     if several:
-        o, k = (
-            _option("nothing", priced(PerStack(nothing)), 0, 1, share, hw),
-            -(len(stacks) - 1),
-        )
-        base = Option(
-            "nothing",
-            k * o.bytes,
-            k * o.host_bytes,
-            k * o.flops,
-            k * o.time,
-            k * o.total_flops,
-        )
-    return Prices(
-        tuple(out),
-        depths,
-        share,
-        tuple(tags),
-        none[2],
-        base,
-        () if several else tuple(_schedules(fn, args, min(depths))),
-        tuple(notes),
-    )
+        o = _option("nothing", priced(PerStack(nothing)), 0, 1, share, hw)
+        k = 1 - len(stacks)
+        base = o._replace(**{f: k * getattr(o, f) for f in Option._fields[1:]})
+    schedules = () if several else tuple(_schedules(fn, args, min(depths)))
+    return Prices(tuple(out), depths, tuple(tags), base, schedules, tuple(notes))
 
 
 def _stack(
     path: str,
     depth: int,
     tags: list[str],
-    priced: Callable[[Checkpoint], tuple[int, int, int, int]],
+    priced: Callable[[Checkpoint], Price],
     share: float,
     hw: Hardware,
 ) -> Stack:
@@ -243,7 +220,7 @@ def _stack(
     not have). The uniform policies and one `save_names` per tag, then the
     prefixes of the tags ordered by what they save per byte."""
     host = hw.host_bytes_per_s is not None
-    by: dict[Checkpoint, tuple[int, int, int, int]] = {}
+    by: dict[Checkpoint, Price] = {}
     for c in per_layer_options(tags, host):
         try:
             by[c] = priced(c)
@@ -252,13 +229,13 @@ def _stack(
                 raise
     nothing = by["nothing"]
     singles = [
-        (t, by[save_names(t)][0] - nothing[0], nothing[2] - by[save_names(t)][2])
+        (t, by[c].device - nothing.device, nothing.flops - by[c].flops)
         for t in tags
-        if save_names(t) in by
+        if (c := save_names(t)) in by
     ]
     for c in prefix_options(singles, host) if len(singles) > 1 else []:
         by[c] = priced(c)
-    options = (_option(c, by[c], by[None][2], depth, share, hw) for c in by)
+    options = (_option(c, by[c], by[None].flops, depth, share, hw) for c in by)
     return Stack(path, depth, tuple(options))
 
 
@@ -294,21 +271,15 @@ def _drop_unpaid(
 
 
 def _option(
-    c: Checkpoint,
-    raw: tuple[int, int, int, int],
-    flops_none: int,
-    per: int,
-    s: float,
-    hw: Hardware,
+    c: Checkpoint, p: Price, flops_none: int, per: int, s: float, hw: Hardware
 ) -> Option:
-    device, host, flops, moved = raw
     return Option(
         c,
-        s * device / per,
-        s * host / per,
-        (flops - flops_none) / per,
-        roofline_time(hw, s * flops, s * moved, s * host) / per,
-        flops,
+        s * p.device / per,
+        s * p.host / per,
+        (p.flops - flops_none) / per,
+        roofline_time(hw, s * p.flops, s * p.moved, s * p.host) / per,
+        p.flops,
     )
 
 

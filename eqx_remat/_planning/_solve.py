@@ -15,7 +15,7 @@ chosen, is told in the tutorial *Fit a model in a budget*, step 3.
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -171,6 +171,7 @@ class Option(NamedTuple):
 
 
 Real = float | int
+T = TypeVar("T")
 
 
 def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> float:
@@ -182,18 +183,24 @@ def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> f
     return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link
 
 
+class Price(NamedTuple):
+    """What tracing a function under one checkpoint told (the whole program's,
+    all chips together): the bytes it keeps across its stacks on the device
+    and on the host, its FLOPs (loop trip counts and recomputation included),
+    the bytes it moves through device memory (`bytes_moved`) and the
+    `checkpoint_name` tags in its program."""
+
+    device: int
+    host: int
+    flops: int
+    moved: int
+    tags: tuple[str, ...] = ()
+
+
 def price(
-    fn: Callable[..., Any],
-    args: tuple,
-    checkpoint: Planned,
-    depths: frozenset[int],
-) -> tuple[int, int, int, int, list[str]]:
-    """`(bytes, host_bytes, flops, moved, tags)`: what `checkpoint` keeps across
-    the stacks of `fn` (whole program, on the device and on the host), the
-    whole function's FLOPs, the bytes it moves through device memory (see
-    `bytes_moved`: what it saves across any of its loops, a schedule's
-    segments included), and the `checkpoint_name` tags in its program.
-    Traced, not compiled."""
+    fn: Callable[..., Any], args: tuple, checkpoint: Planned, depths: frozenset[int]
+) -> Price:
+    """`fn(*args)`'s `Price` under `checkpoint`: traced, not compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
     with stacking_lists():  # a list of layers as a stack: see `stacking_lists`
@@ -203,13 +210,8 @@ def price(
     # A schedule's segments save their layers' residuals (as its inner policy
     # says) in loops shorter than the stack: counted too, once per trip.
     written = saved_across(jaxpr, None, per_trip=True)[0]
-    return (
-        device,
-        host,
-        int(flops),
-        bytes_moved(flops, written),
-        checkpoint_names(jaxpr),
-    )
+    moved = bytes_moved(flops, written)
+    return Price(device, host, int(flops), moved, tuple(checkpoint_names(jaxpr)))
 
 
 def bytes_moved(flops: FlopCount, saved: int) -> int:
@@ -326,13 +328,17 @@ def share_per_chip(args: tuple, chips: int) -> float:
     return 1.0 / min(ways, max(chips, 1))
 
 
-def pareto(options: Sequence[Option]) -> list[Option]:
-    """The options no other option beats in both bytes and time, lightest
-    first (of equal ones, the first)."""
-    out: list[Option] = []
-    for o in sorted(options, key=lambda o: (o.bytes, o.time)):
-        if not out or o.time < out[-1].time:
-            out.append(o)
+def pareto(
+    items: Sequence[T],
+    key: Callable[[Any], tuple[Real, Real]] = lambda o: (o.bytes, o.time),
+) -> list[T]:
+    """The items no other beats in both memory and time (`key(item)`: by
+    default an option's bytes and time), least memory first (of equal ones,
+    the first)."""
+    out: list[T] = []
+    for x in sorted(items, key=key):
+        if not out or key(x)[1] < key(out[-1])[1]:
+            out.append(x)
     return out
 
 
