@@ -17,6 +17,7 @@ from ._inspect._offload import offload_fails as offload_fails
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
 from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
 from ._jax_private import pallas_interpreting as pallas_interpreting
+from ._planning._api import roofline_seconds as roofline_seconds
 from ._planning._clock import (
     Timing as Timing,
     concrete as concrete,
@@ -25,7 +26,6 @@ from ._planning._clock import (
     time_interleaved as time_interleaved,
 )
 from ._planning._compiled import needed_bytes as needed_bytes
-from ._planning._loop import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
     check_checkpoint as check_checkpoint,
     map_loss_chunk_sizes as map_loss_chunk_sizes,

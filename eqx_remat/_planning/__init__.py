@@ -1,7 +1,7 @@
 """Planning: pick the checkpoint that fits a memory budget at the least cost.
-The entry (`_api`); the one pricer (`_prices`), cost model (`_cost`, over the
-solver's pieces in `_solve`), loop and race (`_loop`); what was learnt
-(`_evidence`) and the one part with effects (`_bench`: compiling, `_compiled`;
-the clock, `_clock`; the cache, `_cache`); the thresholds (`_thresholds`); the
-report (`_report`); the outer loop over ways of running a batch (`_batch`);
-and the tests' one way in (`testing`)."""
+The entries (`_api`: `plan`, `roofline_seconds`); the one pricer (`_prices`),
+cost model (`_cost`, over the solver's pieces in `_solve`), loop and race
+(`_loop`); what was learnt (`_evidence`) and the one part with effects
+(`_bench`: compiling, `_compiled`; the clock, `_clock`; the cache, `_cache`);
+the thresholds (`_thresholds`); the report (`_report`); the outer loop over
+ways of running a batch (`_batch`); and the tests' one way in (`testing`)."""

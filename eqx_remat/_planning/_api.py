@@ -1,8 +1,7 @@
-"""`eqx_remat.plan`: the public entry of the planner. It checks its arguments,
-then solves one function (`_loop.solve`), compares candidates
-(`_loop.compare`) or solves a global batch's ways of running it, micro-batches
-and loss chunking (`_batch`), and names every plan's stacks by their paths
-inside the argument that holds them."""
+"""The planner's public entries: `eqx_remat.plan`, which checks its arguments,
+then solves one function (`_loop.solve`), compares candidates (`_loop.compare`)
+or solves a global batch's ways of running it (`_batch`); `roofline_seconds`;
+`parse_bytes`."""
 
 import dataclasses
 import re
@@ -16,11 +15,13 @@ import numpy as np
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
+from .._schedules._ranges import ranges
 from .._util import split_args
 from .._validate import check_int
 from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
-from ._loop import compare, solve
+from ._evidence import Evidence
+from ._loop import State, compare, loop, models, solve, traced
 from ._report import PlanResult, Progress
 
 
@@ -263,17 +264,42 @@ def _measuring(measure: Any, target: str | None) -> bool:
     return bool(measure)
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+def roofline_seconds(
+    fn: Callable[..., Any], *args: Any, target: str | None = None
+) -> float:
+    """The roofline's estimate of one step of `fn(*args)` on one chip of
+    `target`, under the checkpoint that `args`' checkpoint fields hold now:
+    the function's FLOPs at the chip's peak, the bytes it moves through
+    device memory at its bandwidth, and what it offloads over the host link
+    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
+    parts' estimates, each per layer, weighted by their layers. On the CPU
+    the figures are this CPU's, measured once.
+
+    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
+    `checkpoint` field or a function that differentiates no stack."""
+    found = map_checkpoints(args, lambda c: c)[1]
+    if not found:
+        raise ValueError(
+            "roofline_seconds expected arguments containing an eqx.Module with a "
+            "`checkpoint` field. Got none."
+        )
+    on = Target.of(target, "roofline_seconds")
+    c = found[0]
+    parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+    with warnings.catch_warnings(), on.traced():
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        bench = Bench(on, False)
+        problem = Problem.of(fn, args, on)
+        model = models(bench, problem, bench.prices(problem))
+        st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
+        return model(st.evidence).roofline(c)
+
+
+# Bytes, then decimal units (kb: 10**3, ..., tb: 10**12), then binary (kib: 2**10).
+_UNITS = {"": 1, "b": 1} | {
+    f"{p}{i}b": (1024 if i else 1000) ** (k + 1)
+    for i in ("", "i")
+    for k, p in enumerate("kmgt")
 }
 _BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
 

@@ -38,8 +38,7 @@ def batch_ways(
 ) -> list[tuple[int, int | None]]:
     """The (micro-batches, loss chunk size) pairs to compare, fewest
     micro-batches first, loss chunks in the order given (unplanned: the
-    model's own, or `None` where it has no loss head field). Each count is
-    checked against the batch now, as `accumulate` would check it."""
+    model's own, or `None`), each count checked against the batch."""
     fn = "eqx_remat.plan"
     ks = [1]
     if micro_batches is not None:
@@ -77,9 +76,8 @@ def batch_ways(
 def warn_if_chunks_do_nothing(
     fn, args: tuple, ways: list[tuple[int, int | None]]
 ) -> None:
-    """Warn where `fn`'s program is the same at two of the loss chunk sizes it
-    is planned for (or the model's own): they change nothing, since `fn` does
-    not call the model's `loss`."""
+    """Warn where `fn`'s program is the same at two of the loss chunk sizes
+    (`fn` does not call the model's `loss`)."""
     found = map_loss_chunk_sizes(args, lambda c: c)[1]
     sizes = list(dict.fromkeys([found[0], *(c for _, c in ways)]))[:2]
     if len(sizes) < 2:
@@ -101,8 +99,7 @@ def warn_if_chunks_do_nothing(
 
 
 class _Way(NamedTuple):
-    """One way of running the batch: `k` micro-batches, loss chunk `c`, and
-    the function and arguments that run it."""
+    """One way of running the batch: `k` micro-batches, loss chunk `c`."""
 
     k: int
     c: int | None
@@ -201,10 +198,8 @@ def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
 
 
 def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache):
-    """The function and arguments of `k` micro-batches and loss chunk `c`:
-    `accumulate(fn, k)` (one per function and `k`, kept in the plan cache,
-    so that later plans find what this one compiled), arguments whose
-    `loss_chunk_size` fields are `c`."""
+    """The function and arguments of `k` micro-batches and loss chunk `c`
+    (`accumulate(fn, k)` kept in the plan cache, for later plans to find)."""
     if k > 1:
         fn = cache.get(
             fn,
@@ -220,13 +215,11 @@ def _solve_first(
     bench: Bench, ways, way, budget: int
 ) -> tuple[_Best, PlanResult, list[Evidence]]:
     """Solve, in full, the first way for which something fits (its best and
-    result), with the evidence of the ways passed over: where the lightest options
-    (`recursive()`, `"nothing"`) both need more than the budget plus the
-    model's error, the way is passed over after two compiles (the last one
-    is solved, to say what fits nowhere). Within that, it is solved: another
-    option can need a little less than both (on a 2-layer transformer,
-    `save_names('mlp_hidden')` 1% less than `"nothing"`: it spares the
-    backward pass a recomputed buffer)."""
+    result), with the evidence of the ways passed over: those where the
+    lightest options both need more than the budget and `MODEL_ERROR` (the
+    last is solved, to say what fits nowhere). Within it, another option
+    can need a little less than both (`save_names('mlp_hidden')` 1% less than
+    `"nothing"` on a 2-layer transformer)."""
     tried: list[Evidence] = []
     for i, (k, c) in enumerate(ways):
         w = way(k, c)
@@ -263,8 +256,7 @@ def _solve_first(
 
 
 def _near(record: Compiled, budget: int) -> bool:
-    """Whether `record` compiled within the budget plus the model's error
-    (`MODEL_ERROR`): another option may then fit."""
+    """Whether `record` compiled within the budget and `MODEL_ERROR`."""
     limit = (1 + MODEL_ERROR) * budget
     return record.report is not None and record.report.total_bytes <= limit
 
@@ -284,10 +276,9 @@ def _try(
     bench: Bench, way: _Way, first: _Best, budget: int, measuring: bool
 ) -> tuple[_Best | None, Evidence, _Best]:
     """`(best, evidence, first)`: `way`'s fastest fitting option among the
-    solved pick and up to `FASTER_TRIES` of the options faster than it (on
-    the solved way's clock), fastest first, where their memory, scaled as
-    the pick's scaled, fits; the evidence of `way`; and `first` (the solved
-    way's best) with what its evidence learnt (prices of those options)."""
+    solved pick and up to `FASTER_TRIES` options faster than it where solved,
+    fastest first, whose memory, scaled as the pick's, fits; `way`'s
+    evidence; and `first` with the prices its evidence learnt."""
     s_ev = first.evidence
     before = s_ev.records[first.checkpoint].memory_bytes
     ev = bench.start(way.problem, budget)
@@ -330,13 +321,9 @@ def _try(
 def _race_bests(
     bench: Bench, bests: list[_Best], solved: _Way, tried: Sequence[Evidence]
 ) -> tuple[_Best, float]:
-    """`(pick, seconds)`: the `RACED_WAYS` fastest bests, run round-robin on
-    one clock (the fastest's): the fastest in those rounds. Each way timed
-    its programs on a clock of its own, at another moment and beside other
-    programs, so how far apart two bests were timed says little: every one
-    of them races, not only those close to the fastest. The race runs 2 to
-    `RACE_ROUNDS` rounds after a warm-up: as many as fit in what is left of
-    the compile time of every way planned."""
+    """`(pick, seconds)`: the fastest of the `RACED_WAYS` fastest bests, run
+    round-robin on one clock (the fastest's) in what is left of every way's
+    compile time: each way timed on a clock of its own, so all of them race."""
     run = [b for b in bests if b.checkpoint in b.evidence.runnable][:RACED_WAYS]
     if len(run) < 2:
         return bests[0], 0.0

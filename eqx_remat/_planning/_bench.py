@@ -1,8 +1,7 @@
-"""The planner's one effectful part: the bench traces, compiles, runs, times and
-races programs, and remembers what it learnt between calls (in one
-`PlanCache`). Everything it returns is a record to fold into an `Evidence`; it
-keeps no count and no record of a call. The loop (`_loop.answer`) asks it; a
-test hands the loop a bench with a fake clock and a cache of its own."""
+"""The planner's one effectful part (`Bench`): it traces, compiles, runs, times
+and races programs, and remembers what it learnt between calls (in one
+`PlanCache`). What it returns is a record to fold into an `Evidence`; it keeps
+no record of a call. A test hands the loop a bench of fakes."""
 
 import functools
 import time
@@ -35,9 +34,9 @@ from ._thresholds import RACE_ROUNDS, TIME_ROUNDS
 
 
 class Problem(NamedTuple):
-    """One function and its arguments, as the bench knows them: `key`, their
-    cache key (`None` where the arguments cannot be hashed: nothing is
-    remembered), and `share`, the part of the activations one chip holds."""
+    """One function and its arguments: `key`, their cache key (`None`: not
+    hashable, nothing remembered), and `share`, the part of the activations
+    one chip holds."""
 
     fn: Callable[..., Any]
     args: tuple
@@ -55,8 +54,8 @@ class Problem(NamedTuple):
 
 
 class Timed(NamedTuple):
-    """What one timing session said: the new step times, the seconds it took,
-    and the rounds (least, most, how many ran the most)."""
+    """A timing's new step times, the seconds it took, and its rounds (least,
+    most, how many ran the most)."""
 
     timings: dict[Planned, Timing]
     seconds: float
@@ -65,11 +64,10 @@ class Timed(NamedTuple):
 
 class Bench:
     """Compiles and runs programs for one `target`, times them where `measure`
-    (the target is the device at hand), and remembers in `cache` (by default
-    the one [`eqx_remat.clear_plan_cache`][] empties). The clock is
-    `clock` (as `time_interleaved`) after `warm` (as `warm_up`); `free_memory`
-    says what the device has free; `compile` compiles one checkpoint (as
-    `compile_checkpoint`): each may be replaced, e.g. by a test's fakes."""
+    (the device at hand), and remembers in `cache` (by default the one
+    [`eqx_remat.clear_plan_cache`][] empties). `clock` (as `time_interleaved`),
+    `warm` (as `warm_up`), `free_memory` and `compile` (as
+    `compile_checkpoint`) may be replaced, e.g. by a test's fakes."""
 
     def __init__(
         self,
@@ -94,10 +92,9 @@ class Bench:
         self.inputs: dict[Any, list] = {}
 
     def capacity(self) -> int | None:
-        """What one device holds: the device's limit (not what is free now: the
-        same on every process of a multi-process run), what XLA lets a program
-        use of a target's chip (`Hardware.capacity_bytes`), or `None` for the
-        host's memory."""
+        """What one device holds: the device's limit (not what is free: the same
+        on every process), what XLA lets a program use of a target's chip, or
+        `None` for the host's memory."""
         if self.target.name is not None:
             return self.hardware.capacity_bytes
         if jax.default_backend() == "cpu":
@@ -123,16 +120,15 @@ class Bench:
         )
 
     def unpaid_offload(self, problem: Problem, c: Planned) -> str | None:
-        """Why offloading checkpoint `c` does not pay for `problem` on the
-        target (compiled beside its save-on-device twin, as `memory_report`
-        does), or `None` where it pays."""
+        """Why offloading checkpoint `c` does not pay (compiled beside its
+        save-on-device twin, as `memory_report` does), or `None`."""
         args = set_checkpoint(problem.args, c)
         unpaid = inspect_memory(problem.fn, args, self.target.name, None)[1]
         return None if unpaid is None else unpaid[1]
 
     def stacks(self, problem: Problem) -> list[tuple[str, int]]:
         """`(path, depth)` of each stack `problem` differentiates, once each,
-        in the order it first runs them (traced once)."""
+        in the order it first runs them."""
         return self.cache.get(
             problem.fn,
             problem.k("stacks"),
@@ -157,8 +153,7 @@ class Bench:
     ) -> Evidence:
         """The evidence a call starts from: the budget, what one device holds,
         the mixes earlier calls compiled (and raced), and the programs of
-        `options` earlier calls compiled (usable here: `cached`), so that
-        every call predicts from every compile so far, at no compile."""
+        `options` they compiled (`cached`)."""
         mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
         raced = frozenset(
             c
@@ -179,7 +174,7 @@ class Bench:
 
     def cached(self, problem: Problem, c: Planned) -> Compiled | None:
         """`c`'s program as an earlier call compiled it, where it serves here
-        (one compiled for the device at hand has an executable to time)."""
+        (measuring, it has an executable)."""
         key = problem.k("compiled", c)
         if not self.cache.has(problem.fn, key):
             return None
@@ -192,9 +187,7 @@ class Bench:
 
     def compile(self, problem: Problem, c: Planned) -> tuple[Compiled, float | None]:
         """`(record, seconds)`: `c` compiled (`seconds` it took), or taken from
-        the cache (`seconds` is `None`). A program compiled by a call that did
-        not measure has no executable: compiled again to be timed. Whether it
-        can run here: `runnable`."""
+        the cache (`seconds` is `None`)."""
         record = self.cached(problem, c)
         if record is not None:
             return record, None
@@ -210,7 +203,7 @@ class Bench:
 
     def runnable(self, record: Compiled | None) -> bool:
         """Whether `record` was compiled for the device at hand and fits what
-        it has free (arguments, outputs and temporaries)."""
+        it has free."""
         if record is None or record.executable is None or record.report is None:
             return False
         free = self.free_memory()
@@ -229,15 +222,11 @@ class Bench:
     # --- timing --------------------------------------------------------------------
 
     def time(self, problem: Problem, cs: Sequence[Planned], ev: Evidence) -> Timed:
-        """The step time of each of `cs` that can run here and has no time yet
-        in `ev`: from the cache, or measured round-robin with the fastest
-        program already timed, each program's time the ratio of the mean of
-        its faster half of rounds to that one's (one clock for the whole
-        plan), after a warm-up run each. Rounds of every program (at least
-        two) while they fit in half of what is left of this call's compile
-        time, then, as a race, more rounds (at most `TIME_ROUNDS` in all) of those no
-        other program beats by `RULED_OUT` in both time and memory, while
-        they fit in the rest."""
+        """The step time of each of `cs` that can run here and has none in `ev`:
+        from the cache, or measured round-robin beside the fastest program
+        timed (one clock for the whole plan, by the faster halves of rounds),
+        in at most `TIME_ROUNDS` rounds as what is left of the compile time
+        allows, racing those `still_open`."""
         known: dict[Planned, Timing] = {}
         new = []
         for c in dict.fromkeys(cs):
@@ -288,11 +277,10 @@ class Bench:
         seconds: float,
         go: bool = True,
     ) -> tuple[tuple[Timing, ...] | None, float]:
-        """`(timings, seconds taken)`: the `programs()` (of `problem`, or of
-        several ways of running it) round-robin after a warm-up, 2 to `RACE_ROUNDS`
-        rounds, as many as fit in `seconds`. An earlier race of the same
-        programs (`what`) is taken from the cache; else the race is run only
-        where `go` (there is time for it): `None` where it is not."""
+        """`(timings, seconds taken)`: the `programs()` round-robin after a
+        warm-up, 2 to `RACE_ROUNDS` rounds, as many as fit in `seconds`; an
+        earlier race of the same programs (`what`) from the cache; `None` where
+        there is none and not `go`."""
         key = problem.k("race", what)
         if not go and not self.cache.has(problem.fn, key):
             return None, 0.0
@@ -311,7 +299,6 @@ class Bench:
         return timings, time.perf_counter() - start
 
     def keep(self, problem: Problem, timings: dict[Planned, Timing]) -> None:
-        """Remember `timings` of `problem`'s programs (a race's, better than
-        what was remembered)."""
+        """Remember `timings` of `problem`'s programs (a race's)."""
         for c, t in timings.items():
             self.cache.put(problem.fn, problem.k("time", c), t)

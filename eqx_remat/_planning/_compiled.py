@@ -1,6 +1,5 @@
 """Compiling a checkpoint for the planner (the bench's `compile`): one typed
-record per program, XLA's RESOURCE_EXHAUSTED kept as what it says, not
-raised."""
+record per program (`Compiled`), XLA's RESOURCE_EXHAUSTED kept, not raised."""
 
 import re
 import time
@@ -46,16 +45,10 @@ def needed_bytes(message: str) -> int | None:
 
 
 class Compiled(NamedTuple):
-    """One program the planner compiled: a typed record of what XLA said.
-
-    - `checkpoint`: the checkpoint it was compiled under.
-    - `report`: its memory, or `None` where XLA refused it (`error` says why).
-    - `error`: XLA's RESOURCE_EXHAUSTED message, else `None`.
-    - `flops`: its FLOPs ([`eqx_remat.count_flops`][]).
-    - `compile_s`: how long compiling it took.
-    - `executable`: the compiled program, where it can run here (the planner's
-      target is the device at hand), else `None`.
-    """
+    """One program the planner compiled under `checkpoint`: its memory
+    `report`, or `None` where XLA refused it (`error`: its RESOURCE_EXHAUSTED
+    message), its `flops`, the seconds compiling took (`compile_s`) and the
+    `executable` where it can run here (else `None`)."""
 
     checkpoint: Planned
     report: MemoryReport | None
@@ -85,8 +78,7 @@ def compile_checkpoint(
     fn: Callable, args: tuple, c: Planned, target: str | None, *, runnable: bool
 ) -> Compiled:
     """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
-    `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
-    keep the executable (the target is the device at hand)."""
+    `target`; `runnable`: keep the executable (the device at hand)."""
     args = set_checkpoint(args, c)
     start = time.perf_counter()
     try:
@@ -104,7 +96,7 @@ def _compile(
     fn: Callable, args: tuple, target: str | None, runnable: bool
 ) -> tuple[MemoryReport, Any]:
     """`(report, executable)`: `memory_report`'s compile, keeping the
-    executable where it can run here (else `None`)."""
+    executable where it can run here."""
     if not runnable:
         # Compiled once: whether an offload pays is the pricer's question
         # (`price_function`), asked before any option is compiled here.
@@ -119,8 +111,7 @@ def _compile(
 
 
 class Program(NamedTuple):
-    """One step of a compiled checkpoint, ready to run on the planner's
-    inputs: `program()` runs it."""
+    """One step of a compiled checkpoint on the planner's inputs: `program()`."""
 
     record: Compiled
     inputs: Any

@@ -1,19 +1,14 @@
-"""The planner's one cost model: how much memory and how long, for any plan of
-`k >= 1` stacks (a `Part` per stack: a uniform option or a mix of two; of one
-stack, a whole-stack schedule too), from what tracing priced (`Prices`) and
-what compiles and clocks said (`Evidence`). Pure: no compile, no clock, no
-cache. One stack is the case k = 1, as Optax's `partition` builds the
-many-part case from the one-part case.
+"""The planner's one cost model (`CostModel`): memory and time of any plan of
+`k >= 1` stacks (a `Part` per stack; of one stack, a whole-stack schedule
+too), from what tracing priced (`Prices`) and what compiles and clocks said
+(`Evidence`). Pure: no compile, no clock, no cache.
 
-Memory: a plan compiled is its compiled memory; a plan of uniform options is
-a base (learnt from compiled plans of uniform options, interpolated in the
-bytes they keep) plus what each layer keeps; a plan with a stack mixed is
-`mix_memory` of its two options' bases, corrected by the compiled mixes of
-that stack (`mix_predictor`). Time: measured where the clock ran the program;
-else each layer's time (measured where the clock ran its option, the other
-stacks on `"nothing"`), else the roofline (`roofline_time`), scaled by how
-the clock differs from it (the median over the timed plans of uniform
-options). The solver over the stacks is `best_plan`."""
+Memory: compiled where it was; else a base (learnt from compiled plans of
+uniform options, interpolated in the bytes they keep) plus what each layer
+keeps, a mix corrected by the stack's compiled mixes (`mix_predictor`).
+Time: measured where the clock ran the program, else each layer's (measured
+where its option ran), else the roofline's, scaled by the median ratio of
+the clock to it. The solver over the stacks is `best_plan`."""
 
 import dataclasses
 import itertools
@@ -52,11 +47,10 @@ Plan = tuple[Part, ...]
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Memory and time of plans of one function's `k >= 1` stacks: `prices`
-    (`None` where the function was not priced: then only the roofline of what
-    `evidence` priced), `evidence`, and the `hardware` of one chip; `share`
-    is the part of the activations one chip holds. One stack is the case
-    k = 1: its plans are its checkpoints."""
+    """Memory and time of plans of one function's stacks: from `prices`
+    (`None` where it was not priced: then only the roofline of what
+    `evidence` priced), `evidence`, the `hardware` of one chip and the
+    `share` of the activations one chip holds."""
 
     prices: Prices | None
     evidence: Evidence
@@ -103,19 +97,14 @@ class CostModel:
         out = []
         for s in stacks:
             k = each[s.path]
-            if isinstance(k, ranges):
-                if len(k.parts) != 2:
-                    return None
-                (m, a), (n, b) = k.parts
-                light, heavy = s.option(a), s.option(b)
-                if light is None or heavy is None or m + n != s.depth:
-                    return None
-                out.append(Part(light, heavy, n))
-            else:
-                o = s.option(k)
-                if o is None:
-                    return None
-                out.append(Part(o, o, 0))
+            parts = k.parts if isinstance(k, ranges) else ((s.depth, k), (0, k))
+            if len(parts) != 2:
+                return None
+            (m, a), (n, b) = parts
+            light, heavy = s.option(a), s.option(b)
+            if light is None or heavy is None or m + n != s.depth:
+                return None
+            out.append(Part(light, heavy, n))
         return tuple(out)
 
     def uniform_plan(self, c: Planned) -> Plan | None:
@@ -132,37 +121,30 @@ class CostModel:
         nothing = [s.option("nothing") or s.options[0] for s in self.stacks]
         return self.at(tuple(Part(o, o, 0) for o in nothing), k, o)
 
-    def saved(self, plan: Plan) -> float:
-        """The bytes per chip `plan` keeps across its stacks (beside the base)."""
+    def saved(self, plan: Plan, field: str = "bytes") -> float:
+        """The sum of `field` of `plan`'s options over its layers: by default,
+        the bytes per chip it keeps across its stacks (beside the base)."""
         return sum(
-            (s.depth - n) * light.bytes + n * heavy.bytes
-            for s, (light, heavy, n) in zip(self.stacks, plan)
-        )
-
-    def priced(self, plan: Plan, field: str = "time") -> float:
-        """The sum of `field` of `plan`'s options over its layers, and the
-        base's (`Prices.base`): as priced (a time not scaled to the clock)."""
-        assert self.prices is not None
-        return float(getattr(self.prices.base, field)) + sum(
             ((s.depth - n) * getattr(light, field) + n * getattr(heavy, field))
             for s, (light, heavy, n) in zip(self.stacks, plan)
         )
 
+    def priced(self, plan: Plan, field: str = "time") -> float:
+        """`saved(plan, field)` and the base's (`Prices.base`), as priced (a
+        time not scaled to the clock)."""
+        assert self.prices is not None
+        return float(getattr(self.prices.base, field)) + self.saved(plan, field)
+
     # --- time --------------------------------------------------------------------
 
     def _timed(self) -> list[tuple[Plan, Timing]]:
-        """The plans of one option on every layer of each stack that were timed."""
-        out = []
-        for c, t in self.evidence.timings.items():
-            plan = self.uniform_plan(c)
-            if plan is not None:
-                out.append((plan, t))
-        return out
+        """The plans of uniform options that were timed, with their timings."""
+        timings = self.evidence.timings.items()
+        return [(p, t) for c, t in timings if (p := self.uniform_plan(c)) is not None]
 
     def scale(self) -> float:
-        """Measured over roofline time, the median over the timed plans of
-        uniform options (1 where none was timed): how this device's clock
-        differs from the roofline, so that estimates sit beside measurements."""
+        """How this device's clock differs from the roofline: measured over
+        roofline time, the median over the timed plans of uniform options."""
         ratios = [t.seconds / r for p, t in self._timed() if (r := self.priced(p)) > 0]
         return statistics.median(ratios) if ratios else 1.0
 
@@ -175,11 +157,10 @@ class CostModel:
         return o.time * (self.scale() if scale is None else scale)
 
     def options(self, k: int = 0) -> list[Option]:
-        """Stack `k`'s options, each with its time per layer (`layer_time`).
-        One per price: options that keep the same bytes for the same FLOPs
-        and roofline time (within `SAME_PRICE`) are one program to the model,
-        and the one that stands for them is the fastest timed, else one
-        compiled, else the first."""
+        """Stack `k`'s options, each with its time per layer (`layer_time`),
+        one per price (`same_price`: one program to the model), the one that
+        stands for its twins the fastest timed, else one compiled, else the
+        first."""
         if self.prices is None:
             return []
         scale, ev = self.scale(), self.evidence
@@ -199,9 +180,9 @@ class CostModel:
         return out
 
     def base_time(self) -> float:
-        """The time a plan adds to its stacks' layers' (`Prices.base`): 0 for
-        one stack; for `k`, minus `k - 1` times every stack on `"nothing"`,
-        measured where it ran, else the roofline's, scaled."""
+        """The time a plan adds to its stacks' layers' (`Prices.base`): minus
+        `k - 1` times every stack on `"nothing"` (measured, else the
+        roofline's)."""
         assert self.prices is not None
         k = len(self.stacks) - 1
         if k == 0:
@@ -248,9 +229,8 @@ class CostModel:
 
     def roofline(self, c: Planned) -> float:
         """The roofline's step time of `c`, scaled to the clock: a plan's from
-        its options' prices, else what tracing `c` priced. A `ranges` mix of
-        other checkpoints is its parts' times per layer, weighted by their
-        layers."""
+        its options' prices, else what tracing `c` (or a `ranges` mix's parts,
+        weighted by their layers) priced."""
         plan = self.plan(c)
         if plan is not None:
             return self.scale() * self.priced(plan)
@@ -262,10 +242,9 @@ class CostModel:
         return self.scale() * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
 
     def schedule_time(self, c: Planned, flops: int) -> float:
-        """A schedule's estimated step time: where its inner policy (or
-        `"nothing"`) was timed, that time scaled by the FLOPs (a schedule
-        recomputes what its inner policy would, more often); else the
-        roofline's."""
+        """A schedule's estimated step time: its inner policy's (or
+        `"nothing"`'s) measured time scaled by the FLOPs (it recomputes what
+        that policy would, more often), else the roofline's."""
         if isinstance(c, Schedule):
             inner = c.policy if c.policy is not None else "nothing"
             t = self.evidence.timings.get(inner)
@@ -284,10 +263,9 @@ class CostModel:
 
     def base(self, plan: Plan) -> float | None:
         """Memory besides the stacks' saved values under `plan` (of uniform
-        options), learnt from compiled plans of uniform options: exact for a
-        compiled one (from XLA's figure, a lower bound, for one XLA refused;
-        infinite where it gave none), interpolated in saved bytes between
-        compiled ones otherwise. `None` before any compile."""
+        options): exact where it was compiled (for one XLA refused, from its
+        figure, or infinite), else interpolated in saved bytes between compiled
+        ones; `None` before any compile."""
         want = self.checkpoint(plan)
         known = []
         for c, record in self.evidence.records.items():
@@ -302,9 +280,8 @@ class CostModel:
         return interpolate(known, self.saved(plan))
 
     def predict(self, plan: Plan) -> float | None:
-        """Predicted memory of `plan`, or `None` before anything was compiled
-        (the base is unknown): of uniform options, the base plus what each
-        layer keeps; with a stack mixed, as `mix_predictor` says."""
+        """Predicted memory of `plan` (`None` before any compile): the base
+        plus what each layer keeps; with a stack mixed, `mix_predictor`'s."""
         mixed = [k for k, p in enumerate(plan) if p.n]
         if mixed:
             (k,) = mixed
@@ -315,8 +292,7 @@ class CostModel:
 
     def model_error(self) -> float:
         """How far off the model's memory may be: the most it was off for a
-        plan of uniform options this call compiled, and at least
-        `MODEL_ERROR`."""
+        compiled plan of uniform options, and at least `MODEL_ERROR`."""
         errors = [
             abs(r.report.total_bytes - p) / r.report.total_bytes
             for c, r in self.evidence.records.items()
@@ -329,10 +305,8 @@ class CostModel:
 
 def floor(m: CostModel, c: Schedule) -> float:
     """Less memory than schedule `c` (of one stack) can need (0 where
-    unknown): the least base memory of a compiled uniform option, the
-    carries `c` stores, and the residuals of all but one of the layers
-    it holds at once (the last one's may be freed while it is
-    reversed)."""
+    unknown): the least base of a compiled uniform option, the carries `c`
+    stores, and the residuals of all but one of the layers it holds at once."""
     assert m.prices is not None
     kept = c.kept(m.per)
     records = m.evidence.records
@@ -364,8 +338,8 @@ def ends(m: CostModel) -> tuple[Plan, Plan]:
 def may_fit(
     m: CostModel, plans: Sequence[Plan], error: float
 ) -> list[tuple[Plan, float]]:
-    """The `plans` not compiled yet that may fit, lightest first, each with
-    its predicted memory: at most the budget plus a relative `error`."""
+    """The `plans` not compiled that may fit (by a relative `error`), with
+    their predicted memory, lightest first."""
     near = []
     for plan in plans:
         predicted = m.predict(plan)
@@ -377,8 +351,7 @@ def may_fit(
 
 
 def uniform_plans(m: CostModel) -> list[Plan]:
-    """Every plan of one option per stack, each stack's options one per
-    price (`options`; the hull options only, where the product is over
+    """Every plan of one option per stack (of hull options only, over
     `MOST_UNIFORM_PLANS`)."""
     kinds = [m.options(k) for k in range(len(m.stacks))]
     if math.prod(map(len, kinds)) > MOST_UNIFORM_PLANS:
@@ -387,9 +360,8 @@ def uniform_plans(m: CostModel) -> list[Plan]:
 
 
 def fewest(m: CostModel, c: Planned) -> int:
-    """After plan `c`, with a stack mixed, compiled over the budget: the
-    most heavy layers worth trying next with its two options, stepping by
-    as many layers as the compiled excess says."""
+    """After mix `c` compiled over the budget: the most heavy layers worth
+    trying next with its two options, less by as many as its excess says."""
     plan = m.plan(c)
     mixed = [p for p in plan or () if p.n]
     if len(mixed) != 1:  # not a mix of this function's options
@@ -402,8 +374,7 @@ def fewest(m: CostModel, c: Planned) -> int:
 
 
 def compiled_point(m: CostModel, c: Planned, estimate: float) -> FrontierPoint:
-    """The point of a compiled `c` (its compiled memory, measured time where
-    it ran, else `estimate`)."""
+    """The point of a compiled `c`, its time measured, else `estimate`."""
     r = m.evidence.records[c]
     memory = r.memory_bytes or 0
     seconds, measured = m.time_s(c, estimate)
@@ -431,8 +402,8 @@ def point(m: CostModel, plan: Plan, predicted: float | None = None) -> FrontierP
 
 
 def points(m: CostModel) -> list[FrontierPoint]:
-    """The frontier's candidates: of one stack, its hull options and the
-    schedules and mixes compiled; of several, every plan compiled."""
+    """The frontier's candidates: of one stack, its hull options and what
+    was compiled; of several, every plan compiled."""
     ev = m.evidence
     if len(m.stacks) > 1:
         plans = [m.plan(c) for c, r in ev.records.items() if r.report]
@@ -472,13 +443,11 @@ def entry(ev: Evidence, record: Compiled, seconds: float, measured: bool) -> Pla
 def best_plan(
     m: CostModel, limit: Callable[[int, Option, Option], int] | None = None
 ) -> tuple[Plan, float] | None:
-    """The fastest plan predicted to fit the budget, with its predicted memory
-    (`None` where none is): every stack but one on the uniform option the
-    greedy over the stacks' lower hulls leaves it on (`descend`), the one
-    left on the best mix of its options (`best_mix`; `limit(k, light,
-    heavy)` bounds its heavy layers); or, of several stacks, a plan of
-    uniform options where one is faster (rounding to whole layers can cost
-    more than another choice of whole options). One stack: its best mix."""
+    """The fastest plan predicted to fit, with its predicted memory (`None`
+    where none is): every stack but one on the option the greedy over the
+    stacks' lower hulls leaves it on (`descend`), that one on its best mix
+    (`best_mix`; `limit(k, light, heavy)` bounds its heavy layers); of
+    several stacks, a faster plan of uniform options where there is one."""
     budget = m.evidence.budget
     k, fixed = descend(m, budget)
     bound = None if limit is None else (lambda a, b: limit(k, a, b))
@@ -499,12 +468,10 @@ def best_plan(
 
 
 def descend(m: CostModel, budget: float | int) -> tuple[int, Plan]:
-    """`(k, plan)`: from every stack on its fastest hull option, steps down the
-    hulls, the stack whose next option saves a byte for the least time first,
-    while the plan is predicted over the budget: the stack `k` of the last
-    step (the one to mix) and the plan before it (0 and the fastest plan
-    where no step is needed; the last stack and the lightest where every
-    step is)."""
+    """`(k, plan)`: from every stack on its fastest hull option, steps down
+    the hulls (first the stack whose step saves a byte for the least time)
+    while the plan is predicted over the budget: the stack of the last step
+    (the one to mix) and the plan before it."""
     hulls = [lower_hull(m.options(k)) for k in range(len(m.stacks))]
     at = [len(h) - 1 for h in hulls]
 
@@ -532,12 +499,10 @@ def descend(m: CostModel, budget: float | int) -> tuple[int, Plan]:
 
 
 def contenders(m: CostModel) -> list[tuple[Option, float]]:
-    """The per-layer options of one stack (one per price, `options`) that can be the
-    fastest that fits, lightest first, each with its memory (compiled,
-    else predicted): those that fit when compiled or are predicted to
-    within `model_error`, and whose time (measured, else estimated) the
-    model cannot tell from the fastest of them's: within its error
-    (`time_error`) either way."""
+    """The options of one stack that can be the fastest that fits, lightest
+    first, with their memory (compiled, else predicted): those that fit, or
+    are predicted to within `model_error`, whose time the model cannot tell
+    from the fastest's (within `time_error` either way)."""
     ev, error = m.evidence, m.model_error()
     near = []
     for o in m.options():
@@ -556,15 +521,11 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
 
 
 def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict:
-    """The memory of a mix over stack `k`, the other stacks as in `plan`, as
-    `m` predicts it: the model (`mix_memory`, from each option's base, with
-    the other stacks' saved bytes), corrected by what compiled mixes of this
-    stack (this call's and earlier calls' for the same function) taught:
-    where mixes of the same two options were compiled, the model's error
-    interpolated over their counts (see `_line`); for another pair with the
-    same heavy option, its largest error there; for any other pair, the
-    largest excess of any compiled mix over the model (none if no mix needed
-    more)."""
+    """The memory of a mix over stack `k`, the others as in `plan`: the model
+    (`_linear_at`) corrected by the compiled mixes of this stack (this
+    call's and earlier calls'): for a pair compiled, its error over the
+    counts (`_line`); for another with the same heavy option, its largest
+    error; else the largest excess of any mix over the model (or none)."""
     s = m.stacks[k]
     if plan is None:
         plan = m.reference(k, s.options[0])
@@ -604,8 +565,7 @@ def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict
 
 def _linear_at(m: CostModel, plan: Plan, k: int) -> Predict:
     """The model of a mix over stack `k` of `plan` before any mix compiled:
-    each option's base (of `plan` with stack `k` on it), the other stacks'
-    saved bytes, plus what each layer keeps (`linear`)."""
+    each option's base, the other stacks' saved bytes, and each layer's."""
     light, heavy, n = plan[k]
     others = m.saved(plan) - (m.stacks[k].depth - n) * light.bytes - n * heavy.bytes
     bases: dict[Checkpoint, float] = {}
@@ -630,17 +590,15 @@ def same_price(a: Option, b: Option) -> bool:
 def _stands_for(
     ev: Evidence, c: Planned, o: Option, twin_c: Planned, twin: Option
 ) -> bool:
-    """Whether `o` (checkpoint `c`) rather than `twin` (the same price) stands
-    for both: the faster timed, else a compiled one."""
+    """Whether `o` (checkpoint `c`) stands for its `twin` (the same price)."""
     if c in ev.timings:
         return twin_c not in ev.timings or o.time < twin.time
     return twin_c not in ev.timings and (c in ev.records and twin_c not in ev.records)
 
 
 def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:
-    """The value at `x` of the points `known` (`(x, value)` pairs): joined by
-    straight lines, held beyond the first and the last; `None` for no point.
-    A base memory learnt from compiled programs, by their saved bytes."""
+    """The value at `x` of the points `known` (`(x, value)` pairs) joined by
+    straight lines, held beyond the ends; `None` for no point."""
     if not known:
         return None
     known = sorted(known)
@@ -654,10 +612,8 @@ def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:
 
 def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:
     """The values `at` (count: value) at the counts `n`: joined by straight
-    lines between the counts, and beyond them extended from the nearest
-    along the least-squares slope of all of them (a constant for one count:
-    XLA's memory is not monotone in the count, and the slope of the two
-    nearest can be anything)."""
+    lines, beyond them along the least-squares slope of all (XLA's memory is
+    not monotone in the count: the slope of the two nearest can be anything)."""
     ns = sorted(at)
     values = [at[k] for k in ns]
     out = np.interp(n, ns, values)

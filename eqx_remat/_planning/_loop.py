@@ -15,14 +15,10 @@ of uniform options estimated faster), `schedule_prices` and `schedules`
 """
 
 import functools
-import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from .._inspect._memory import ReplicatedArgumentsWarning
-from .._inspect._targets import Target
-from .._schedules._checkpoint import Planned, checkpoint_name, map_checkpoints
-from .._schedules._ranges import ranges
+from .._schedules._checkpoint import Planned, checkpoint_name
 from .._util import format_bytes
 from ._bench import Bench, Problem
 from ._clock import on_one_clock
@@ -262,15 +258,11 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
     m, pick = model(st.evidence), st.pick
     assert pick is not None
     for k, s in enumerate(prices.stacks):
-        bench.say(
-            "lower convex hull"
-            + (f" of {s.path}" if len(prices.stacks) > 1 else "")
-            + ": "
-            + ", ".join(
-                checkpoint_name(o.checkpoint) for o in lower_hull(m.options(k))
-            ),
-            detail=True,
+        of = f" of {s.path}" if len(prices.stacks) > 1 else ""
+        hull = ", ".join(
+            checkpoint_name(o.checkpoint) for o in lower_hull(m.options(k))
         )
+        bench.say(f"lower convex hull{of}: {hull}", detail=True)
     record = st.evidence.records[pick.checkpoint]
     chosen = entry(st.evidence, record, *m.time_s(pick.checkpoint, pick.time_s))
     frontier = pareto(points(m) + [pick], _memory_time)
@@ -314,10 +306,8 @@ def _say_start(bench: Bench, prices: Prices) -> None:
 
 def measure(m: CostModel, st: State) -> Request | State:
     """On the device at hand, before the search, compiled then timed: each
-    stack's lightest option (the base memory of every prediction) and the one
-    with the fewest FLOPs (how far the roofline is from the clock); then, of
-    one stack, the `contenders`; of several, every option of every stack (on
-    its stack, the others on `"nothing"`: its time per layer)."""
+    stack's lightest option and the one with the fewest FLOPs; then, of one
+    stack, the `contenders`; of several, every option of every stack."""
     ev, todo = m.evidence, []
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
@@ -362,11 +352,9 @@ def _close(m: CostModel, o, fastest) -> str:
 
 
 def choose(m: CostModel, st: State) -> Request | State:
-    """The search (`search`) until it answers: the pick (`None`: nothing
-    may fit) with its compiled FLOPs and measured time, and what `cheaper`
-    is to confirm: the plans of uniform options estimated faster than it
-    that may fit (with several stacks, beside the `UNIFORM_RIVALS` estimated
-    fastest that may fit: each is a sum of per-stack estimates)."""
+    """`search` until it answers: the pick (`None`: nothing may fit), and for
+    `cheaper` the plans of uniform options that may fit, estimated faster
+    (of several stacks, and the `UNIFORM_RIVALS` estimated fastest)."""
     out = search(m)
     if not isinstance(out, FrontierPoint | None):
         return out
@@ -383,16 +371,12 @@ def choose(m: CostModel, st: State) -> Request | State:
 
 
 def search(m: CostModel) -> Request | FrontierPoint | None:
-    """What to compile next in the search for the fastest plan predicted to
-    fit, or the answer: its point (compiled, and fitting), or `None` where
-    nothing may fit. The two ends of the hulls are compiled first (every
-    stack on its fastest option, and on its lightest: their base memory),
-    unless two plans of uniform options are compiled already (the bases
-    between them are interpolated), then the ends of the best mix (on the
-    device at hand, all of them timed: a mix's time is predicted from its
-    parts'), then the plan; a mix over the budget bounds the heavy layers
-    of its pair (`fewest`), and after `MIX_TRIES` of them only uniform
-    options are chosen among."""
+    """What to compile (or time) next in the search for the fastest plan
+    predicted to fit, or the answer: its point, or `None` where nothing may
+    fit. First the ends of the hulls (unless two plans of uniform options are
+    compiled), then the ends of the best mix, then the plan; a mix over the
+    budget bounds its pair's heavy layers (`fewest`), and after `MIX_TRIES`
+    of them only uniform options are chosen among."""
     ev = m.evidence
     fastest, lightest = ends(m)
     known = [c for c, r in ev.records.items() if r.report and m.uniform_plan(c)]
@@ -452,9 +436,8 @@ def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 
 def cheaper(m: CostModel, st: State) -> Request | State:
-    """The plans `choose` found estimated faster than the pick that may fit,
-    the mixes earlier calls raced, compiled, then every compiled plan that
-    is not a mix timed: the fastest that fits (`cheapest_compiled`)."""
+    """What `choose` found and the mixes earlier calls raced, compiled, and
+    what is not a mix timed: the fastest that fits (`cheapest_compiled`)."""
     if st.pick is None:
         return st
     ev = m.evidence
@@ -480,9 +463,8 @@ def cheaper(m: CostModel, st: State) -> Request | State:
 
 
 def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
-    """`pick`, or, if a compiled plan of uniform options or schedule that fits
-    is faster, or a mix that fits and was timed (by an earlier call's race),
-    that one."""
+    """`pick`, or a faster compiled plan that fits and is not a mix (or is
+    one an earlier call raced)."""
     ev = m.evidence
     fitting = []
     for i, (c, r) in enumerate(ev.records.items()):
@@ -502,8 +484,7 @@ def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 def schedule_prices(m: CostModel, st: State) -> Request | State:
     """The schedules priced where their estimate needs it, then those
-    estimated faster than the pick, fastest first, for `schedules` (none
-    where the budget is under every checkpoint's arguments and outputs)."""
+    estimated faster than the pick, fastest first, for `schedules`."""
     assert m.prices is not None
     for c, flops in m.prices.schedules:
         if m.needs_price(c, flops):
@@ -524,10 +505,9 @@ def schedule_prices(m: CostModel, st: State) -> Request | State:
 
 
 def schedules(m: CostModel, st: State) -> Request | State:
-    """The schedules `schedule_prices` found, each compiled, then timed,
-    fastest first: the first that fits and, timed, still beats the pick
-    (else the pick). Where nothing fits, what `nothing_fits` is to compile:
-    the schedules whose floor is below the least memory compiled."""
+    """The first of the schedules `schedule_prices` found (each compiled,
+    then timed) that fits and beats the pick; where nothing fits, for
+    `nothing_fits`, the schedules whose floor is below the least memory."""
     ev, pick = m.evidence, st.pick
     for estimate, _, c in st.todo:
         if floor(m, c) > ev.budget:
@@ -553,8 +533,8 @@ def schedules(m: CostModel, st: State) -> Request | State:
 
 
 def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
-    """Where nothing fits: the schedules `schedules` left compiled, each
-    record not timed priced, then `NothingFits` raised."""
+    """Where nothing fits: the schedules `schedules` left compiled, then the
+    error naming the least memory (`NothingFits`)."""
     if st.pick is not None:
         return st
     ev = m.evidence
@@ -570,12 +550,10 @@ def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
 
 def race(m: CostModel, st: State) -> Request | State:
     """The pick against its rivals: the plans that fit, are not a mix and
-    were timed within `RULED_OUT` of the fastest of them (at most `RIVALS`):
-    timings that close are within the noise of the rounds that ranked them.
-    Where what is left of this call's compile time covers a warm-up and two
-    rounds of the pick and some of them, those are run round-robin again
-    (once per plan cache); else the plan's own rounds decide. A pick not
-    timed yet (a mix) is always run, beside one rival at least."""
+    were timed within `RULED_OUT` of the fastest (at most `RIVALS`), run
+    round-robin again as far as what is left of the compile time covers a
+    warm-up and two rounds (else the plan's rounds decide); a pick not timed
+    yet (a mix) always runs, beside one rival at least."""
     ev, pick = m.evidence, st.pick
     assert pick is not None
     c0 = pick.checkpoint
@@ -619,8 +597,7 @@ def race(m: CostModel, st: State) -> Request | State:
 
 
 def traced(cs: Sequence[Planned]) -> Stage:
-    """A stage: each of `cs` that was not timed priced by tracing (for its
-    roofline)."""
+    """A stage: each of `cs` not timed priced by tracing (for its roofline)."""
 
     def stage(m: CostModel, st: State) -> Request | State:
         need = [c for c in cs if c not in m.evidence.timings and not m.can_price(c)]
@@ -675,10 +652,8 @@ def compare(
     fitting = [e for e in table if e.fits]
     if not fitting:
         raise_nothing_fits(table, ev.budget, target_name(bench.target.label, ev))
-    order = {id(e): i for i, e in enumerate(table)}
-    chosen = min(
-        fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
-    )
+    # Of equals, the first given (`min` keeps the first).
+    chosen = min(fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes))
     return finish(bench, ev, chosen, table, (), None, [])
 
 
@@ -790,34 +765,3 @@ def _mix_notes(m: CostModel) -> list[str]:
             "the model's here; choosing among uniform options"
         )
     return out
-
-
-def roofline_seconds(
-    fn: Callable[..., Any], *args: Any, target: str | None = None
-) -> float:
-    """The roofline's estimate of one step of `fn(*args)` on one chip of
-    `target`, under the checkpoint that `args`' checkpoint fields hold now:
-    the function's FLOPs at the chip's peak, the bytes it moves through
-    device memory at its bandwidth, and what it offloads over the host link
-    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
-    parts' estimates, each per layer, weighted by their layers. On the CPU
-    the figures are this CPU's, measured once.
-
-    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
-    `checkpoint` field or a function that differentiates no stack."""
-    found = map_checkpoints(args, lambda c: c)[1]
-    if not found:
-        raise ValueError(
-            "roofline_seconds expected arguments containing an eqx.Module with a "
-            "`checkpoint` field. Got none."
-        )
-    on = Target.of(target, "roofline_seconds")
-    c = found[0]
-    parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
-    with warnings.catch_warnings(), on.traced():
-        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
-        bench = Bench(on, False)
-        problem = Problem.of(fn, args, on)
-        model = models(bench, problem, bench.prices(problem))
-        st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
-        return model(st.evidence).roofline(c)

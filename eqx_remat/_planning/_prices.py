@@ -1,18 +1,18 @@
-"""The planner's one pricer: what tracing a function tells, priced once: its
-stacks, and each stack's per-layer options per layer and per chip (`Prices`,
-frozen), one stack the case k = 1 of k. Traced, never run; compiled only to
-ask whether an offloading option on a stack's hull pays (`check`); the bench
-caches it per function, arguments and target."""
+"""The planner's one pricer (`price_function`): a function's stacks, and each
+stack's per-layer options priced per layer and per chip by tracing (`Prices`,
+frozen; one stack the case k = 1). Compiled only to ask whether an offloading
+option on a stack's hull pays; the bench caches it."""
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._inspect._flops import count_flops
 from .._inspect._hardware import Hardware
-from .._policies._values import save_names
+from .._policies._values import offload_names, save_names
 from .._schedules._binomial import binomial
 from .._schedules._checkpoint import (
     Checkpoint,
@@ -29,8 +29,6 @@ from ._solve import (
     Option,
     Price,
     lower_hull,
-    per_layer_options,
-    prefix_options,
     price,
     roofline_time,
     stack_depths,
@@ -64,10 +62,9 @@ instead."""
 
 
 class Stack(NamedTuple):
-    """One stack's per-layer options, priced: the `path` of its `checkpoint`
-    field, its `depth` (the layers a mix ranges over: 1 where its runs differ
-    in depth, which no mix can share), and each option with this stack on it
-    and every other stack on `"nothing"`, per layer and per chip."""
+    """One stack's `path`, `depth` (the layers a mix ranges over: 1 where its
+    runs differ in depth) and options, each priced with this stack on it and
+    every other on `"nothing"`, per layer and per chip."""
 
     path: str
     depth: int
@@ -79,22 +76,13 @@ class Stack(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-    """What tracing the function told: its stacks, each with its per-layer
-    options (one stack is the case k = 1 of k stacks).
-
-    - `stacks`: each differentiated stack ([`Stack`][]), in the order it
-      first runs.
-    - `depths`: the depth of every run of a stack, in the order they run.
-    - `tags`: the model's `checkpoint_name` tags.
-    - `base`: what a plan's price adds to its stacks' options', per chip: an
-      option of one stack is priced with every other stack on `"nothing"`,
-      so a plan of `k` stacks counts that `k - 1` times too many (`base` is
-      minus that: zero for one stack). Its `time` is the roofline's.
-    - `schedules`: the whole-stack schedules worth comparing (one stack),
-      with their FLOPs.
-    - `notes`: what the pricing found that the result should say (offloading
-      options dropped because they do not pay).
-    """
+    """What tracing the function told: its `stacks` (each a `Stack`, in the
+    order it first runs), the `depths` of every run of a stack, the model's
+    `tags`, the `base` a plan's price adds to its stacks' options' (an
+    option is priced with every other stack on `"nothing"`, so `k` stacks
+    count that `k - 1` times too many: `base` is minus that), the
+    whole-stack `schedules` worth comparing (one stack) with their FLOPs,
+    and the `notes` to say (offloading options that do not pay)."""
 
     stacks: tuple[Stack, ...]
     depths: tuple[int, ...]
@@ -105,8 +93,7 @@ class Prices:
 
     @property
     def per(self) -> int:
-        """The depth of one stack (mixes are of that many layers), or 1 where
-        it runs at several depths or there are several stacks."""
+        """The depth of one stack (1 for several, or runs of several depths)."""
         return self.stacks[0].depth if len(self.stacks) == 1 else 1
 
     @property
@@ -139,11 +126,9 @@ def price_function(
     check: Callable[[Planned], str | None] | None = None,
 ) -> Prices:
     """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
-    its per-layer options, every other stack on `"nothing"` (`say` tells
-    each, as a detail). With `check`, an offloading option on a stack's lower
-    hull is checked once (`check(c)`: why it does not pay, compiled beside its
-    save-on-device twin, or `None`) and dropped, with a note, where it does
-    not pay."""
+    its per-layer options, every other stack on `"nothing"` (each said, as a
+    detail). With `check` (why `c` does not pay, or `None`), an offloading
+    option on a stack's lower hull that does not pay is dropped, with a note."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -215,13 +200,15 @@ def _stack(
     share: float,
     hw: Hardware,
 ) -> Stack:
-    """One stack's per-layer options, from `priced(c)`: the whole function's
-    price with this stack on `c` (a `ValueError` for a tag the stack does
-    not have). The uniform policies and one `save_names` per tag, then the
-    prefixes of the tags ordered by what they save per byte."""
+    """One stack's options, from `priced(c)` (a `ValueError` for a tag it does
+    not have): the uniform policies (with a host link, the offloading one),
+    one `save_names` per tag, then of the tags ordered by the recomputation
+    they save per byte, each prefix (of two and more) saved, and offloaded."""
     host = hw.host_bytes_per_s is not None
     by: dict[Checkpoint, Price] = {}
-    for c in per_layer_options(tags, host):
+    uniform = [None, "dots", "dots_no_batch", "nothing"]
+    uniform += ["offload_dots_no_batch"] if host else []
+    for c in [*uniform, *(save_names(t) for t in tags)]:
         try:
             by[c] = priced(c)
         except ValueError as e:  # a tag of another stack: not an option here
@@ -233,7 +220,12 @@ def _stack(
         for t in tags
         if (c := save_names(t)) in by
     ]
-    for c in prefix_options(singles, host) if len(singles) > 1 else []:
+    order = sorted(singles, key=lambda s: -(s[2] / s[1]) if s[1] > 0 else -math.inf)
+    names = [t for t, _, _ in order] if len(singles) > 1 else []
+    prefixes = [save_names(*names[:k]) for k in range(2, len(names) + 1)]
+    if host:
+        prefixes += [offload_names(*names[:k]) for k in range(1, len(names) + 1)]
+    for c in prefixes:
         by[c] = priced(c)
     options = (_option(c, by[c], by[None].flops, depth, share, hw) for c in by)
     return Stack(path, depth, tuple(options))
@@ -245,9 +237,8 @@ def _drop_unpaid(
     say: Callable[..., None],
 ) -> list[str]:
     """Drop from `options` each offloading option on their lower hull that
-    does not pay (`check`), until every one left on the hull pays; the notes
-    that say so. Only hull options can be picked or mixed, so only they are
-    compiled (each once, beside its twin)."""
+    does not pay (`check`, once each: only hull options can be picked), until
+    every one left on the hull pays; the notes that say so."""
     checked: set[Checkpoint] = set()
     notes: list[str] = []
     while True:

@@ -230,10 +230,8 @@ class PlanResult:
         if self.batches:
             lines += ["batches (per global batch):", _batch_table(self, names)]
         if self.frontier:
-            lines += [
-                "frontier:",
-                _frontier_table(self.frontier, self.checkpoint, names),
-            ]
+            frontier = _frontier_table(self.frontier, self.checkpoint, names)
+            lines += ["frontier:", frontier]
         if self.table:
             lines.append(_table(self.table, self.entry, names))
         estimated = not e.measured or any(

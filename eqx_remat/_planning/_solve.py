@@ -1,16 +1,9 @@
-"""The planner's model: the stacks of a function, its per-layer options priced
-once (bytes saved, recomputation, offloading), their lower convex hull, and the
-best two-option mix at a budget.
-
-For a stack of `D` identical layers, memory and cost of a mix of per-layer
-options are a base plus a per-layer term for each range:
-
-    memory(mix) = base + Σ n_i · bytes_i        cost(mix) = Σ n_i · time_i
-
-so at a budget the optimum mixes at most two options, neighbours on the lower
-convex hull of the points `(bytes_i, time_i)`: why, and how whole layers are
-chosen, is told in the tutorial *Fit a model in a budget*, step 3.
-"""
+"""The solver's pieces: what tracing tells of a function (its stacks, and the
+`Price` of a checkpoint: the bytes it keeps and moves, its FLOPs and tags), the
+roofline, and a stack's best two-option mix at a budget. Memory and cost of a
+mix are a base plus a per-layer term per range, so the optimum mixes two
+neighbours on the lower convex hull of `(bytes, time)` (why, and how whole
+layers are chosen: the tutorial *Fit a model in a budget*, step 3)."""
 
 import dataclasses
 import math
@@ -30,7 +23,6 @@ from .._inspect._jaxpr import (
     scan_sizes,
     sub_jaxprs,
 )
-from .._policies._values import offload_names, save_names
 from .._schedules._checkpoint import (
     Checkpoint,
     Planned,
@@ -112,11 +104,9 @@ def saved_across(
 ) -> tuple[int, int]:
     """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
     values stacked by one scan over a stack (length in `depths`; `None`: any
-    scan) and read by another (the forward pass saves them, the backward pass
-    reads them), at every level of sub-jaxprs. What a loop's body keeps is
-    alive one trip at a time (the memory); with `per_trip`, it counts once per
-    trip (what is written and read: a stack inside `accumulate`'s scan over
-    `k` micro-batches saves its residuals `k` times)."""
+    scan) and read by another, at every level of sub-jaxprs, once (the
+    memory); with `per_trip`, once per trip of a loop around them (what is
+    written and read: `accumulate`'s `k` micro-batches save theirs `k` times)."""
 
     def over_a_stack(e) -> bool:
         return e.primitive.name == "scan" and (
@@ -124,26 +114,19 @@ def saved_across(
         )
 
     device = host = 0
-    stacked = {}
-    for e in jaxpr.eqns:
-        if over_a_stack(e):
-            for v in e.outvars[scan_sizes(e)[1] :]:
-                stacked[v] = e
+    scans = [e for e in jaxpr.eqns if over_a_stack(e)]
+    stacked = {v: e for e in scans for v in e.outvars[scan_sizes(e)[1] :]}
     seen = set()
     for e in jaxpr.eqns:
         if over_a_stack(e):
             for v in e.invars:
-                if (
-                    not is_literal(v)
-                    and v in stacked
-                    and stacked[v] is not e
-                    and v not in seen
-                ):
-                    seen.add(v)
-                    if _is_host(v.aval):
-                        host += _nbytes(v.aval)
-                    else:
-                        device += _nbytes(v.aval)
+                if is_literal(v) or stacked.get(v, e) is e or v in seen:
+                    continue
+                seen.add(v)
+                if _is_host(v.aval):
+                    host += _nbytes(v.aval)
+                else:
+                    device += _nbytes(v.aval)
         trips = e.params["length"] if per_trip and e.primitive.name == "scan" else 1
         for sub in sub_jaxprs(e):
             d, h = saved_across(open_jaxpr(sub), depths, per_trip=per_trip)
@@ -156,10 +139,9 @@ def saved_across(
 
 class Option(NamedTuple):
     """A checkpoint priced per layer and per chip: the bytes it keeps across the
-    stack on the device and on the host, the FLOPs it adds to `None`'s (the
-    whole program's, per layer), the step time of the whole function under
-    it, per layer (the planner's cost: a mix of `n` layers of one option and
-    `D - n` of another takes `n * a.time + (D - n) * b.time`), and the whole
+    stack on the device and on the host, the FLOPs it adds to `None`'s, the
+    step time of the whole function under it (a mix of `n` layers of `a` and
+    `D - n` of `b` takes `n * a.time + (D - n) * b.time`), and the whole
     function's FLOPs under it."""
 
     checkpoint: Checkpoint
@@ -216,40 +198,11 @@ def price(
 
 def bytes_moved(flops: FlopCount, saved: int) -> int:
     """The bytes a function moves through device memory, as the roofline
-    counts them: what it saves across its stacks three times (JAX's scan
-    zero-fills each stacked buffer before the loop, the forward pass writes
-    it, the backward pass reads it back: seen in the compiled program, issue
-    28's profile), and the operands and results of its matrix products
-    ([`eqx_remat.FlopCount`][]`.dot_bytes`, loop trip counts and
-    recomputation included). `saved` counts once per trip of a loop around
-    the stacks (`saved_across(..., per_trip=True)`). Elementwise work is
-    taken to be fused into its neighbours and to move nothing of its own."""
+    counts them: what it `saved` (per trip) three times (JAX's scan zero-fills
+    each stacked buffer, the forward pass writes it, the backward pass reads
+    it: issue 28's profile), and its matrix products' operands and results
+    (`FlopCount.dot_bytes`). Elementwise work is taken to be fused."""
     return 3 * saved + flops.dot_bytes
-
-
-def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
-    """The uniform policies, and one `save_names` per tag (ordered later by what
-    they save per byte); with a host link, the offloading policy."""
-    out: list[Checkpoint] = [None, "dots", "dots_no_batch", "nothing"]
-    if host:
-        out.append("offload_dots_no_batch")
-    out += [save_names(t) for t in tag_list]
-    return out
-
-
-def prefix_options(
-    singles: Sequence[tuple[str, Real, Real]], host: bool
-) -> list[Checkpoint]:
-    """Save the tags that save the most recomputation per byte first: from
-    `(tag, bytes, flops)` of each tag saved alone (relative to saving none), the
-    prefixes of that order (two tags and more) as `save_names`, and, with a host
-    link, every prefix as `offload_names`."""
-    order = sorted(singles, key=lambda s: -(s[2] / s[1]) if s[1] > 0 else -math.inf)
-    names = [t for t, _, _ in order]
-    out: list[Checkpoint] = [save_names(*names[:k]) for k in range(2, len(names) + 1)]
-    if host:
-        out += [offload_names(*names[:k]) for k in range(1, len(names) + 1)]
-    return out
 
 
 # --- the hull and the mix -------------------------------------------------------
@@ -277,24 +230,6 @@ def _cross(a: Option, b: Option, c: Option) -> float:
     )
 
 
-def mix_memory(
-    base_light: Real,
-    base_heavy: Real,
-    depth: int,
-    n: Any,
-    light: Option,
-    heavy: Option,
-) -> Any:
-    """Predicted memory of `depth - n` layers of `light` followed by `n` of
-    `heavy` (`n` a count or an array of counts): the larger of the two phases
-    of the backward pass. First the heavy layers are reversed, with everything
-    saved still held and the heavy option's working memory (`base_heavy`);
-    then the light ones, with the heavy layers' residuals freed and the light
-    option's working memory (`base_light`, larger: it recomputes more)."""
-    rest = (depth - n) * light.bytes
-    return np.maximum(base_heavy + n * heavy.bytes + rest, base_light + rest)
-
-
 Predict = Callable[[Option, Option, np.ndarray], np.ndarray]
 """`predict(light, heavy, n)`: predicted memory of `depth - n` layers of
 `light` then `n` of `heavy`, for an array of counts `n` (`light` on every
@@ -302,11 +237,17 @@ layer where `n` is 0)."""
 
 
 def linear(base: Callable[[Option], float], depth: int) -> Predict:
-    """The planner's model before it has compiled a mix: a base per option
-    plus what each layer keeps (`mix_memory`)."""
+    """The model before any mix compiled: a base per option plus what each
+    layer keeps, in the larger of the backward pass's two phases: the heavy
+    layers reversed first, everything saved held, with the heavy option's
+    working memory (its base); then the light ones, the heavy layers' saved
+    values freed, with the light option's (larger: it recomputes more)."""
 
     def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
-        return np.asarray(mix_memory(base(light), base(heavy), depth, n, light, heavy))
+        rest = (depth - n) * light.bytes
+        return np.asarray(
+            np.maximum(base(heavy) + n * heavy.bytes + rest, base(light) + rest)
+        )
 
     return predict
 
@@ -360,27 +301,16 @@ def best_mix(
     budget: Real,
     limit: Callable[[Option, Option], int] | None = None,
 ) -> Mix | None:
-    """The cheapest mix of at most two options whose predicted memory is
-    within `budget`; `None` when no option fits on every layer.
-
-    A mix runs `depth - n` layers of `light`, then `n` of `heavy` (the layers
-    reversed first: see `mix_memory`), and is predicted to need
-    `predict(light, heavy, n)`. A mix never has one layer of `None`: a range
-    of one layer without checkpoint is not a loop, XLA schedules it with its
-    neighbours, and what it needs is not what its per-layer price says (on
-    the CPU less, on TPU v5e sometimes more).
-
-    With real layer counts the optimum mixes two neighbours of the lower convex
-    hull; with whole layers, rounding `n` down can make another pair better
-    (by less than one layer's cost), so every pair of Pareto options is
-    tried, at every count (`K²·depth` predictions for `K` options, no
-    compile): the heavier option is the cheaper, so the most heavy layers that
-    fit are the best of a pair. `limit(light, heavy)` bounds `n` (what
-    compiling a mix taught).
-
-    Every option is tried on every layer, Pareto or not: `predict` knows the
-    compiled memory of a uniform option, and one that its per-layer bytes
-    say is dominated can need less than every option that dominates it."""
+    """The cheapest mix of at most two options (`depth - n` layers of `light`,
+    then `n` of `heavy`) predicted (`predict(light, heavy, n)`) to fit
+    `budget`; `None` when no option fits on every layer. With whole layers,
+    rounding can make a pair other than hull neighbours better, so every pair
+    of Pareto options is tried at every count (no compile): the heavier is
+    the cheaper, so the most heavy layers that fit are a pair's best;
+    `limit(light, heavy)` bounds `n`. Every option is tried on every layer,
+    Pareto or not (`predict` knows a compiled option's memory). A mix never
+    has one layer of `None`: that is not a loop, and XLA schedules it with
+    its neighbours, not as its per-layer price says."""
     front = pareto(options)
     counts = np.arange(1, depth)
     best: Mix | None = None
