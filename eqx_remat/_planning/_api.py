@@ -233,7 +233,7 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
         elif candidates is not None:
             result = compare(bench, problem, budget, candidates)
         else:
-            result = solve(bench, problem, budget).result
+            result = solve(bench, problem, budget)[0]
         stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
     return dataclasses.replace(result, stacks=stacks)
 

@@ -235,7 +235,7 @@ def _solve_first(
                 continue
         bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
         try:
-            solved = solve(bench, w.problem, budget)
+            r, ev = solve(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
                 tried_ = ", ".join(f"{k}/{c}" for k, c in ways)
@@ -248,7 +248,6 @@ def _solve_first(
                 tried.append(probe)
             continue
         # The probe's compiles count too: its records are the solve's first.
-        ev, r = solved.evidence, solved.result
         if probe is not None:
             ev = dataclasses.replace(ev, fresh={**probe.fresh, **ev.fresh})
         return _Best(w, r.checkpoint, r.entry.time_s, r.entry.measured, ev), r, tried

@@ -61,10 +61,6 @@ class CostModel:
     def stacks(self) -> tuple[Stack, ...]:
         return () if self.prices is None else self.prices.stacks
 
-    @property
-    def per(self) -> int:
-        return 1 if self.prices is None else self.prices.per
-
     def option(self, c: Planned) -> Option | None:
         """The option `c` of a function of one stack."""
         return None if self.prices is None else self.prices.option(c)
@@ -308,7 +304,7 @@ def floor(m: CostModel, c: Schedule) -> float:
     unknown): the least base of a compiled uniform option, the carries `c`
     stores, and the residuals of all but one of the layers it holds at once."""
     assert m.prices is not None
-    kept = c.kept(m.per)
+    kept = c.kept(m.prices.per)
     records = m.evidence.records
     bases = [
         b

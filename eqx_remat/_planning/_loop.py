@@ -223,16 +223,9 @@ def spent(ev: Evidence) -> str:
 # --- solving ------------------------------------------------------------------------
 
 
-class Solved(NamedTuple):
-    """A solved plan: the result, and the evidence it stands on."""
-
-    result: PlanResult
-    evidence: Evidence
-
-
-def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
+def solve(bench: Bench, problem: Problem, asked: int) -> tuple[PlanResult, Evidence]:
     """The plan of `problem` (a checkpoint per stack) that fits `asked` bytes
-    and runs fastest."""
+    and runs fastest, and the evidence it stands on."""
     prices = bench.prices(problem)
     model = models(bench, problem, prices)
     m = model(Evidence(asked))
@@ -267,7 +260,7 @@ def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
     chosen = entry(st.evidence, record, *m.time_s(pick.checkpoint, pick.time_s))
     frontier = pareto(points(m) + [pick], _memory_time)
     result = finish(bench, st.evidence, chosen, (), frontier, prices, st.swaps)
-    return Solved(result, st.evidence)
+    return result, st.evidence
 
 
 def _memory_time(p: FrontierPoint) -> tuple[int, float]:

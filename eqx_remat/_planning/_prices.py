@@ -175,9 +175,8 @@ def price_function(
         stack = _stack(path, depth if several else per, tags, each, share, hw)
         if check is not None:
             checked = functools.partial(lambda path, c: check(on(path, c)), path)
-            options = {o.checkpoint: o for o in stack.options}
-            notes += _drop_unpaid(options, checked, say)
-            stack = stack._replace(options=tuple(options.values()))
+            options, dropped = _drop_unpaid(stack.options, checked, say)
+            stack, notes = stack._replace(options=options), notes + dropped
         out.append(stack)
         if several:
             n = len(stack.options)
@@ -232,29 +231,29 @@ def _stack(
 
 
 def _drop_unpaid(
-    options: dict[Checkpoint, Option],
+    options: tuple[Option, ...],
     check: Callable[[Checkpoint], str | None],
     say: Callable[..., None],
-) -> list[str]:
-    """Drop from `options` each offloading option on their lower hull that
-    does not pay (`check`, once each: only hull options can be picked), until
-    every one left on the hull pays; the notes that say so."""
+) -> tuple[tuple[Option, ...], list[str]]:
+    """`options` less each offloading option on their lower hull that does
+    not pay (`check`, once each: only hull options can be picked), until
+    every one left on the hull pays; and the notes that say so."""
     checked: set[Checkpoint] = set()
     notes: list[str] = []
     while True:
         unchecked = [
             o.checkpoint
-            for o in lower_hull(list(options.values()))
+            for o in lower_hull(options)
             if o.host_bytes > 0 and o.checkpoint not in checked
         ]
         if not unchecked:
-            return notes
+            return options, notes
         for c in unchecked:
             checked.add(c)
             say(f"checking that offloading pays: {checkpoint_name(c)}", detail=True)
             why = check(c)
             if why is not None:
-                del options[c]
+                options = tuple(o for o in options if o.checkpoint != c)
                 notes.append(
                     f"{checkpoint_name(c)} offloads, but compiled it does not pay "
                     f"({why}): not an option"
