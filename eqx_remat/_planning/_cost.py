@@ -117,7 +117,7 @@ class CostModel:
         nothing = [s.option("nothing") or s.options[0] for s in self.stacks]
         return self.at(tuple(Part(o, o, 0) for o in nothing), k, o)
 
-    def saved(self, plan: Plan, field: str = "bytes") -> float:
+    def saved(self, plan: Plan, field: str = "bytes") -> float | int:
         """The sum of `field` of `plan`'s options over its layers: by default,
         the bytes per chip it keeps across its stacks (beside the base)."""
         return sum(
