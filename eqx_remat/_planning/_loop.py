@@ -486,7 +486,7 @@ def schedule_prices(m: CostModel, st: State) -> Request | State:
     if reports and m.evidence.budget < (
         reports[0].argument_bytes + reports[0].output_bytes
     ):
-        return st._replace(todo=())
+        return st._replace(todo=())  # every checkpoint needs them
     estimates = sorted(
         (m.schedule_time(c, flops), i, c)
         for i, (c, flops) in enumerate(m.prices.schedules)
