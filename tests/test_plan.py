@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import eqx_remat as er
+from eqx_remat import parse_bytes
+from eqx_remat._inspect._hardware import roofline_time
 from eqx_remat._inspect._targets import Target
 from eqx_remat._planning import testing as seam
 from eqx_remat._planning.testing import (
@@ -29,7 +31,6 @@ from eqx_remat._planning.testing import (
     Time,
     compile_checkpoint,
     mix_predictor,
-    parse_bytes,
     plan_on,
     search,
 )
@@ -258,7 +259,7 @@ def test_without_measuring_times_are_the_roofline(table, fresh):
         _, host, flops, moved, _ = seam.price(
             GRAD, args, e.checkpoint, frozenset({DEPTH})
         )
-        want = seam.roofline_time(_CPU, flops, moved, host)
+        want = roofline_time(_CPU, flops, moved, host)
         assert e.time_s == pytest.approx(want, rel=1e-9)
     assert "(est.)" in str(result)
     # Measuring is for the device at hand: a target compiled ahead of time
@@ -942,7 +943,7 @@ def test_offloading_is_priced_with_the_host_link():
     assert v5e.memory_bytes_per_s == 819e9 and v5e.memory_bytes == 16 * 2**30
     # What XLA lets one program use of it (its RESOURCE_EXHAUSTED figure).
     assert v5e.capacity_bytes == int(15.75 * 2**30)
-    t = seam.roofline_time(v5e, 1e9, 1e6, off[1])
+    t = roofline_time(v5e, 1e9, 1e6, off[1])
     assert t == pytest.approx(1e9 / 197e12 + 1e6 / 819e9 + 2 * off[1] / 16e9)
     assert er.internal.cpu_hardware().host_bytes_per_s is None
 

@@ -1,10 +1,8 @@
 """The planner's public entries: `eqx_remat.plan`, which checks its arguments,
 then solves one function (`_loop.solve`), compares candidates (`_loop.compare`)
-or solves a global batch's ways of running it (`_batch`); `roofline_seconds`;
-`parse_bytes`."""
+or solves a global batch's ways of running it (`_batch`); `roofline_seconds`."""
 
 import dataclasses
-import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, SupportsIndex
@@ -16,8 +14,7 @@ from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
 from .._schedules._ranges import ranges
-from .._util import split_args
-from .._validate import check_int
+from .._util import parse_bytes, split_args
 from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
 from ._evidence import Evidence
@@ -293,56 +290,3 @@ def roofline_seconds(
         model = models(bench, problem, bench.prices(problem))
         st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
         return model(st.evidence).roofline(c)
-
-
-# Bytes, then decimal units (kb: 10**3, ..., tb: 10**12), then binary (kib: 2**10).
-_UNITS = {"": 1, "b": 1} | {
-    f"{p}{i}b": (1024 if i else 1000) ** (k + 1)
-    for i in ("", "i")
-    for k, p in enumerate("kmgt")
-}
-_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
-
-
-def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
-    """A number of bytes from an integer or a string: the parser behind
-    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
-
-    **Arguments:**
-
-    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
-      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
-      `KB`/`MB`/`GB`/`TB`, case-insensitive). A fraction of a unit is
-      rounded to the nearest byte; a number of bytes must be whole.
-    - `name`: what to call the value in an error message.
-
-    **Returns:**
-
-    The number of bytes, an `int`.
-
-    **Raises:**
-
-    `ValueError` naming `name`, with examples of what is accepted.
-    """
-    if not isinstance(value, str):
-        try:
-            return check_int("plan", name, value, 0)
-        except ValueError:
-            raise ValueError(
-                f"{name} must be an int >= 0 or a string such as '16GiB'. "
-                f"Got {value!r} of type {type(value).__name__}."
-            ) from None
-    match = _BYTES.fullmatch(value)
-    unit = match and match.group(2).lower()
-    if match is None or unit not in _UNITS:
-        raise ValueError(
-            f"{name} must be an int or a string such as '16GiB', '512MiB' or "
-            f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
-        )
-    number, factor = float(match.group(1)), _UNITS[unit]
-    if factor == 1 and not number.is_integer():
-        raise ValueError(f"{name} must be a whole number of bytes. Got {value!r}.")
-    size = round(number * factor)
-    if size == 0 and number > 0:
-        raise ValueError(f"{name} must be 0 or at least one byte. Got {value!r}.")
-    return size

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, SupportsIndex
 import jax
 
 from .._accumulate import accumulate, check_split
+from .._inspect._clock import on_one_clock
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
 from .._schedules._uniform import recursive
@@ -21,11 +22,10 @@ from .._util import traceable
 from .._validate import check_int
 from ._bench import Bench, Problem
 from ._cache import PlanCache
-from ._clock import on_one_clock
 from ._compiled import Compiled
 from ._cost import entry
 from ._evidence import Evidence, is_mix
-from ._loop import Compile, State, Time, answer, loop, models, notes, solve, traced
+from ._loop import State, compiled, loop, models, notes, solve, timing, traced
 from ._report import BatchOption, NothingFits, PlanResult
 from ._thresholds import CLOSE_WAYS, FASTER_TRIES, MODEL_ERROR, RACED_WAYS
 
@@ -135,7 +135,7 @@ def plan_batches(
     solved, bests = first.way, [first]
     for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
         bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best, ev, first = _try(bench, way(k, c), first, budget, measuring)
+        best, ev, first = _try(bench, way(k, c), first, budget)
         if best is None:
             tried.append(ev)
         else:
@@ -225,10 +225,11 @@ def _solve_first(
         w = way(k, c)
         probe = None
         if i < len(ways) - 1:
-            probe = bench.start(w.problem, budget)
-            for light in (recursive(), "nothing"):
-                why = "a lightest option: whether anything fits this combination"
-                probe = answer(bench, w.problem, probe, Compile(light, None, why))
+            why = "a lightest option: whether anything fits this combination"
+            light = compiled([(recursive(), None), ("nothing", None)], why)
+            st = State(bench.start(w.problem, budget))
+            model = models(bench, w.problem, None)
+            probe = loop(bench, w.problem, model, st, [light]).evidence
             if not any(_near(r, probe.budget) for r in probe.records.values()):
                 bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
                 tried.append(probe)
@@ -272,47 +273,41 @@ def _times(
 
 
 def _try(
-    bench: Bench, way: _Way, first: _Best, budget: int, measuring: bool
+    bench: Bench, way: _Way, first: _Best, budget: int
 ) -> tuple[_Best | None, Evidence, _Best]:
     """`(best, evidence, first)`: `way`'s fastest fitting option among the
     solved pick and up to `FASTER_TRIES` options faster than it where solved,
     fastest first, whose memory, scaled as the pick's, fits; `way`'s
     evidence; and `first` with the prices its evidence learnt."""
-    s_ev = first.evidence
-    before = s_ev.records[first.checkpoint].memory_bytes
-    ev = bench.start(way.problem, budget)
-    why = "the solved combination's pick"
-    ev = answer(bench, way.problem, ev, Compile(first.checkpoint, before, why))
-    record = ev.records[first.checkpoint]
-    if record.memory_bytes is None or before is None:
-        return None, ev, first
-    scale = record.memory_bytes / before
-    compiled = [
-        c for c, r in s_ev.records.items() if r.report is not None and not is_mix(c)
+    solved, model = first.evidence, models(bench, way.problem, None)
+    before = solved.records[first.checkpoint].memory_bytes
+    pick = compiled([(first.checkpoint, before)], "the solved combination's pick")
+    st = loop(
+        bench, way.problem, model, State(bench.start(way.problem, budget)), [pick]
+    )
+    memory = st.evidence.records[first.checkpoint].memory_bytes
+    if memory is None or before is None:
+        return None, st.evidence, first
+    ok = [
+        c for c, r in solved.records.items() if r.report is not None and not is_mix(c)
     ]
     prices = bench.prices(first.way.problem)
-    s_ev, times = _times(bench, first.way.problem, s_ev, compiled, prices)
-    first = first._replace(evidence=s_ev)
-    faster = sorted(
-        ((t, c) for c, (t, _) in times.items() if t < first.time_s),
-        key=lambda tc: tc[0],
-    )
-    tries = 0
-    for _, c in faster:
-        memory = s_ev.records[c].memory_bytes
-        if tries == FASTER_TRIES or memory is None or memory * scale > ev.budget:
-            continue
-        tries += 1
-        why = "faster than the pick where solved; may fit here"
-        ev = answer(bench, way.problem, ev, Compile(c, memory * scale, why))
-        if ev.fits(ev.records[c]):
-            break
-    fitting = [c for c, r in ev.records.items() if ev.fits(r)]
-    if not fitting:
+    solved, times = _times(bench, first.way.problem, solved, ok, prices)
+    first = first._replace(evidence=solved)
+    faster = sorted((c for c in times if times[c][0] < first.time_s), key=times.get)
+    scaled = [
+        (c, m * memory / before)
+        for c in faster
+        if (m := solved.records[c].memory_bytes)
+    ]
+    todo = [(c, m) for c, m in scaled if m <= st.evidence.budget][:FASTER_TRIES]
+    fitting = lambda ev: [c for c, r in ev.records.items() if ev.fits(r)]
+    why = "faster than the pick where solved; may fit here"
+    stages = [compiled(todo, why, until_fits=True), timing(fitting)]
+    ev = loop(bench, way.problem, model, st, stages).evidence
+    if not fitting(ev):
         return None, ev, first
-    if measuring:
-        ev = answer(bench, way.problem, ev, Time(tuple(fitting)))
-    ev, timed = _times(bench, way.problem, ev, fitting)
+    ev, timed = _times(bench, way.problem, ev, fitting(ev))
     c = min(timed, key=lambda c: timed[c][0])
     return _Best(way, c, *timed[c], ev), ev, first
 

@@ -10,27 +10,26 @@ from typing import Any, NamedTuple
 
 import jax
 
+from .._inspect._clock import (
+    Timing,
+    concrete,
+    device_memory_bytes,
+    on_one_clock,
+    time_interleaved,
+    warm_up,
+)
 from .._inspect._memory import inspect_memory
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
 from . import _cache
 from ._cache import PlanCache, cache_key
-from ._clock import (
-    Timing,
-    concrete,
-    device_memory_bytes,
-    on_one_clock,
-    still_open,
-    time_interleaved,
-    warm_up,
-)
 from ._compiled import Compiled, Program, compile_checkpoint
 from ._evidence import Evidence, is_mix
 from ._prices import Prices, price_function
 from ._report import Progress
 from ._solve import Price, price, share_per_chip, stack_depths, stacks_of
-from ._thresholds import RACE_ROUNDS, TIME_ROUNDS
+from ._thresholds import RACE_ROUNDS, RULED_OUT, TIME_ROUNDS
 
 
 class Problem(NamedTuple):
@@ -60,6 +59,25 @@ class Timed(NamedTuple):
     timings: dict[Planned, Timing]
     seconds: float
     rounds: tuple[int, int, int] = (0, 0, 0)
+
+
+def still_open(
+    timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
+) -> list[int]:
+    """The indices of the programs no other beats by more than `RULED_OUT` in
+    step time (their faster halves) needing no more `memory`: their place on
+    the time-memory frontier is still open (`always`'s whatever its time)."""
+    fast = [t.faster_half for t in timings]
+    return [
+        i
+        for i in range(len(timings))
+        if i == always
+        or not any(
+            memory[j] <= memory[i] and fast[j] * (1 + RULED_OUT) < fast[i]
+            for j in range(len(timings))
+            if j != i
+        )
+    ]
 
 
 class Bench:

@@ -1,47 +1,22 @@
 """Compiling a checkpoint for the planner (the bench's `compile`): one typed
 record per program (`Compiled`), XLA's RESOURCE_EXHAUSTED kept, not raised."""
 
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from .._inspect._flops import count_flops
-from .._inspect._memory import MemoryReport, compiled_report, inspect_memory
+from .._inspect._memory import (
+    MemoryReport,
+    available_bytes,
+    compiled_report,
+    inspect_memory,
+    needed_bytes,
+)
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args, traceable
-
-
-# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
-# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
-# 17.5G of 15.75G hbm".
-_NEEDED = (
-    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
-)
-# And what it says one device has.
-_AVAILABLE = (
-    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
-)
-_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
-    for pattern in patterns:
-        match = pattern.search(message)
-        if match is not None:
-            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
-    return None
-
-
-def needed_bytes(message: str) -> int | None:
-    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
-    (the error `memory_report` raises when a program does not fit in one
-    device), or `None` where the message gives no figure."""
-    return _xla_bytes(message, _NEEDED)
 
 
 class Compiled(NamedTuple):
@@ -67,7 +42,7 @@ class Compiled(NamedTuple):
     @property
     def available_bytes(self) -> int | None:
         """What XLA's error says one device holds (`None` if nothing)."""
-        return _xla_bytes(self.error or "", _AVAILABLE)
+        return available_bytes(self.error or "")
 
     @property
     def host_bytes(self) -> int:

@@ -19,16 +19,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._inspect._hardware import Hardware
+from .._inspect._clock import Timing
+from .._inspect._hardware import Hardware, roofline_time
 from .._schedules._checkpoint import Checkpoint, PerStack, Planned
 from .._schedules._engine import Schedule
 from .._schedules._ranges import ranges
-from ._clock import Timing
 from ._compiled import Compiled
 from ._evidence import Evidence
 from ._prices import Prices, Stack
 from ._report import FrontierPoint, PlanEntry
-from ._solve import Option, Predict, best_mix, linear, lower_hull, roofline_time
+from ._solve import Option, Predict, best_mix, linear, lower_hull
 from ._thresholds import MODEL_ERROR, MOST_UNIFORM_PLANS, SAME_PRICE, TIME_ERROR
 
 

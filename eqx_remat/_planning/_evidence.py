@@ -8,9 +8,9 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from .._inspect._clock import Timing
 from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
-from ._clock import Timing
 from ._compiled import Compiled
 from ._solve import Price
 

@@ -18,10 +18,10 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from .._inspect._clock import on_one_clock
 from .._schedules._checkpoint import Planned, checkpoint_name
-from .._util import format_bytes
+from .._util import format_bytes, format_size, format_time
 from ._bench import Bench, Problem
-from ._clock import on_one_clock
 from ._cost import (
     CostModel,
     Part,
@@ -44,8 +44,6 @@ from ._report import (
     PlanEntry,
     PlanResult,
     format_memory,
-    format_size,
-    format_time,
     raise_nothing_fits,
 )
 from ._solve import lower_hull, pareto
@@ -599,6 +597,34 @@ def traced(cs: Sequence[Planned]) -> Stage:
     return stage
 
 
+def compiled(
+    todo: Sequence[tuple[Planned, float | None]], why: str = "", *, until_fits=False
+) -> Stage:
+    """A stage: each `(checkpoint, predicted)` of `todo` compiled in turn, for
+    the reason `why`; with `until_fits`, until one fits."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        ev = m.evidence
+        for c, predicted in todo:
+            if c not in ev.records:
+                return Compile(c, predicted, why)
+            if until_fits and ev.fits(ev.records[c]):
+                break
+        return st
+
+    return stage
+
+
+def timing(cs: Callable[[Evidence], Sequence[Planned]]) -> Stage:
+    """A stage: the checkpoints `cs(evidence)` names timed where they run."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        run = tuple(c for c in cs(m.evidence) if c not in m.evidence.offered)
+        return Time(run) if run else st
+
+    return stage
+
+
 def models(
     bench: Bench, problem: Problem, prices: Prices | None
 ) -> Callable[[Evidence], CostModel]:
@@ -628,18 +654,9 @@ def compare(
         f"{bench.target.name or bench.hardware.kind}"
     )
     model = models(bench, problem, None)
-
-    def confirm(m: CostModel, st: State) -> Request | State:
-        ev = m.evidence
-        for c in candidates:
-            if c not in ev.records:
-                return Compile(c)
-        if any(c not in ev.offered for c in candidates):
-            return Time(tuple(candidates))
-        return st
-
+    stages = [compiled([(c, None) for c in candidates]), timing(lambda _: candidates)]
     st = State(bench.start(problem, asked))
-    ev = loop(bench, problem, model, st, [confirm, traced(candidates)]).evidence
+    ev = loop(bench, problem, model, st, [*stages, traced(candidates)]).evidence
     m = model(ev)
     table = [entry(ev, ev.records[c], *m.time_s(c)) for c in candidates]
     fitting = [e for e in table if e.fits]

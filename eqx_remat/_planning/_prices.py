@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._inspect._flops import count_flops
-from .._inspect._hardware import Hardware
+from .._inspect._hardware import Hardware, roofline_time
 from .._policies._values import offload_names, save_names
 from .._schedules._binomial import binomial
 from .._schedules._checkpoint import (
@@ -23,14 +23,12 @@ from .._schedules._checkpoint import (
 )
 from .._schedules._engine import Schedule
 from .._schedules._uniform import every, nested, recursive
-from .._util import format_flops
-from ._report import format_size
+from .._util import format_flops, format_size
 from ._solve import (
     Option,
     Price,
     lower_hull,
     price,
-    roofline_time,
     stack_depths,
 )
 

@@ -21,9 +21,8 @@ from .._schedules._checkpoint import (
     set_checkpoint,
 )
 from .._schedules._ranges import ranges
-from .._util import format_bytes, format_flops
+from .._util import format_bytes, format_flops, format_size, format_time
 from ._compiled import Compiled
-from ._solve import Real
 
 
 class PlanEntry(NamedTuple):
@@ -409,18 +408,6 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
     )
-
-
-def format_size(n: Real) -> str:
-    """A predicted or compiled size: never below zero."""
-    return format_bytes(max(int(n), 0))
-
-
-def format_time(seconds: float) -> str:
-    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 def format_memory(e: PlanEntry | Compiled) -> str:

@@ -15,14 +15,7 @@ import numpy as np
 
 from .._combinators import stacking_lists
 from .._inspect._flops import FlopCount, count_flops
-from .._inspect._hardware import Hardware
-from .._inspect._jaxpr import (
-    checkpoint_names,
-    is_literal,
-    open_jaxpr,
-    scan_sizes,
-    sub_jaxprs,
-)
+from .._inspect._jaxpr import checkpoint_names, saved_across
 from .._schedules._checkpoint import (
     Checkpoint,
     Planned,
@@ -88,52 +81,6 @@ def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
     return [(spelling[p], depth) for p, depth in seen]
 
 
-# --- jaxpr walks ----------------------------------------------------------------
-
-
-def _nbytes(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
-
-
-def _is_host(aval) -> bool:
-    return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
-
-
-def saved_across(
-    jaxpr, depths: frozenset[int] | None, *, per_trip: bool = False
-) -> tuple[int, int]:
-    """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
-    values stacked by one scan over a stack (length in `depths`; `None`: any
-    scan) and read by another, at every level of sub-jaxprs, once (the
-    memory); with `per_trip`, once per trip of a loop around them (what is
-    written and read: `accumulate`'s `k` micro-batches save theirs `k` times)."""
-
-    def over_a_stack(e) -> bool:
-        return e.primitive.name == "scan" and (
-            depths is None or e.params["length"] in depths
-        )
-
-    device = host = 0
-    scans = [e for e in jaxpr.eqns if over_a_stack(e)]
-    stacked = {v: e for e in scans for v in e.outvars[scan_sizes(e)[1] :]}
-    seen = set()
-    for e in jaxpr.eqns:
-        if over_a_stack(e):
-            for v in e.invars:
-                if is_literal(v) or stacked.get(v, e) is e or v in seen:
-                    continue
-                seen.add(v)
-                if _is_host(v.aval):
-                    host += _nbytes(v.aval)
-                else:
-                    device += _nbytes(v.aval)
-        trips = e.params["length"] if per_trip and e.primitive.name == "scan" else 1
-        for sub in sub_jaxprs(e):
-            d, h = saved_across(open_jaxpr(sub), depths, per_trip=per_trip)
-            device, host = device + trips * d, host + trips * h
-    return device, host
-
-
 # --- the options ----------------------------------------------------------------
 
 
@@ -154,15 +101,6 @@ class Option(NamedTuple):
 
 Real = float | int
 T = TypeVar("T")
-
-
-def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> float:
-    """The roofline's seconds on one chip: `flops` (that chip's share) at its
-    peak, plus the bytes it `moved` through its memory at the memory's
-    bandwidth, plus `host_bytes` offloaded over its host link, out in the
-    forward pass and back in the backward pass. Offloading is never free."""
-    link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
-    return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link
 
 
 class Price(NamedTuple):

@@ -10,10 +10,14 @@ module of the planner (`tests/test_layout.py` checks it). Not part of any
 public API: a name here changes with the planner.
 """
 
-from ._api import parse_bytes as parse_bytes, plan_on as plan_on
-from ._bench import Bench as Bench, Problem as Problem, Timed as Timed
+from ._api import plan_on as plan_on
+from ._bench import (
+    Bench as Bench,
+    Problem as Problem,
+    Timed as Timed,
+    still_open as still_open,
+)
 from ._cache import CACHE as CACHE, PlanCache as PlanCache
-from ._clock import still_open as still_open
 from ._compiled import Compiled as Compiled, compile_checkpoint as compile_checkpoint
 from ._cost import (
     CostModel as CostModel,
@@ -37,8 +41,6 @@ from ._solve import (
     lower_hull as lower_hull,
     pareto as pareto,
     price as price,
-    roofline_time as roofline_time,
-    saved_across as saved_across,
     stack_depths as stack_depths,
 )
 from ._thresholds import MIX_TRIES as MIX_TRIES, RULED_OUT as RULED_OUT

@@ -16,8 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._thresholds import RULED_OUT
-
 
 class Timing(NamedTuple):
     """The step time of one program.
@@ -97,25 +95,6 @@ def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
     for p in programs:
         run_once(p)
     return time.perf_counter() - start
-
-
-def still_open(
-    timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
-) -> list[int]:
-    """The indices of the programs no other beats by more than `RULED_OUT` in
-    step time (their faster halves) needing no more `memory`: their place on
-    the time-memory frontier is still open (`always`'s whatever its time)."""
-    fast = [t.faster_half for t in timings]
-    return [
-        i
-        for i in range(len(timings))
-        if i == always
-        or not any(
-            memory[j] <= memory[i] and fast[j] * (1 + RULED_OUT) < fast[i]
-            for j in range(len(timings))
-            if j != i
-        )
-    ]
 
 
 def time_interleaved(
