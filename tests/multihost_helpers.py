@@ -41,7 +41,16 @@ def process_env(
     address and this process's count and id (JAX's variables for the address;
     `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` for the rest, read by
     `benchmarks/_device.py` and by `tests/_multihost_check.py`)."""
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    # Without the tests' persistent compilation cache: with jax 0.12.1, two
+    # processes that read their programs from a warm cache hang in their first
+    # step (gloo collectives on the CPU; a fresh cache, or none, runs).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in DISTRIBUTED_ENV
+        and not k.startswith("JAX_PERSISTENT_CACHE")
+        and k != "JAX_COMPILATION_CACHE_DIR"
+    }
     flag = f"--xla_force_host_platform_device_count={devices}"
     kept = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env |= {

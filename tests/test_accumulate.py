@@ -1,6 +1,8 @@
 """eqx_remat.accumulate: micro-batches give the full batch's results in about
 1/k of the activation memory, under jit, vmap and shardings."""
 
+import contextlib
+
 import equinox as eqx
 import hypothesis.strategies as st
 import jax
@@ -238,7 +240,14 @@ def test_sharded_data_parallel_and_fsdp_stay_local(axis_type, fsdp, chunk):
     batch = zoo.shard_batch(tokens, mesh)
     accumulated = eqx_remat.accumulate(grad, 2)
     step = jax.jit(lambda p, b: accumulated(eqx.combine(p, static), b))
-    out = step(params, batch)
+    # Explicit axes are traced under their mesh (`jax.set_mesh`), as JAX's
+    # sharding guide writes them: with jax 0.12.1, the chunked head's
+    # `jax.checkpoint` in a `lax.scan` transposes to a dot over the batch that
+    # is ambiguous without it ("Contracting dimensions are sharded"; jax 0.10.2
+    # traced it either way).
+    explicit = axis_type == AxisType.Explicit
+    with jax.set_mesh(mesh) if explicit else contextlib.nullcontext():
+        out = step(params, batch)
     # f32: the sharded, accumulated program sums in another order. Seen: ~1e-7.
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

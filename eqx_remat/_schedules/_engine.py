@@ -129,6 +129,25 @@ def _nones(tree: Any) -> Any:
     return jtu.tree_map(lambda _: None, tree)
 
 
+def _sharded_as(z: jax.Array, t: Any) -> jax.Array:
+    """`z`, resharded to the sharding of the type `t` where that sharding is over
+    Explicit mesh axes and `z`'s is not. jax 0.12 makes new arrays (zeros,
+    `zeros_like`, `full_like`) without the Explicit sharding of the value they
+    are like when no mesh is set, as in a `custom_vjp`'s backward pass (jax
+    0.10.2 kept it); `dynamic_update_slice` then refuses to write a sharded
+    carry into the buffer."""
+    want = getattr(t, "sharding", None)
+    mesh = getattr(want, "mesh", None)
+    if jax.sharding.AxisType.Explicit not in getattr(mesh, "axis_types", ()):
+        return z
+    return z if jax.typeof(z).sharding == want else jax.sharding.reshard(z, want)
+
+
+def _zeros_like(x: Any) -> jax.Array:
+    """Zeros shaped, typed and sharded like `x`."""
+    return _sharded_as(jnp.zeros_like(x), jax.typeof(x))
+
+
 def _zeros_of_type(t: Any) -> jax.Array:
     """Zeros of the abstract value `t` with all that its type carries (shape,
     dtype, weak type, sharding, memory space): what a `lax.cond` branch that
@@ -137,7 +156,7 @@ def _zeros_of_type(t: Any) -> jax.Array:
         # A PRNG key kept as a residual: zeros_like_aval gives its tangent type.
         z = jnp.zeros(t.shape, t.dtype)
     else:
-        z = _jax_private.zeros_like_aval(t)
+        z = _sharded_as(_jax_private.zeros_like_aval(t), t)
     space = getattr(t, "memory_space", None)
     if space is not None and space != jax.memory.Space.Device:
         z = jax.device_put(z, space)  # e.g. a residual offloaded to host memory
@@ -518,8 +537,8 @@ class Layers:
         `ct` of the stack's output, and zero gradient buffers."""
         return (
             eqx.filter(ct, _is_diff),
-            jtu.tree_map(jnp.zeros_like, self._stacked_split[0]),
-            jtu.tree_map(jnp.zeros_like, self._consts_split[0]),
+            jtu.tree_map(_zeros_like, self._stacked_split[0]),
+            jtu.tree_map(_zeros_like, self._consts_split[0]),
         )
 
     def _gradients(self, cts: Any, ct: Any) -> tuple[Any, Any, Any]:
@@ -542,7 +561,7 @@ class Layers:
         # Broadcast from `zeros_like`, so that under a mesh with Explicit axes
         # the buffer is sharded like the carry (along a new leading axis).
         return jtu.tree_map(
-            lambda x: jnp.broadcast_to(jnp.zeros_like(x), (n, *jnp.shape(x))), like
+            lambda x: jnp.broadcast_to(_zeros_like(x), (n, *jnp.shape(x))), like
         )
 
     @staticmethod
