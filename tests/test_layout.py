@@ -43,11 +43,11 @@ CLIENTS = ("zoo", "benchmarks")
 # name: a module imports only from its own layer or those below it.
 LAYERS = (
     ("_jax_private", "_util", "_validate"),  # foundations
-    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs
+    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs, clock
     ("_policies",),  # policy values and how one is applied to a layer
     ("_schedules",),  # the engine, the checkpoint value, the schedules
     ("_accumulate", "_combinators", "_stacked"),  # the stack and batch combinators
-    ("_planning",),  # plan, its solver, the hardware table, the clock
+    ("_planning",),  # plan: its pricer, cost model, loop, bench and report
     ("__init__", "internal"),  # the namespaces
 )
 PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`

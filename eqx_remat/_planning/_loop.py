@@ -1,18 +1,10 @@
 """The planner's one loop, over values, for a function of `k >= 1` stacks (the
-algorithm is told once, in the tutorial *Fit a model in a budget*).
-
-The loop's `State` is what was learnt (`Evidence`) and what was decided (the
-pick, the swaps that replaced it). Each stage is a function of (model, state)
-that returns a request (`Compile`, `Time`, `Trace`, `Race`) or the next
-state; `loop` hands each request to the bench and folds its answer into new
-evidence (`answer`, where progress is said, as in `finish`). Which stages run,
-measuring on the device at hand or estimating ahead of time, is chosen once
-(`solve`). In order: `measure` (on the device at hand: the options the model
-cannot rank apart compiled and run), `choose` (the search), `cheaper` (plans
-of uniform options estimated faster), `schedule_prices` and `schedules`
-(whole-stack schedules), `nothing_fits` (the error naming the least memory),
-`race` (the pick against the rivals timed within the noise of it).
-"""
+algorithm: the tutorial *Fit a model in a budget*). Each stage is a function of
+(model, `State`) that returns a request (`Compile`, `Time`, `Trace`, `Race`) or
+the next state; `loop` has the bench answer each request and folds the answer
+into new evidence (`answer`). Which stages run is chosen once (`solve`):
+`measure` (on the device at hand), `choose`, `cheaper`, `schedule_prices`,
+`schedules`, `nothing_fits`, `race` (on the device at hand)."""
 
 import functools
 from collections.abc import Callable, Sequence
@@ -55,8 +47,7 @@ _MOST_STEPS = 1000
 
 
 class Compile(NamedTuple):
-    """Compile `checkpoint` (the model predicted `predicted` bytes for it),
-    for the reason `why` (said in the progress line)."""
+    """Compile `checkpoint` (predicted: `predicted` bytes), for the reason `why`."""
 
     checkpoint: Planned
     predicted: float | int | None = None
@@ -77,7 +68,7 @@ class Trace(NamedTuple):
 
 class Race(NamedTuple):
     """Run `run` (the pick, then its rivals) round-robin on one clock, where
-    `go` (there is time for it) or an earlier call raced them."""
+    `go` or an earlier call raced them."""
 
     run: tuple[Planned, ...]
     go: bool
@@ -87,8 +78,8 @@ Request = Compile | Time | Trace | Race
 
 
 class Swap(NamedTuple):
-    """A stage's answer that replaced the pick: `old` by `new`, `why` (the
-    stage: `"compiled"`, or `"race"` with `ratio`, `old`'s time over `new`'s)."""
+    """The pick `old` replaced by `new`, `why`: `"compiled"`, or `"race"` with
+    `ratio`, `old`'s time over `new`'s."""
 
     why: str
     old: FrontierPoint
@@ -101,12 +92,10 @@ class State(NamedTuple):
 
     # What compiles, clocks and tracing said.
     evidence: Evidence
-    # What the stages decided: the pick (`None` before `choose`, or where
-    # nothing fits), and each stage's answer that replaced it.
+    # What the stages decided: the pick (`None`: not yet, or nothing fits).
     pick: FrontierPoint | None = None
     swaps: tuple[Swap, ...] = ()
-    # What a stage set out to confirm, fixed when it started: `(checkpoint,
-    # predicted)` pairs (`cheaper`), or estimates of schedules (`schedules`).
+    # What a stage set out to confirm when it started (`cheaper`, `schedules`).
     todo: tuple = ()
 
 
@@ -123,8 +112,7 @@ def loop(
     state: State,
     stages: Sequence[Stage],
 ) -> State:
-    """Each of `stages` in turn, its requests answered by the bench, until it
-    returns the next state."""
+    """Each of `stages` in turn, its requests answered, until it returns a state."""
     for stage in stages:
         for _ in range(_MOST_STEPS):
             out = stage(model(state.evidence), state)
@@ -138,7 +126,7 @@ def loop(
 
 
 def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Evidence:
-    """`ev` with the bench's answer to `request` folded in (and said)."""
+    """`ev` with the bench's answer to `request` (said)."""
     if isinstance(request, Trace):
         return ev.with_price(
             request.checkpoint, bench.price(problem, request.checkpoint)
@@ -222,8 +210,7 @@ def spent(ev: Evidence) -> str:
 
 
 def solve(bench: Bench, problem: Problem, asked: int) -> tuple[PlanResult, Evidence]:
-    """The plan of `problem` (a checkpoint per stack) that fits `asked` bytes
-    and runs fastest, and the evidence it stands on."""
+    """The fastest plan of `problem` that fits `asked` bytes, and its evidence."""
     prices = bench.prices(problem)
     model = models(bench, problem, prices)
     m = model(Evidence(asked))
@@ -262,7 +249,7 @@ def solve(bench: Bench, problem: Problem, asked: int) -> tuple[PlanResult, Evide
 
 
 def _memory_time(p: FrontierPoint) -> tuple[int, float]:
-    """A point's compiled memory (else predicted) and time, for `pareto`."""
+    """Compiled memory (else predicted) and time, for `pareto`."""
     memory = p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
     return memory, p.time_s
 
@@ -296,9 +283,8 @@ def _say_start(bench: Bench, prices: Prices) -> None:
 
 
 def measure(m: CostModel, st: State) -> Request | State:
-    """On the device at hand, before the search, compiled then timed: each
-    stack's lightest option and the one with the fewest FLOPs; then, of one
-    stack, the `contenders`; of several, every option of every stack."""
+    """Compiled, then timed: each stack's lightest option and fewest FLOPs; of
+    one stack, the `contenders`; of several, every option of every stack."""
     ev, todo = m.evidence, []
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
@@ -343,9 +329,9 @@ def _close(m: CostModel, o, fastest) -> str:
 
 
 def choose(m: CostModel, st: State) -> Request | State:
-    """`search` until it answers: the pick (`None`: nothing may fit), and for
-    `cheaper` the plans of uniform options that may fit, estimated faster
-    (of several stacks, and the `UNIFORM_RIVALS` estimated fastest)."""
+    """The pick (`search`), and for `cheaper` the plans of uniform options that
+    may fit estimated faster (of several stacks, also the `UNIFORM_RIVALS`
+    fastest)."""
     out = search(m)
     if not isinstance(out, FrontierPoint | None):
         return out
@@ -362,12 +348,10 @@ def choose(m: CostModel, st: State) -> Request | State:
 
 
 def search(m: CostModel) -> Request | FrontierPoint | None:
-    """What to compile (or time) next in the search for the fastest plan
-    predicted to fit, or the answer: its point, or `None` where nothing may
-    fit. First the ends of the hulls (unless two plans of uniform options are
-    compiled), then the ends of the best mix, then the plan; a mix over the
-    budget bounds its pair's heavy layers (`fewest`), and after `MIX_TRIES`
-    of them only uniform options are chosen among."""
+    """The next request of the search for the fastest plan predicted to fit,
+    or its point (`None`: nothing may fit): the hulls' ends, the best mix's
+    ends, the mix; a mix over the budget bounds its pair's heavy layers
+    (`fewest`), and after `MIX_TRIES` of them only uniform options are left."""
     ev = m.evidence
     fastest, lightest = ends(m)
     known = [c for c, r in ev.records.items() if r.report and m.uniform_plan(c)]
@@ -420,15 +404,15 @@ def search(m: CostModel) -> Request | FrontierPoint | None:
 
 
 def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
-    """`pick` with its compiled FLOPs and its measured time where it ran."""
+    """`pick` with its compiled FLOPs and measured time."""
     record = m.evidence.records[pick.checkpoint]
     seconds, measured = m.time_s(pick.checkpoint, pick.time_s)
     return pick._replace(flops=record.flops, time_s=seconds, measured=measured)
 
 
 def cheaper(m: CostModel, st: State) -> Request | State:
-    """What `choose` found and the mixes earlier calls raced, compiled, and
-    what is not a mix timed: the fastest that fits (`cheapest_compiled`)."""
+    """What `choose` found and the mixes earlier calls raced, compiled (and
+    timed): the fastest that fits (`cheapest_compiled`)."""
     if st.pick is None:
         return st
     ev = m.evidence
@@ -454,8 +438,7 @@ def cheaper(m: CostModel, st: State) -> Request | State:
 
 
 def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
-    """`pick`, or a faster compiled plan that fits and is not a mix (or is
-    one an earlier call raced)."""
+    """`pick`, or a faster compiled plan that fits and is not a mix (unless raced)."""
     ev = m.evidence
     fitting = []
     for i, (c, r) in enumerate(ev.records.items()):
@@ -474,8 +457,8 @@ def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
 
 
 def schedule_prices(m: CostModel, st: State) -> Request | State:
-    """The schedules priced where their estimate needs it, then those
-    estimated faster than the pick, fastest first, for `schedules`."""
+    """The schedules priced, then for `schedules` those estimated faster than
+    the pick, fastest first."""
     assert m.prices is not None
     for c, flops in m.prices.schedules:
         if m.needs_price(c, flops):
@@ -496,9 +479,8 @@ def schedule_prices(m: CostModel, st: State) -> Request | State:
 
 
 def schedules(m: CostModel, st: State) -> Request | State:
-    """The first of the schedules `schedule_prices` found (each compiled,
-    then timed) that fits and beats the pick; where nothing fits, for
-    `nothing_fits`, the schedules whose floor is below the least memory."""
+    """The first schedule found that fits and beats the pick; where nothing
+    fits, for `nothing_fits`, those whose floor is below the least memory."""
     ev, pick = m.evidence, st.pick
     for estimate, _, c in st.todo:
         if floor(m, c) > ev.budget:
@@ -524,8 +506,7 @@ def schedules(m: CostModel, st: State) -> Request | State:
 
 
 def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
-    """Where nothing fits: the schedules `schedules` left compiled, then the
-    error naming the least memory (`NothingFits`)."""
+    """Where nothing fits: the schedules left compiled, then `NothingFits`."""
     if st.pick is not None:
         return st
     ev = m.evidence
@@ -540,11 +521,10 @@ def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
 
 
 def race(m: CostModel, st: State) -> Request | State:
-    """The pick against its rivals: the plans that fit, are not a mix and
-    were timed within `RULED_OUT` of the fastest (at most `RIVALS`), run
-    round-robin again as far as what is left of the compile time covers a
-    warm-up and two rounds (else the plan's rounds decide); a pick not timed
-    yet (a mix) always runs, beside one rival at least."""
+    """The pick raced against its rivals: the plans that fit, are not a mix and
+    were timed within `RULED_OUT` of the fastest (at most `RIVALS`, as many as
+    the time left covers a warm-up and two rounds of; a mix not timed races
+    one at least)."""
     ev, pick = m.evidence, st.pick
     assert pick is not None
     c0 = pick.checkpoint
@@ -588,7 +568,7 @@ def race(m: CostModel, st: State) -> Request | State:
 
 
 def traced(cs: Sequence[Planned]) -> Stage:
-    """A stage: each of `cs` not timed priced by tracing (for its roofline)."""
+    """A stage: each of `cs` not timed priced by tracing (its roofline)."""
 
     def stage(m: CostModel, st: State) -> Request | State:
         need = [c for c in cs if c not in m.evidence.timings and not m.can_price(c)]
@@ -628,7 +608,7 @@ def timing(cs: Callable[[Evidence], Sequence[Planned]]) -> Stage:
 def models(
     bench: Bench, problem: Problem, prices: Prices | None
 ) -> Callable[[Evidence], CostModel]:
-    """The cost model of `problem` on `bench`'s hardware, for any evidence."""
+    """`problem`'s cost model on `bench`'s hardware, for any evidence."""
     return functools.partial(
         CostModel, prices, hardware=bench.hardware, share=problem.share
     )
@@ -647,8 +627,7 @@ def target_name(label: str, ev: Evidence) -> str:
 def compare(
     bench: Bench, problem: Problem, asked: int, candidates: Sequence[Planned]
 ) -> PlanResult:
-    """Each of `candidates` compiled (and timed where the bench measures):
-    the fastest that fits."""
+    """The fastest of `candidates` that fits, each compiled (and timed)."""
     bench.say(
         f"compiling {len(candidates)} candidates for "
         f"{bench.target.name or bench.hardware.kind}"
@@ -679,8 +658,7 @@ def finish(
     prices: Prices | None,
     swaps: Sequence[Swap],
 ) -> PlanResult:
-    """The result, `fits` against the budget the evidence ends with; the notes
-    and the closing progress line said."""
+    """The result, the notes and the closing progress line said."""
     said = notes(bench, ev, prices, swaps)
     for n in said:
         bench.say(f"note: {n}")
@@ -710,9 +688,8 @@ def finish(
 def notes(
     bench: Bench, ev: Evidence, prices: Prices | None, swaps: Sequence[Swap] = ()
 ) -> list[str]:
-    """What the user should know, from the evidence and the stages' answers:
-    a budget over what one device holds, figures of an unknown device,
-    stacks that cannot be mixed, mixes that did not fit, and picks replaced."""
+    """What the user should know: the budget cut to the device, its figures
+    unknown, stacks not mixed, mixes that did not fit, picks replaced."""
     out = []
     if ev.capacity is not None and ev.asked > ev.capacity:
         out.append(
