@@ -1023,10 +1023,24 @@ def test_v5e_prices_offloading_and_splits_by_the_batch_sharding():
     tokens = jax.ShapeDtypeStruct(
         (4, 16), jnp.int32, sharding=NamedSharding(er.v5e_mesh(), P("data"))
     )
-    bench = _bench("v5e", measure=False)
+    compiled = []
+
+    def compile(fn, args, c, target, *, runnable):
+        compiled.append(c)
+        return compile_checkpoint(fn, args, c, target, runnable=runnable)
+
+    bench = _bench("v5e", measure=False, cache=PlanCache(), compile=compile)
     problem = Problem.of(TINY_GRAD, (TINY, tokens), bench.target)
     assert problem.share == 1 / 4 and bench.hardware.host_bytes_per_s
     prices = bench.prices(problem)
+    # Each offloading option on the hull was compiled once, to check it; the
+    # search that compiles it takes that compile, counted as this call's.
+    checked = list(compiled)
+    assert checked
+    for c in checked:
+        record, seconds = bench.compile(problem, c)
+        assert record.checkpoint == c and seconds == record.compile_s > 0
+    assert compiled == checked
     by = {o.checkpoint: o for o in prices.options}
     offloading = [o for o in by.values() if o.host_bytes > 0]
     # Offloading is priced; an option on the hull whose compiled program does
@@ -1395,14 +1409,14 @@ def _fake_durations(durations):
 
 
 def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit():
-    from eqx_remat._planning.testing import still_open as contenders
+    from eqx_remat._planning.testing import still_open
     from eqx_remat.internal import time_interleaved
 
     # Light to heavy: 1 and 2 are slower than 0, which needs less memory.
     programs, run, now = _fake_durations([1.0, 1.1, 1.5, 0.9])
     clock = functools.partial(time_interleaved, run=run, now=now)
     memory = [10, 20, 30, 40]
-    keep = lambda ts: contenders(ts, memory)  # noqa: E731
+    keep = lambda ts: still_open(ts, memory)  # noqa: E731
     # Two rounds of all (9 s), then rounds of 0 and 3 (1.9 s each).
     timings = clock(
         programs, rounds=21, warmup=False, seconds=9 + 3 * 1.9 + 0.1, keep=keep
@@ -1426,8 +1440,8 @@ def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit():
     assert [t.rounds for t in alone] == [2, 2, 2]
 
 
-def test_contenders_are_those_no_lighter_program_beats_by_the_margin():
-    from eqx_remat._planning.testing import RULED_OUT, still_open as contenders
+def test_still_open_are_those_no_lighter_program_beats_by_the_margin():
+    from eqx_remat._planning.testing import RULED_OUT, still_open
 
     def t(s):
         return Timing(s, 0.0, 2, (s, s))
@@ -1436,8 +1450,8 @@ def test_contenders_are_those_no_lighter_program_beats_by_the_margin():
     timings = [t(1.0), t(edge * 0.999), t(edge * 1.001), t(0.5), t(2.0)]
     memory = [10, 20, 20, 40, 10]
     # 2 is beaten by 0 beyond the margin, 1 within it; 4 by 0 at the same memory.
-    assert contenders(timings, memory) == [0, 1, 3]
-    assert contenders(timings, memory, always=4) == [0, 1, 3, 4]
+    assert still_open(timings, memory) == [0, 1, 3]
+    assert still_open(timings, memory, always=4) == [0, 1, 3, 4]
 
 
 def test_a_program_left_out_of_a_race_is_held_against_the_same_rounds():

@@ -220,6 +220,21 @@ def inspect_memory(
     return report, _unpaid(report, fn, args, dynamic, on.mesh, options, target)
 
 
+def unpaid_offload(
+    report: MemoryReport, fn: Callable, args: tuple, target: str | None
+) -> tuple[str, str] | None:
+    """`inspect_memory`'s offload check of `fn(*args)` compiled for `target`,
+    given its compiled `report`: `(what, why)` where it offloads and that does
+    not pay; the program itself is not compiled again."""
+    dynamic, _ = split_args(args)
+    on = Target.of(target, "memory_report")
+    if on.mesh is not None:
+        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
+    if not offloads(_trace(fn, args, dynamic, on.mesh).jaxpr):
+        return None
+    return _unpaid(report, fn, args, dynamic, on.mesh, {}, target)
+
+
 def _trace(fn: Callable, args: tuple, dynamic: Any, mesh: Mesh | None) -> Any:
     """`fn(*args)` traced (a `jax.stages.Traced`), on `mesh` where there is one."""
     f, _ = traceable(fn, args)

@@ -136,17 +136,21 @@ def plan(
     (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
     with XLA's figure of what it needed.
     """
-    budget, candidates = _check(
-        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
-    )
     if progress not in (True, False, "verbose"):
         raise ValueError(
             f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
         )
     on = Target.of(target, "plan")
     bench = Bench(on, _measuring(measure, on.name), say=Progress(progress))
-    return _run(
-        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
+    return plan_on(
+        bench,
+        fn,
+        *args,
+        budget_bytes=budget_bytes,
+        candidates=candidates,
+        micro_batches=micro_batches,
+        loss_chunks=loss_chunks,
+        in_axes=in_axes,
     )
 
 
@@ -160,14 +164,29 @@ def plan_on(
     loss_chunks: Sequence[SupportsIndex | None] | None = None,
     in_axes: Any = (None, 0),
 ) -> PlanResult:
-    """[`eqx_remat.plan`][] on `bench`: its target, whether it measures, its
-    clock, its cache and its progress lines."""
+    """[`eqx_remat.plan`][] on `bench`: its target, clock, cache and progress."""
     budget, candidates = _check(
         args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
     )
-    return _run(
-        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
-    )
+    on, ways = bench.target, None
+    if on.mesh is not None:
+        warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
+    if micro_batches is not None or loss_chunks is not None:
+        ways = batch_ways(args, micro_batches, loss_chunks, in_axes)
+    with warnings.catch_warnings(), on.traced():
+        # Said once, above; not again for every compile.
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        problem = Problem.of(fn, args, on)
+        if ways is not None:
+            if loss_chunks is not None:
+                warn_if_chunks_do_nothing(fn, args, ways)
+            result = plan_batches(bench, fn, args, budget, ways, in_axes)
+        elif candidates is not None:
+            result = compare(bench, problem, budget, candidates)
+        else:
+            result = solve(bench, problem, budget)[0]
+        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
+    return dataclasses.replace(result, stacks=stacks)
 
 
 def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
@@ -210,29 +229,6 @@ def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
             "or loss_chunks= it solves. Pass candidates=None."
         )
     return budget, candidates
-
-
-def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes):
-    on = bench.target
-    if on.mesh is not None:
-        warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
-    ways = None
-    if micro_batches is not None or loss_chunks is not None:
-        ways = batch_ways(args, micro_batches, loss_chunks, in_axes)
-    with warnings.catch_warnings(), on.traced():
-        # Said once, above; not again for every compile.
-        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
-        problem = Problem.of(fn, args, on)
-        if ways is not None:
-            if loss_chunks is not None:
-                warn_if_chunks_do_nothing(fn, args, ways)
-            result = plan_batches(bench, fn, args, budget, ways, in_axes)
-        elif candidates is not None:
-            result = compare(bench, problem, budget, candidates)
-        else:
-            result = solve(bench, problem, budget)[0]
-        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
-    return dataclasses.replace(result, stacks=stacks)
 
 
 def _measuring(measure: Any, target: str | None) -> bool:

@@ -18,7 +18,7 @@ from .._inspect._clock import (
     time_interleaved,
     warm_up,
 )
-from .._inspect._memory import inspect_memory
+from .._inspect._memory import unpaid_offload
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
@@ -139,9 +139,20 @@ class Bench:
 
     def unpaid_offload(self, problem: Problem, c: Planned) -> str | None:
         """Why offloading checkpoint `c` does not pay (compiled beside its
-        save-on-device twin, as `memory_report` does), or `None`."""
+        save-on-device twin, as `memory_report` does), or `None`. `c`'s own
+        compile is kept for `compile`: the search compiles it too, as a rule
+        (an offloading option is the lightest)."""
+        record = self.cache.get(
+            problem.fn,
+            problem.k("checked", c),
+            lambda: self.compile_fn(
+                problem.fn, problem.args, c, self.target.name, runnable=self.measure
+            ),
+        )
+        if record.report is None:  # does not fit one device: nothing to check
+            return None
         args = set_checkpoint(problem.args, c)
-        unpaid = inspect_memory(problem.fn, args, self.target.name, None)[1]
+        unpaid = unpaid_offload(record.report, problem.fn, args, self.target.name)
         return None if unpaid is None else unpaid[1]
 
     def stacks(self, problem: Problem) -> list[tuple[str, int]]:
@@ -173,7 +184,7 @@ class Bench:
         the mixes earlier calls compiled (and raced), and the programs of
         `options` they compiled (`cached`)."""
         mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
-        raced = frozenset(
+        raced = tuple(
             c
             for c in mixes
             if self.cache.has(problem.fn, problem.k("time", c))
@@ -209,9 +220,13 @@ class Bench:
         record = self.cached(problem, c)
         if record is not None:
             return record, None
-        record = self.compile_fn(
-            problem.fn, problem.args, c, self.target.name, runnable=self.measure
-        )
+        checked = problem.k("checked", c)  # compiled by the offload check
+        if self.cache.has(problem.fn, checked):
+            record = self.cache.get(problem.fn, checked, lambda: None)
+        else:
+            record = self.compile_fn(
+                problem.fn, problem.args, c, self.target.name, runnable=self.measure
+            )
         self.cache.put(problem.fn, problem.k("compiled", c), record)
         if is_mix(c) and record.report is not None:
             mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)

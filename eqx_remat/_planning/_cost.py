@@ -1,14 +1,8 @@
-"""The planner's one cost model (`CostModel`): memory and time of any plan of
-`k >= 1` stacks (a `Part` per stack; of one stack, a whole-stack schedule
-too), from what tracing priced (`Prices`) and what compiles and clocks said
-(`Evidence`). Pure: no compile, no clock, no cache.
-
-Memory: compiled where it was; else a base (learnt from compiled plans of
-uniform options, interpolated in the bytes they keep) plus what each layer
-keeps, a mix corrected by the stack's compiled mixes (`mix_predictor`).
-Time: measured where the clock ran the program, else each layer's (measured
-where its option ran), else the roofline's, scaled by the median ratio of
-the clock to it. The solver over the stacks is `best_plan`."""
+"""The planner's one cost model (`CostModel`, pure): memory and time of any plan
+of `k >= 1` stacks, from `Prices` and `Evidence`. Memory: compiled, else a base
+learnt from compiled uniform plans plus what each layer keeps, a mix corrected
+by compiled mixes (`mix_predictor`). Time: measured, else each layer's
+(measured, else the roofline's scaled to the clock). The solver: `best_plan`."""
 
 import dataclasses
 import itertools
@@ -47,10 +41,9 @@ Plan = tuple[Part, ...]
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Memory and time of plans of one function's stacks: from `prices`
-    (`None` where it was not priced: then only the roofline of what
-    `evidence` priced), `evidence`, the `hardware` of one chip and the
-    `share` of the activations one chip holds."""
+    """Memory and time of plans of one function's stacks (`prices`: `None`
+    where not priced), on one chip of `hardware` holding `share` of the
+    activations."""
 
     prices: Prices | None
     evidence: Evidence
@@ -62,14 +55,12 @@ class CostModel:
         return () if self.prices is None else self.prices.stacks
 
     def option(self, c: Planned) -> Option | None:
-        """The option `c` of a function of one stack."""
         return None if self.prices is None else self.prices.option(c)
 
     # --- plans -------------------------------------------------------------------
 
     def checkpoint(self, plan: Plan) -> Planned:
-        """What `set_checkpoint` takes for `plan`: one stack's checkpoint, or a
-        `PerStack` of each stack's."""
+        """`plan` as `set_checkpoint` takes it (of several stacks, a `PerStack`)."""
         out = {}
         for s, (light, heavy, n) in zip(self.stacks, plan):
             c = light.checkpoint
@@ -81,8 +72,7 @@ class CostModel:
         return out[self.stacks[0].path] if len(out) == 1 else PerStack(out)
 
     def plan(self, c: Planned) -> Plan | None:
-        """The plan that checkpoint `c` is, or `None` where it is not one of
-        the stacks' options (or a mix of two) on each stack."""
+        """The plan `c` is (`None`: not an option, or a mix of two, per stack)."""
         stacks = self.stacks
         if len(stacks) == 1 and not isinstance(c, PerStack):
             each = {stacks[0].path: c}
@@ -104,7 +94,7 @@ class CostModel:
         return tuple(out)
 
     def uniform_plan(self, c: Planned) -> Plan | None:
-        """The plan `c` is where it has one option on every layer of each stack."""
+        """The plan `c` is where it is one option per stack."""
         plan = self.plan(c)
         return plan if plan is not None and all(p.n == 0 for p in plan) else None
 
@@ -118,45 +108,41 @@ class CostModel:
         return self.at(tuple(Part(o, o, 0) for o in nothing), k, o)
 
     def saved(self, plan: Plan, field: str = "bytes") -> float | int:
-        """The sum of `field` of `plan`'s options over its layers: by default,
-        the bytes per chip it keeps across its stacks (beside the base)."""
+        """The sum of `field` of `plan`'s options over its layers (by default,
+        the bytes per chip it keeps beside the base)."""
         return sum(
             ((s.depth - n) * getattr(light, field) + n * getattr(heavy, field))
             for s, (light, heavy, n) in zip(self.stacks, plan)
         )
 
     def priced(self, plan: Plan, field: str = "time") -> float:
-        """`saved(plan, field)` and the base's (`Prices.base`), as priced (a
-        time not scaled to the clock)."""
+        """`saved(plan, field)` plus the base's, as priced (not scaled)."""
         assert self.prices is not None
         return float(getattr(self.prices.base, field)) + self.saved(plan, field)
 
     # --- time --------------------------------------------------------------------
 
     def _timed(self) -> list[tuple[Plan, Timing]]:
-        """The plans of uniform options that were timed, with their timings."""
+        """The uniform plans timed, with their timings."""
         timings = self.evidence.timings.items()
         return [(p, t) for c, t in timings if (p := self.uniform_plan(c)) is not None]
 
     def scale(self) -> float:
-        """How this device's clock differs from the roofline: measured over
-        roofline time, the median over the timed plans of uniform options."""
+        """The clock over the roofline: the median over the timed uniform plans."""
         ratios = [t.seconds / r for p, t in self._timed() if (r := self.priced(p)) > 0]
         return statistics.median(ratios) if ratios else 1.0
 
     def layer_time(self, k: int, o: Option, scale: float | None = None) -> float:
-        """Option `o`'s time per layer of stack `k`: measured where it ran (on
-        stack `k`, the others on `"nothing"`), else the roofline's, scaled."""
+        """Option `o`'s time per layer of stack `k`: measured (the others on
+        `"nothing"`), else the roofline's, scaled."""
         t = self.evidence.timings.get(self.checkpoint(self.reference(k, o)))
         if t is not None:
             return t.seconds / self.stacks[k].depth
         return o.time * (self.scale() if scale is None else scale)
 
     def options(self, k: int = 0) -> list[Option]:
-        """Stack `k`'s options, each with its time per layer (`layer_time`),
-        one per price (`same_price`: one program to the model), the one that
-        stands for its twins the fastest timed, else one compiled, else the
-        first."""
+        """Stack `k`'s options with their `layer_time`, one per price
+        (`same_price`): the fastest timed, else one compiled, else the first."""
         if self.prices is None:
             return []
         scale, ev = self.scale(), self.evidence
@@ -176,9 +162,8 @@ class CostModel:
         return out
 
     def base_time(self) -> float:
-        """The time a plan adds to its stacks' layers' (`Prices.base`): minus
-        `k - 1` times every stack on `"nothing"` (measured, else the
-        roofline's)."""
+        """The time a plan adds to its layers': minus `k - 1` times every stack
+        on `"nothing"` (measured, else the roofline's)."""
         assert self.prices is not None
         k = len(self.stacks) - 1
         if k == 0:
@@ -190,8 +175,7 @@ class CostModel:
         return -k * t.seconds if t is not None else self.scale() * self.prices.base.time
 
     def time(self, plan: Plan) -> tuple[float, bool]:
-        """`(seconds, measured)`: `plan`'s measured step time, else the base
-        plus each layer's time (`layer_time`)."""
+        """`(seconds, measured)`: measured, else the base plus each layer's."""
         t = self.evidence.timings.get(self.checkpoint(plan))
         if t is not None:
             return t.seconds, True
@@ -203,30 +187,28 @@ class CostModel:
         return seconds, False
 
     def time_s(self, c: Planned, estimate: float | None = None) -> tuple[float, bool]:
-        """`(seconds, measured)`: `c`'s measured step time, else `estimate`
-        (by default, its `roofline`)."""
+        """`(seconds, measured)`: measured, else `estimate` (or the roofline)."""
         t = self.evidence.timings.get(c)
         if t is not None:
             return t.seconds, True
         return self.roofline(c) if estimate is None else estimate, False
 
     def time_error(self) -> float:
-        """How far the scaled roofline may be from the clock: the most it was
-        off for a timed plan of uniform options, and at least `TIME_ERROR`."""
+        """How far the scaled roofline may be off: the most it was for a timed
+        uniform plan, at least `TIME_ERROR`."""
         scale = self.scale()
         estimates = [(t.seconds, scale * self.priced(p)) for p, t in self._timed()]
         return max([TIME_ERROR, *(abs(t / e - 1) for t, e in estimates if e > 0)])
 
     def can_price(self, c: Planned) -> bool:
-        """Whether `roofline(c)` can answer (`c` or its parts priced)."""
+        """Whether `roofline(c)` can answer."""
         if self.plan(c) is not None or c in self.evidence.priced:
             return True
         return isinstance(c, ranges) and all(self.can_price(p) for _, p in c.parts)
 
     def roofline(self, c: Planned) -> float:
-        """The roofline's step time of `c`, scaled to the clock: a plan's from
-        its options' prices, else what tracing `c` (or a `ranges` mix's parts,
-        weighted by their layers) priced."""
+        """The roofline's step time of `c`, scaled: a plan's from its options,
+        else from tracing `c` (a mix: its parts', weighted by their layers)."""
         plan = self.plan(c)
         if plan is not None:
             return self.scale() * self.priced(plan)
@@ -238,9 +220,8 @@ class CostModel:
         return self.scale() * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
 
     def schedule_time(self, c: Planned, flops: int) -> float:
-        """A schedule's estimated step time: its inner policy's (or
-        `"nothing"`'s) measured time scaled by the FLOPs (it recomputes what
-        that policy would, more often), else the roofline's."""
+        """A schedule's time: its inner policy's (or `"nothing"`'s) measured
+        time scaled by the FLOPs, else the roofline's."""
         if isinstance(c, Schedule):
             inner = c.policy if c.policy is not None else "nothing"
             t = self.evidence.timings.get(inner)
@@ -258,10 +239,9 @@ class CostModel:
     # --- memory ------------------------------------------------------------------
 
     def base(self, plan: Plan) -> float | None:
-        """Memory besides the stacks' saved values under `plan` (of uniform
-        options): exact where it was compiled (for one XLA refused, from its
-        figure, or infinite), else interpolated in saved bytes between compiled
-        ones; `None` before any compile."""
+        """Memory besides what uniform `plan` keeps: compiled (refused: XLA's
+        figure, or infinite), else interpolated in the bytes kept between
+        compiled plans; `None` before any compile."""
         want = self.checkpoint(plan)
         known = []
         for c, record in self.evidence.records.items():
@@ -276,8 +256,8 @@ class CostModel:
         return interpolate(known, self.saved(plan))
 
     def predict(self, plan: Plan) -> float | None:
-        """Predicted memory of `plan` (`None` before any compile): the base
-        plus what each layer keeps; with a stack mixed, `mix_predictor`'s."""
+        """`plan`'s predicted memory: the base plus what each layer keeps (a
+        mix: `mix_predictor`'s; `None` before any compile)."""
         mixed = [k for k, p in enumerate(plan) if p.n]
         if mixed:
             (k,) = mixed
@@ -287,8 +267,8 @@ class CostModel:
         return None if base is None else max(base + self.saved(plan), 0.0)
 
     def model_error(self) -> float:
-        """How far off the model's memory may be: the most it was off for a
-        compiled plan of uniform options, and at least `MODEL_ERROR`."""
+        """How far the memory may be off: the most it was for a compiled
+        uniform plan, at least `MODEL_ERROR`."""
         errors = [
             abs(r.report.total_bytes - p) / r.report.total_bytes
             for c, r in self.evidence.records.items()
@@ -300,9 +280,8 @@ class CostModel:
 
 
 def floor(m: CostModel, c: Schedule) -> float:
-    """Less memory than schedule `c` (of one stack) can need (0 where
-    unknown): the least base of a compiled uniform option, the carries `c`
-    stores, and the residuals of all but one of the layers it holds at once."""
+    """A bound below schedule `c`'s memory (0: unknown): the least compiled
+    base, its carries, and all but one of the layers it holds at once."""
     assert m.prices is not None
     kept = c.kept(m.prices.per)
     records = m.evidence.records
@@ -334,8 +313,7 @@ def ends(m: CostModel) -> tuple[Plan, Plan]:
 def may_fit(
     m: CostModel, plans: Sequence[Plan], error: float
 ) -> list[tuple[Plan, float]]:
-    """The `plans` not compiled that may fit (by a relative `error`), with
-    their predicted memory, lightest first."""
+    """The `plans` not compiled that may fit within `error`, lightest first."""
     near = []
     for plan in plans:
         predicted = m.predict(plan)
@@ -347,8 +325,7 @@ def may_fit(
 
 
 def uniform_plans(m: CostModel) -> list[Plan]:
-    """Every plan of one option per stack (of hull options only, over
-    `MOST_UNIFORM_PLANS`)."""
+    """Every plan of one option per stack (over `MOST_UNIFORM_PLANS`: hulls')."""
     kinds = [m.options(k) for k in range(len(m.stacks))]
     if math.prod(map(len, kinds)) > MOST_UNIFORM_PLANS:
         kinds = [lower_hull(o) for o in kinds]
@@ -357,7 +334,7 @@ def uniform_plans(m: CostModel) -> list[Plan]:
 
 def fewest(m: CostModel, c: Planned) -> int:
     """After mix `c` compiled over the budget: the most heavy layers worth
-    trying next with its two options, less by as many as its excess says."""
+    trying next, less by as many as its excess says."""
     plan = m.plan(c)
     mixed = [p for p in plan or () if p.n]
     if len(mixed) != 1:  # not a mix of this function's options
@@ -378,8 +355,7 @@ def compiled_point(m: CostModel, c: Planned, estimate: float) -> FrontierPoint:
 
 
 def point(m: CostModel, plan: Plan, predicted: float | None = None) -> FrontierPoint:
-    """The point of `plan`, as predicted (`predicted`, else `predict`),
-    with its compiled memory and FLOPs where it was compiled."""
+    """The point of `plan`, as predicted, compiled where it was."""
     c = m.checkpoint(plan)
     record = m.evidence.records.get(c)
     compiled = None if record is None else record.report and record.memory_bytes
@@ -398,8 +374,8 @@ def point(m: CostModel, plan: Plan, predicted: float | None = None) -> FrontierP
 
 
 def points(m: CostModel) -> list[FrontierPoint]:
-    """The frontier's candidates: of one stack, its hull options and what
-    was compiled; of several, every plan compiled."""
+    """The frontier's candidates: the hull and what compiled (several stacks:
+    what compiled)."""
     ev = m.evidence
     if len(m.stacks) > 1:
         plans = [m.plan(c) for c, r in ev.records.items() if r.report]
@@ -423,7 +399,7 @@ def points(m: CostModel) -> list[FrontierPoint]:
 
 
 def entry(ev: Evidence, record: Compiled, seconds: float, measured: bool) -> PlanEntry:
-    """The entry of a compiled program, `fits` against `ev`'s budget."""
+    """The entry of a compiled program."""
     return PlanEntry(
         record.checkpoint,
         record.memory_bytes,
@@ -439,11 +415,10 @@ def entry(ev: Evidence, record: Compiled, seconds: float, measured: bool) -> Pla
 def best_plan(
     m: CostModel, limit: Callable[[int, Option, Option], int] | None = None
 ) -> tuple[Plan, float] | None:
-    """The fastest plan predicted to fit, with its predicted memory (`None`
-    where none is): every stack but one on the option the greedy over the
-    stacks' lower hulls leaves it on (`descend`), that one on its best mix
-    (`best_mix`; `limit(k, light, heavy)` bounds its heavy layers); of
-    several stacks, a faster plan of uniform options where there is one."""
+    """The fastest plan predicted to fit and its memory (`None`: none): the
+    stacks where the greedy over their hulls leaves them (`descend`), one on
+    its best mix (`limit(k, light, heavy)` bounds its heavy layers), or a
+    faster uniform plan."""
     budget = m.evidence.budget
     k, fixed = descend(m, budget)
     bound = None if limit is None else (lambda a, b: limit(k, a, b))
@@ -464,10 +439,9 @@ def best_plan(
 
 
 def descend(m: CostModel, budget: float | int) -> tuple[int, Plan]:
-    """`(k, plan)`: from every stack on its fastest hull option, steps down
-    the hulls (first the stack whose step saves a byte for the least time)
-    while the plan is predicted over the budget: the stack of the last step
-    (the one to mix) and the plan before it."""
+    """`(k, plan)`: from every stack's fastest hull option, step down the
+    hulls (least time per byte saved first) while over the budget: the stack
+    of the last step (to mix) and the plan before it."""
     hulls = [lower_hull(m.options(k)) for k in range(len(m.stacks))]
     at = [len(h) - 1 for h in hulls]
 
@@ -495,10 +469,9 @@ def descend(m: CostModel, budget: float | int) -> tuple[int, Plan]:
 
 
 def contenders(m: CostModel) -> list[tuple[Option, float]]:
-    """The options of one stack that can be the fastest that fits, lightest
-    first, with their memory (compiled, else predicted): those that fit, or
-    are predicted to within `model_error`, whose time the model cannot tell
-    from the fastest's (within `time_error` either way)."""
+    """One stack's options that may be the fastest that fits, with their
+    memory, lightest first: those that fit (or may, by `model_error`) and the
+    model cannot tell from the fastest (by `time_error` either way)."""
     ev, error = m.evidence, m.model_error()
     near = []
     for o in m.options():
@@ -517,11 +490,9 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
 
 
 def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict:
-    """The memory of a mix over stack `k`, the others as in `plan`: the model
-    (`_linear_at`) corrected by the compiled mixes of this stack (this
-    call's and earlier calls'): for a pair compiled, its error over the
-    counts (`_line`); for another with the same heavy option, its largest
-    error; else the largest excess of any mix over the model (or none)."""
+    """The memory of a mix over stack `k` (the others as in `plan`):
+    `_linear_at` plus the compiled mixes' error, the pair's over the counts
+    (`_line`), else the largest of its heavy option's, else of any mix."""
     s = m.stacks[k]
     if plan is None:
         plan = m.reference(k, s.options[0])
@@ -560,8 +531,7 @@ def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict
 
 
 def _linear_at(m: CostModel, plan: Plan, k: int) -> Predict:
-    """The model of a mix over stack `k` of `plan` before any mix compiled:
-    each option's base, the other stacks' saved bytes, and each layer's."""
+    """`linear` for a mix over stack `k` of `plan`, the others' bytes added."""
     light, heavy, n = plan[k]
     others = m.saved(plan) - (m.stacks[k].depth - n) * light.bytes - n * heavy.bytes
     bases: dict[Checkpoint, float] = {}
@@ -586,15 +556,15 @@ def same_price(a: Option, b: Option) -> bool:
 def _stands_for(
     ev: Evidence, c: Planned, o: Option, twin_c: Planned, twin: Option
 ) -> bool:
-    """Whether `o` (checkpoint `c`) stands for its `twin` (the same price)."""
+    """Whether `o` (`c`) stands for its `twin` of the same price."""
     if c in ev.timings:
         return twin_c not in ev.timings or o.time < twin.time
     return twin_c not in ev.timings and (c in ev.records and twin_c not in ev.records)
 
 
 def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:
-    """The value at `x` of the points `known` (`(x, value)` pairs) joined by
-    straight lines, held beyond the ends; `None` for no point."""
+    """`known` (`(x, value)` pairs) joined by straight lines and held beyond
+    the ends, at `x`; `None` for no point."""
     if not known:
         return None
     known = sorted(known)
@@ -607,9 +577,8 @@ def interpolate(known: Sequence[tuple[float, float]], x: float) -> float | None:
 
 
 def _line(n: np.ndarray, at: dict[int, float]) -> np.ndarray:
-    """The values `at` (count: value) at the counts `n`: joined by straight
-    lines, beyond them along the least-squares slope of all (XLA's memory is
-    not monotone in the count: the slope of the two nearest can be anything)."""
+    """`at` (count: value) joined by straight lines at the counts `n`, beyond
+    them along the least-squares slope (XLA's memory is not monotone in it)."""
     ns = sorted(at)
     values = [at[k] for k in ns]
     out = np.interp(n, ns, values)

@@ -51,7 +51,7 @@ class Evidence:
       with the seconds it took.
     - `timings`: measured step times; `timed_s`: seconds spent timing.
     - `earlier_mixes`: earlier calls' compiled mixes' memory; `raced_mixes`:
-      the mixes they raced.
+      the mixes they raced, in the order they compiled them.
     - `priced`: checkpoints priced by tracing, besides the options.
     - `races`: the races run; `runnable`: the records that can run here;
       `offered`: what the clock was asked to time."""
@@ -66,7 +66,7 @@ class Evidence:
     timings: Mapping[Planned, Timing] = dataclasses.field(default_factory=_empty)
     timed_s: float = 0.0
     earlier_mixes: Mapping[Planned, int] = dataclasses.field(default_factory=_empty)
-    raced_mixes: frozenset = frozenset()
+    raced_mixes: tuple[Planned, ...] = ()
     priced: Mapping[Planned, Price] = dataclasses.field(default_factory=_empty)
     races: tuple[Raced, ...] = ()
     runnable: frozenset = frozenset()
