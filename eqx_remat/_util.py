@@ -128,7 +128,7 @@ def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
     return size
 
 
-def format_size(n: float) -> str:
+def format_size(n: float | int) -> str:
     """A predicted or compiled size: never below zero."""
     return format_bytes(max(int(n), 0))
 

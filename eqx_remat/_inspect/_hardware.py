@@ -243,7 +243,9 @@ def device_hardware() -> tuple[Hardware, bool]:
     return HARDWARE[_FALLBACK.get(platform, "gpu")], False
 
 
-def roofline_time(hw: Hardware, flops: float, moved: float, host_bytes: float) -> float:
+def roofline_time(
+    hw: Hardware, flops: float | int, moved: float | int, host_bytes: float | int
+) -> float:
     """The roofline's seconds on one chip: `flops` (that chip's share) at its
     peak, plus the bytes it `moved` through its memory at the memory's
     bandwidth, plus `host_bytes` offloaded over its host link, out in the

@@ -578,7 +578,10 @@ def traced(cs: Sequence[Planned]) -> Stage:
 
 
 def compiled(
-    todo: Sequence[tuple[Planned, float | None]], why: str = "", *, until_fits=False
+    todo: Sequence[tuple[Planned, float | int | None]],
+    why: str = "",
+    *,
+    until_fits: bool = False,
 ) -> Stage:
     """A stage: each `(checkpoint, predicted)` of `todo` compiled in turn, for
     the reason `why`; with `until_fits`, until one fits."""
