@@ -294,7 +294,9 @@ def _try(
     prices = bench.prices(first.way.problem)
     solved, times = _times(bench, first.way.problem, solved, ok, prices)
     first = first._replace(evidence=solved)
-    faster = sorted((c for c in times if times[c][0] < first.time_s), key=times.get)
+    faster = sorted(
+        (c for c in times if times[c][0] < first.time_s), key=lambda c: times[c][0]
+    )
     scaled = [
         (c, m * memory / before)
         for c in faster
