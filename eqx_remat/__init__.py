@@ -23,7 +23,7 @@ from ._inspect._residuals import (
     residuals as residuals,
 )
 from ._inspect._targets import v5e_mesh as v5e_mesh
-from ._planning._api import parse_bytes as parse_bytes, plan as plan
+from ._planning._api import plan as plan
 from ._planning._cache import clear_plan_cache as clear_plan_cache
 from ._planning._prices import DEFAULT_CANDIDATES as DEFAULT_CANDIDATES
 from ._planning._report import (
@@ -57,7 +57,7 @@ from ._schedules._uniform import (
     recursive as recursive,
 )
 from ._stacked import Stacked as Stacked
-from ._util import format_bytes as format_bytes
+from ._util import format_bytes as format_bytes, parse_bytes as parse_bytes
 
 
 __version__ = _metadata.version("eqx-remat")

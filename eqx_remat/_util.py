@@ -1,14 +1,17 @@
 """Helpers shared by the inspection functions (`residuals`, `count_flops`,
 `memory_report`, `plan`): one way to take their arguments, one way to print bytes
-and FLOPs."""
+and FLOPs, one way to read bytes."""
 
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsIndex
 
 import equinox as eqx
 import jax
 import numpy as np
 from jaxtyping import PyTree
+
+from ._validate import check_int
 
 
 def is_array_like(x: Any) -> bool:
@@ -70,6 +73,72 @@ def format_bytes(n: int, *, unit: str | None = None, digits: int = 2) -> str:
     if unit == "B":
         return f"{int(n)} B"
     return f"{n / sizes[unit]:.{digits}f} {unit}"
+
+
+# Bytes, then decimal units (kb: 10**3, ..., tb: 10**12), then binary (kib: 2**10).
+_UNITS = {"": 1, "b": 1} | {
+    f"{p}{i}b": (1024 if i else 1000) ** (k + 1)
+    for i in ("", "i")
+    for k, p in enumerate("kmgt")
+}
+_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
+    """A number of bytes from an integer or a string: the parser behind
+    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
+
+    **Arguments:**
+
+    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
+      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
+      `KB`/`MB`/`GB`/`TB`, case-insensitive). A fraction of a unit is
+      rounded to the nearest byte; a number of bytes must be whole.
+    - `name`: what to call the value in an error message.
+
+    **Returns:**
+
+    The number of bytes, an `int`.
+
+    **Raises:**
+
+    `ValueError` naming `name`, with examples of what is accepted.
+    """
+    if not isinstance(value, str):
+        try:
+            return check_int("plan", name, value, 0)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be an int >= 0 or a string such as '16GiB'. "
+                f"Got {value!r} of type {type(value).__name__}."
+            ) from None
+    match = _BYTES.fullmatch(value)
+    unit = match and match.group(2).lower()
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"{name} must be an int or a string such as '16GiB', '512MiB' or "
+            f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
+        )
+    number, factor = float(match.group(1)), _UNITS[unit]
+    if factor == 1 and not number.is_integer():
+        raise ValueError(f"{name} must be a whole number of bytes. Got {value!r}.")
+    size = round(number * factor)
+    if size == 0 and number > 0:
+        raise ValueError(f"{name} must be 0 or at least one byte. Got {value!r}.")
+    return size
+
+
+def format_size(n: float | int) -> str:
+    """A predicted or compiled size: never below zero."""
+    return format_bytes(max(int(n), 0))
+
+
+def format_time(seconds: float) -> str:
+    """A step time in s, ms, us or ns, to three digits."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
 
 
 def format_flops(n: int | float) -> str:

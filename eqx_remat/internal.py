@@ -7,25 +7,27 @@ messages). It is documented and tested, but not part of the stable API of
 `eqx_remat`: a name here may change or move in a minor release.
 """
 
-from ._inspect._hardware import (
-    HARDWARE as HARDWARE,
-    Hardware as Hardware,
-    cpu_hardware as cpu_hardware,
-)
-from ._inspect._memory import compiled_report as compiled_report
-from ._inspect._offload import offload_fails as offload_fails
-from ._inspect._pallas import with_pallas_costs as with_pallas_costs
-from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
-from ._jax_private import pallas_interpreting as pallas_interpreting
-from ._planning._clock import (
+from ._inspect._clock import (
     Timing as Timing,
     concrete as concrete,
     on_one_clock as on_one_clock,
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
-from ._planning._compiled import needed_bytes as needed_bytes
-from ._planning._loop import roofline_seconds as roofline_seconds
+from ._inspect._hardware import (
+    HARDWARE as HARDWARE,
+    Hardware as Hardware,
+    cpu_hardware as cpu_hardware,
+)
+from ._inspect._memory import (
+    compiled_report as compiled_report,
+    needed_bytes as needed_bytes,
+)
+from ._inspect._offload import offload_fails as offload_fails
+from ._inspect._pallas import with_pallas_costs as with_pallas_costs
+from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
+from ._jax_private import pallas_interpreting as pallas_interpreting
+from ._planning._api import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
     check_checkpoint as check_checkpoint,
     map_loss_chunk_sizes as map_loss_chunk_sizes,

@@ -43,11 +43,11 @@ CLIENTS = ("zoo", "benchmarks")
 # name: a module imports only from its own layer or those below it.
 LAYERS = (
     ("_jax_private", "_util", "_validate"),  # foundations
-    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs
+    ("_inspect",),  # the jaxpr toolkit, FLOPs, memory, residuals, Pallas costs, clock
     ("_policies",),  # policy values and how one is applied to a layer
     ("_schedules",),  # the engine, the checkpoint value, the schedules
     ("_accumulate", "_combinators", "_stacked"),  # the stack and batch combinators
-    ("_planning",),  # plan, its solver, the hardware table, the clock
+    ("_planning",),  # plan: its pricer, cost model, loop, bench and report
     ("__init__", "internal"),  # the namespaces
 )
 PRIVATE_JAX = "_jax_private.py"  # the one module that imports `jax._src`
@@ -739,6 +739,48 @@ def test_no_planning_class_is_over_300_lines():
     sizes = [(p.name, where, n) for p in files for where, n in class_sizes(p)]
     assert len(sizes) > 5, sizes  # parsed
     assert [s for s in sizes if s[2] > MAX_PLANNING_CLASS_LINES] == []
+
+
+SEAM = f"{PACKAGE}._planning.testing"  # the tests' one way into the planner
+
+
+def planner_reaches(tests_dir: Path) -> list[str]:
+    """Each import in `tests_dir` of a module of the planner other than its
+    test seam (`SEAM`): `file:line module`."""
+    out = []
+    planning = f"{PACKAGE}._planning"
+    for path in sorted(tests_dir.glob("*.py")):
+        _, imports = _imports(path)
+        for n in imports:
+            if isinstance(n, ast.Import):
+                modules = [a.name for a in n.names]
+            elif n.module == planning:
+                modules = [f"{planning}.{a.name}" for a in n.names]
+            else:
+                modules = [n.module or ""]
+            for m in modules:
+                if m.startswith(planning) and m not in (SEAM, planning):
+                    out.append(f"{path.name}:{n.lineno} {m}")
+    return out
+
+
+def test_tests_reach_the_planner_only_through_its_seam():
+    assert planner_reaches(ROOT / "tests") == []
+
+
+def test_an_import_past_the_seam_is_found(tmp_path):
+    (tmp_path / "test_a.py").write_text(
+        "from eqx_remat._planning import testing\n"
+        "from eqx_remat._planning.testing import Bench\n"
+        "from eqx_remat._planning import _loop\n"
+        "import eqx_remat._planning._cost\n"
+        "from eqx_remat._planning._bench import Bench\n"
+    )
+    assert planner_reaches(tmp_path) == [
+        "test_a.py:3 eqx_remat._planning._loop",
+        "test_a.py:4 eqx_remat._planning._cost",
+        "test_a.py:5 eqx_remat._planning._bench",
+    ]
 
 
 def test_private_names_imported_across_modules_are_found(tmp_path):

@@ -11,16 +11,29 @@ import numpy as np
 import pytest
 
 import eqx_remat as er
+from eqx_remat import parse_bytes
+from eqx_remat._inspect._hardware import roofline_time
 from eqx_remat._inspect._targets import Target
-from eqx_remat._planning import _solve
-from eqx_remat._planning._api import parse_bytes, plan_on
-from eqx_remat._planning._bench import Bench, Problem
-from eqx_remat._planning._cache import CACHE as LIBRARY_CACHE, PlanCache
-from eqx_remat._planning._compiled import Compiled, compile_checkpoint
-from eqx_remat._planning._cost import CostModel, mix_predictor
-from eqx_remat._planning._evidence import Evidence
-from eqx_remat._planning._loop import MIX_TRIES, Compile, Time, search
-from eqx_remat._planning._report import FrontierPoint, Progress
+from eqx_remat._planning import testing as seam
+from eqx_remat._planning.testing import (
+    CACHE as LIBRARY_CACHE,
+    MIX_TRIES,
+    Bench,
+    Compile,
+    Compiled,
+    CostModel,
+    Evidence,
+    FrontierPoint,
+    Part,
+    PlanCache,
+    Problem,
+    Progress,
+    Time,
+    compile_checkpoint,
+    mix_predictor,
+    plan_on,
+    search,
+)
 from eqx_remat._schedules._binomial import optimal_evaluations
 from eqx_remat._schedules._checkpoint import checkpoint_name
 from eqx_remat.internal import Hardware, Timing
@@ -243,10 +256,10 @@ def test_without_measuring_times_are_the_roofline(table, fresh):
         # The roofline: the FLOPs at the peak, and more for the bytes moved.
         assert e.time_s > e.flops / _CPU.peak_flops
         args = er.set_checkpoint((MODEL, X), e.checkpoint)
-        _, host, flops, moved, _ = _solve.price(
+        _, host, flops, moved, _ = seam.price(
             GRAD, args, e.checkpoint, frozenset({DEPTH})
         )
-        want = _solve.roofline_time(_CPU, flops, moved, host)
+        want = roofline_time(_CPU, flops, moved, host)
         assert e.time_s == pytest.approx(want, rel=1e-9)
     assert "(est.)" in str(result)
     # Measuring is for the device at hand: a target compiled ahead of time
@@ -462,7 +475,7 @@ needs_libtpu = pytest.mark.skipif(
 
 
 def _option(name, nbytes, time, host=0.0):
-    return _solve.Option(name, float(nbytes), float(host), 0.0, float(time), 0)
+    return seam.Option(name, float(nbytes), float(host), 0.0, float(time), 0)
 
 
 def _exhaustive(options, base, depth, budget):
@@ -486,8 +499,8 @@ def _exhaustive(options, base, depth, budget):
 
 def _check_against_exhaustive(options, base, depth, budgets):
     for budget in budgets:
-        predict = _solve.linear(lambda o: base, depth)
-        got = _solve.best_mix(options, predict, depth, budget)
+        predict = seam.linear(lambda o: base, depth)
+        got = seam.best_mix(options, predict, depth, budget)
         want = _exhaustive(options, base, depth, budget)
         if want is None:
             assert got is None, budget
@@ -514,8 +527,8 @@ def test_rounding_to_whole_layers_can_beat_hull_neighbours():
     # A, B, C are all on the lower hull; at a budget of 3 bytes over 2 layers the
     # neighbours A-B or B-C give 12 (B on both layers), but A + C gives 10.
     a, b, c = _option("A", 0, 10), _option("B", 1, 6), _option("C", 3, 0)
-    assert _solve.lower_hull([a, b, c]) == [a, b, c]
-    got = _solve.best_mix([a, b, c], _solve.linear(lambda o: 0.0, 2), 2, 3)
+    assert seam.lower_hull([a, b, c]) == [a, b, c]
+    got = seam.best_mix([a, b, c], seam.linear(lambda o: 0.0, 2), 2, 3)
     assert (got.light, got.heavy, got.n, got.cost) == (a, c, 1, 10)
 
 
@@ -529,9 +542,9 @@ def test_an_option_dominated_by_its_bytes_is_chosen_where_only_it_fits():
     def predict(light, heavy, n):
         return np.full(np.shape(n), compiled[light.checkpoint] + 10.0 * n)
 
-    got = _solve.best_mix([a, b], predict, 4, 6)
+    got = seam.best_mix([a, b], predict, 4, 6)
     assert got is not None and (got.light, got.n) == (b, 0)
-    got = _solve.best_mix([a, b], predict, 4, 10)  # both fit: the cheaper
+    got = seam.best_mix([a, b], predict, 4, 10)  # both fit: the cheaper
     assert got is not None and (got.light, got.n) == (a, 0)
 
 
@@ -539,17 +552,17 @@ def test_a_mix_never_has_one_layer_without_checkpoint():
     # One layer of None would be the cheapest fit (A on 3 layers, None on 1),
     # but a one-layer range of None is no loop, and its memory is not its price.
     a, none = _option("A", 0, 10), _option(None, 2, 0)
-    got = _solve.best_mix([a, none], _solve.linear(lambda o: 0.0, 4), 4, 2)
+    got = seam.best_mix([a, none], seam.linear(lambda o: 0.0, 4), 4, 2)
     assert (got.light, got.n, got.cost) == (a, 0, 40)
-    got = _solve.best_mix([a, none], _solve.linear(lambda o: 0.0, 4), 4, 4)
+    got = seam.best_mix([a, none], seam.linear(lambda o: 0.0, 4), 4, 4)
     assert (got.light, got.heavy, got.n, got.cost) == (a, none, 2, 20)
 
 
 def test_lower_hull_drops_dominated_and_non_convex_options():
     a, b, c = _option("A", 0, 10), _option("B", 2, 9), _option("C", 3, 0)
     worse = _option("D", 4, 1)  # heavier and slower than C
-    assert _solve.lower_hull([worse, c, b, a]) == [a, c]  # B is above the A-C line
-    assert _solve.pareto([worse, c, b, a]) == [a, b, c]
+    assert seam.lower_hull([worse, c, b, a]) == [a, c]  # B is above the A-C line
+    assert seam.pareto([worse, c, b, a]) == [a, b, c]
 
 
 # A tiny transformer, for the planner on a real model (CPU, a few compiles).
@@ -606,9 +619,7 @@ def test_the_roofline_charges_flops_and_bytes_moved(tiny_options):
     # operands and results, at the memory's bandwidth.
     depths = frozenset({TINY_DEPTH})
     for c in (None, "dots", "nothing"):
-        device, host, flops, moved, _ = _solve.price(
-            TINY_GRAD, (TINY, TOKENS), c, depths
-        )
+        device, host, flops, moved, _ = seam.price(TINY_GRAD, (TINY, TOKENS), c, depths)
         count = er.count_flops(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), c))
         assert count.dot_bytes > 0 and moved == 3 * device + count.dot_bytes
         (o,) = [o for o in tiny_options if o.checkpoint == c]
@@ -618,16 +629,14 @@ def test_the_roofline_charges_flops_and_bytes_moved(tiny_options):
     # None saves the most: it moves the most bytes; "nothing" recomputes, and
     # moves the matrix products' operands again.
     none, nothing = (
-        _solve.price(TINY_GRAD, (TINY, TOKENS), c, depths) for c in (None, "nothing")
+        seam.price(TINY_GRAD, (TINY, TOKENS), c, depths) for c in (None, "nothing")
     )
     assert none[0] > nothing[0] and none[2] < nothing[2]
     assert by[None].bytes > by["nothing"].bytes
     # every(2) keeps only segment inputs across the stack, but its segments
     # save their two layers' residuals (policy None) in loops of two, once
     # per segment: it moves None's residual bytes, besides its products'.
-    device, _, _, moved, _ = _solve.price(
-        TINY_GRAD, (TINY, TOKENS), er.every(2), depths
-    )
+    device, _, _, moved, _ = seam.price(TINY_GRAD, (TINY, TOKENS), er.every(2), depths)
     count = er.count_flops(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), er.every(2)))
     assert device == 0 and moved == 3 * none[0] + count.dot_bytes
 
@@ -923,11 +932,9 @@ def test_offloading_is_priced_with_the_host_link():
     # Offloading a tag keeps it on the host instead of the device: fewer device
     # bytes than saving it, as many FLOPs, and 2 x bytes over the host link.
     depths = frozenset({TINY_DEPTH})
-    save = _solve.price(TINY_GRAD, (TINY, TOKENS), er.save_names("mlp_hidden"), depths)
-    off = _solve.price(
-        TINY_GRAD, (TINY, TOKENS), er.offload_names("mlp_hidden"), depths
-    )
-    nothing = _solve.price(TINY_GRAD, (TINY, TOKENS), "nothing", depths)
+    save = seam.price(TINY_GRAD, (TINY, TOKENS), er.save_names("mlp_hidden"), depths)
+    off = seam.price(TINY_GRAD, (TINY, TOKENS), er.offload_names("mlp_hidden"), depths)
+    nothing = seam.price(TINY_GRAD, (TINY, TOKENS), "nothing", depths)
     assert off[1] == save[0] - nothing[0] > 0  # host bytes: the tag's
     assert off[0] == nothing[0]
     assert abs(off[2] - save[2]) <= 0.01 * save[2]  # the same recomputation
@@ -936,7 +943,7 @@ def test_offloading_is_priced_with_the_host_link():
     assert v5e.memory_bytes_per_s == 819e9 and v5e.memory_bytes == 16 * 2**30
     # What XLA lets one program use of it (its RESOURCE_EXHAUSTED figure).
     assert v5e.capacity_bytes == int(15.75 * 2**30)
-    t = _solve.roofline_time(v5e, 1e9, 1e6, off[1])
+    t = roofline_time(v5e, 1e9, 1e6, off[1])
     assert t == pytest.approx(1e9 / 197e12 + 1e6 / 819e9 + 2 * off[1] / 16e9)
     assert er.internal.cpu_hardware().host_bytes_per_s is None
 
@@ -946,11 +953,10 @@ def test_an_offloading_option_on_the_hull_that_does_not_pay_is_dropped():
     once (compiled beside its save-on-device twin, `Bench.unpaid_offload`);
     one that does not pay is dropped, with a note saying why, and the hull is
     taken again. A fake check: what it is asked and says is the test."""
-    from eqx_remat._planning import _prices
-
     v5e = er.internal.HARDWARE["TPU v5 lite"]
-    unchecked = _prices.price_function(
-        TINY_GRAD, (TINY, TOKENS), v5e, 1.0, lambda *a, **k: None
+    stacks = _bench().stacks(TINY_PROBLEM)
+    unchecked = seam.price_function(
+        TINY_GRAD, (TINY, TOKENS), stacks, v5e, 1.0, lambda *a, **k: None
     )
     asked = []
 
@@ -958,10 +964,10 @@ def test_an_offloading_option_on_the_hull_that_does_not_pay_is_dropped():
         asked.append(c)
         return "it moves no bytes to the host (it keeps 1 B)"
 
-    prices = _prices.price_function(
-        TINY_GRAD, (TINY, TOKENS), v5e, 1.0, lambda *a, **k: None, check=check
+    prices = seam.price_function(
+        TINY_GRAD, (TINY, TOKENS), stacks, v5e, 1.0, lambda *a, **k: None, check=check
     )
-    hull = _solve.lower_hull(unchecked.options)
+    hull = seam.lower_hull(unchecked.options)
     first = [o.checkpoint for o in hull if o.host_bytes > 0]
     assert first and set(first) <= set(asked)
     assert len(asked) == len(set(asked))  # each checked once
@@ -971,7 +977,7 @@ def test_an_offloading_option_on_the_hull_that_does_not_pay_is_dropped():
         o.checkpoint for o in unchecked.options if o.checkpoint not in asked
     ]
     # every offloading option left on the hull was checked (and dropped): none
-    assert not [o for o in _solve.lower_hull(prices.options) if o.host_bytes > 0]
+    assert not [o for o in seam.lower_hull(prices.options) if o.host_bytes > 0]
     assert prices.notes == tuple(
         f"{checkpoint_name(c)} offloads, but compiled it does not pay (it moves "
         "no bytes to the host (it keeps 1 B)): not an option"
@@ -979,9 +985,10 @@ def test_an_offloading_option_on_the_hull_that_does_not_pay_is_dropped():
     )
     # An offload that pays is kept: asked once, as before.
     asked.clear()
-    paying = _prices.price_function(
+    paying = seam.price_function(
         TINY_GRAD,
         (TINY, TOKENS),
+        stacks,
         v5e,
         1.0,
         lambda *a, **k: None,
@@ -1016,10 +1023,24 @@ def test_v5e_prices_offloading_and_splits_by_the_batch_sharding():
     tokens = jax.ShapeDtypeStruct(
         (4, 16), jnp.int32, sharding=NamedSharding(er.v5e_mesh(), P("data"))
     )
-    bench = _bench("v5e", measure=False)
+    compiled = []
+
+    def compile(fn, args, c, target, *, runnable):
+        compiled.append(c)
+        return compile_checkpoint(fn, args, c, target, runnable=runnable)
+
+    bench = _bench("v5e", measure=False, cache=PlanCache(), compile=compile)
     problem = Problem.of(TINY_GRAD, (TINY, tokens), bench.target)
     assert problem.share == 1 / 4 and bench.hardware.host_bytes_per_s
     prices = bench.prices(problem)
+    # Each offloading option on the hull was compiled once, to check it; the
+    # search that compiles it takes that compile, counted as this call's.
+    checked = list(compiled)
+    assert checked
+    for c in checked:
+        record, seconds = bench.compile(problem, c)
+        assert record.checkpoint == c and seconds == record.compile_s > 0
+    assert compiled == checked
     by = {o.checkpoint: o for o in prices.options}
     offloading = [o for o in by.values() if o.host_bytes > 0]
     # Offloading is priced; an option on the hull whose compiled program does
@@ -1166,10 +1187,15 @@ def test_a_schedule_compiles_to_no_less_than_its_floor(schedule):
     # the floor must be at most what the schedule compiles to, and more than
     # the least base memory (it counts the carries the schedule stores).
     m = _calibrated()
-    floor = m.floor(schedule)
-    least = min(m.base(m.option(c)) for c in UNIFORM)
+    floor = seam.floor(m, schedule)
+    least = min(m.base(_uniform(m.option(c))) for c in UNIFORM)
     compiled = _bench().compile(TINY_PROBLEM, schedule)[0]
     assert least < floor <= compiled.memory_bytes
+
+
+def _uniform(o):
+    """The plan of one stack with option `o` on every layer."""
+    return (Part(o, o, 0),)
 
 
 def _refused(record, needed: int):
@@ -1193,9 +1219,9 @@ def test_an_option_refused_on_every_layer_is_predicted_from_compiled_mixes():
     record = m.evidence.records[None]
     refused = _refused(record, record.memory_bytes // 4)
     m = _with(m, records={**m.evidence.records, None: refused})
-    assert m.base(none) == record.memory_bytes // 4 - TINY_DEPTH * none.bytes
+    assert m.base(_uniform(none)) == record.memory_bytes // 4 - TINY_DEPTH * none.bytes
     assert not m.evidence.fits(refused)
-    model = _solve.linear(lambda o: m.base(o) or 0.0, TINY_DEPTH)
+    model = seam.linear(lambda o: m.base(_uniform(o)) or 0.0, TINY_DEPTH)
     mix = er.ranges((2, "dots"), (2, None))
     memory = _bench().compile(TINY_PROBLEM, mix)[0].memory_bytes
     error = memory - float(model(dots, none, np.array(2)))
@@ -1215,7 +1241,7 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(fresh):
     m = _calibrated()
     nothing, dots, none = (m.option(c) for c in ("nothing", "dots", None))
     counts = np.arange(1, TINY_DEPTH)
-    model = _solve.linear(lambda o: m.base(o) or 0.0, TINY_DEPTH)
+    model = seam.linear(lambda o: m.base(_uniform(o)) or 0.0, TINY_DEPTH)
     predict = mix_predictor(m)  # no mix compiled yet: the model
     for pair in ((nothing, dots), (dots, none), (nothing, none)):
         np.testing.assert_allclose(predict(*pair, counts), model(*pair, counts))
@@ -1239,8 +1265,8 @@ def test_compiled_mixes_correct_the_predictions_of_the_next(fresh):
     over = {er.ranges((1, "nothing"), (3, "dots")): round(at[3] + 1000)}
     predict = mix_predictor(_with(m, earlier_mixes=over))
     budget = at[3] + 500
-    plain = _solve.best_mix([nothing, dots], model, TINY_DEPTH, budget)
-    tighter = _solve.best_mix([nothing, dots], predict, TINY_DEPTH, budget)
+    plain = seam.best_mix([nothing, dots], model, TINY_DEPTH, budget)
+    tighter = seam.best_mix([nothing, dots], predict, TINY_DEPTH, budget)
     assert (plain.light, plain.heavy, plain.n) == (nothing, dots, 3)
     assert tighter.n < 3 and tighter.predicted <= budget
 
@@ -1383,14 +1409,14 @@ def _fake_durations(durations):
 
 
 def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit():
-    from eqx_remat._planning._clock import contenders
+    from eqx_remat._planning.testing import still_open
     from eqx_remat.internal import time_interleaved
 
     # Light to heavy: 1 and 2 are slower than 0, which needs less memory.
     programs, run, now = _fake_durations([1.0, 1.1, 1.5, 0.9])
     clock = functools.partial(time_interleaved, run=run, now=now)
     memory = [10, 20, 30, 40]
-    keep = lambda ts: contenders(ts, memory)  # noqa: E731
+    keep = lambda ts: still_open(ts, memory)  # noqa: E731
     # Two rounds of all (9 s), then rounds of 0 and 3 (1.9 s each).
     timings = clock(
         programs, rounds=21, warmup=False, seconds=9 + 3 * 1.9 + 0.1, keep=keep
@@ -1414,8 +1440,8 @@ def test_a_race_runs_on_only_what_is_not_ruled_out_while_rounds_fit():
     assert [t.rounds for t in alone] == [2, 2, 2]
 
 
-def test_contenders_are_those_no_lighter_program_beats_by_the_margin():
-    from eqx_remat._planning._clock import RULED_OUT, contenders
+def test_still_open_are_those_no_lighter_program_beats_by_the_margin():
+    from eqx_remat._planning.testing import RULED_OUT, still_open
 
     def t(s):
         return Timing(s, 0.0, 2, (s, s))
@@ -1424,8 +1450,8 @@ def test_contenders_are_those_no_lighter_program_beats_by_the_margin():
     timings = [t(1.0), t(edge * 0.999), t(edge * 1.001), t(0.5), t(2.0)]
     memory = [10, 20, 20, 40, 10]
     # 2 is beaten by 0 beyond the margin, 1 within it; 4 by 0 at the same memory.
-    assert contenders(timings, memory) == [0, 1, 3]
-    assert contenders(timings, memory, always=4) == [0, 1, 3, 4]
+    assert still_open(timings, memory) == [0, 1, 3]
+    assert still_open(timings, memory, always=4) == [0, 1, 3, 4]
 
 
 def test_a_program_left_out_of_a_race_is_held_against_the_same_rounds():

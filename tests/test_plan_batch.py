@@ -12,9 +12,7 @@ from helpers import check_close
 import eqx_remat as er
 import zoo
 from eqx_remat._inspect._targets import Target
-from eqx_remat._planning._api import plan_on
-from eqx_remat._planning._bench import Bench, Timed
-from eqx_remat._planning._cache import PlanCache
+from eqx_remat._planning.testing import Bench, PlanCache, Timed, plan_on
 from eqx_remat.internal import Hardware, Timing, map_loss_chunk_sizes
 
 
@@ -280,7 +278,8 @@ def test_the_roofline_counts_a_micro_batch_loop_once_per_trip():
     """Inside `accumulate`'s scan over 4 micro-batches, what the stacks save
     is alive one micro-batch at a time (the memory), and written and read
     once per micro-batch (the bytes the roofline charges): 4 times as much."""
-    from eqx_remat._planning._solve import saved_across, stack_depths
+    from eqx_remat._inspect._jaxpr import saved_across
+    from eqx_remat._planning.testing import stack_depths
     from eqx_remat._util import traceable
 
     step = er.accumulate(GRAD, 4)

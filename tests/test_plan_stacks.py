@@ -3,6 +3,7 @@ chosen together under one budget; `set_checkpoint` by path. Tests never time
 anything: the bench's clock is fake (a step time from FLOPs and memory)."""
 
 import itertools
+import re
 
 import equinox as eqx
 import jax
@@ -14,17 +15,19 @@ from helpers import check_close
 
 import eqx_remat as er
 from eqx_remat._inspect._targets import Target
-from eqx_remat._planning._api import plan_on
-from eqx_remat._planning._bench import Bench, Problem
-from eqx_remat._planning._cache import PlanCache
-from eqx_remat._planning._evidence import Evidence
-from eqx_remat._planning._report import Progress
-from eqx_remat._planning._solve import Option, lower_hull
-from eqx_remat._planning._stacks import (
-    StackOptions,
-    StackPrices,
-    StacksModel,
-    greedy,
+from eqx_remat._planning.testing import (
+    Bench,
+    CostModel,
+    Evidence,
+    Option,
+    Part,
+    PlanCache,
+    Prices,
+    Problem,
+    Progress,
+    Stack,
+    best_plan,
+    plan_on,
 )
 from eqx_remat.internal import Hardware, Timing
 
@@ -248,6 +251,43 @@ def test_with_micro_batches_each_stack_still_gets_its_own_checkpoint(pairs):
 
 
 @pytest.mark.heavy
+def test_the_pick_of_several_stacks_races_its_rivals_and_the_swap_is_noted(pairs):
+    # As for one stack: two plans 1% apart when timed with the others, the
+    # second faster in a race (the clock's longer rounds): the planner races
+    # the pick with it, returns it, and says so.
+    (fast, t_fast), (second, _) = sorted(
+        ((k, t) for k, (_, t) in pairs.items()), key=lambda kt: kt[1]
+    )[:2]
+    plan = er.PerStack({PATHS[0]: second[0], PATHS[1]: second[1]})
+
+    def clock(programs, *, rounds, warmup=True, **race):
+        out = _fake_clock(programs, rounds=rounds)
+        slow = 0.8 if rounds == 31 else 1.01  # a race runs up to 31 rounds
+        return [
+            t._replace(seconds=t_fast * slow) if p.record.checkpoint == plan else t
+            for t, p in zip(out, programs)
+        ]
+
+    bench = _bench(clock=clock, cache=PlanCache())
+    result = plan_on(bench, GRAD, MODEL, X, budget_bytes="1TiB")
+    assert tuple(result.checkpoint.values()) == second, str(result)
+    assert any("ran 1.250x the step time of" in n for n in result.notes), result.notes
+
+
+@pytest.mark.heavy
+def test_nothing_fits_several_stacks_names_the_smallest_memory(pairs):
+    # Below every plan: the error names the least memory compiled, no more
+    # than any pair of uniform options needs, and that budget is planned for.
+    with pytest.raises(ValueError, match="compiled, the least memory is") as info:
+        plan_on(_bench(), GRAD, MODEL, X, budget_bytes=1000)
+    (named,) = re.findall(r"\((\d+) bytes\)", str(info.value))
+    assert int(named) <= min(m for m, _ in pairs.values())
+    result = plan_on(_bench(), GRAD, MODEL, X, budget_bytes=int(named))
+    assert result.entry.fits and result.entry.memory_bytes <= int(named)
+    assert isinstance(result.checkpoint, er.PerStack)
+
+
+@pytest.mark.heavy
 def test_plan_a_training_step_with_adamw_and_switch_model_and_state_in_one_call():
     # The training step users write: AdamW's `mu` and `nu` hold copies of the
     # model's modules. Planned, the pick fits; `result.apply((model,
@@ -330,7 +370,7 @@ def test_a_stack_is_spelled_one_way_in_progress_errors_and_results(capsys):
 
 
 def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
-    # Hand-made prices of two stacks (no compile): every plan the greedy
+    # Hand-made prices of two stacks (no compile): every plan the solver
     # returns is predicted to fit, and costs no more than the cheapest pair
     # of uniform options predicted to fit.
     def options(scale):
@@ -343,44 +383,47 @@ def test_the_greedy_over_the_hulls_is_no_worse_than_any_uniform_pair():
             )
         )
 
-    stacks = []
-    for path, depth, scale in ((".a", 6, 1.0), (".b", 3, 4.0)):
-        opts = options(scale)
-        stacks.append(StackOptions(path, depth, opts, tuple(lower_hull(opts))))
-    prices = StackPrices(tuple(stacks), 0.0, 0)
+    stacks = (Stack(".a", 6, options(1.0)), Stack(".b", 3, options(4.0)))
+    nothing = Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
+    prices = Prices(stacks, (6, 3), (), nothing, ())
     record_base = 100.0
-    m = StacksModel(prices, Evidence(2**40), _CPU)
 
-    def cost(layers):
+    def cost(plan):
         return sum(
             (s.depth - n) * lo.time + n * hi.time
-            for s, (lo, hi, n) in zip(stacks, layers)
+            for s, (lo, hi, n) in zip(stacks, plan)
         )
 
-    def memory(layers):
-        return record_base + m.bytes(layers)
+    def memory(plan):
+        return record_base + sum(
+            (s.depth - n) * lo.bytes + n * hi.bytes
+            for s, (lo, hi, n) in zip(stacks, plan)
+        )
 
-    predict = lambda layers: memory(layers)  # noqa: E731
-    m = _with_base(m, record_base)
-    lightest = [(s.options[2], s.options[2], 0) for s in stacks]
+    lightest = [Part(s.options[2], s.options[2], 0) for s in stacks]
     for budget in np.linspace(memory(lightest) - 10, 300, 25):
-        got = greedy(m, float(budget))
+        m = _with_base(CostModel(prices, Evidence(int(budget)), _CPU), record_base)
+        got = best_plan(m)
         pairs = [
-            [(a, a, 0), (b, b, 0)]
+            (Part(a, a, 0), Part(b, b, 0))
             for a, b in itertools.product(stacks[0].options, stacks[1].options)
         ]
-        fitting = [p for p in pairs if predict(p) <= budget]
+        fitting = [p for p in pairs if memory(p) <= int(budget)]
         if not fitting:
             assert got is None
             continue
-        assert got is not None and predict(got) <= budget + 1e-9
-        assert cost(got) <= min(map(cost, fitting)) + 1e-9
+        assert got is not None
+        plan, predicted = got
+        assert memory(plan) <= int(budget) + 1e-9
+        assert predicted == pytest.approx(memory(plan))
+        assert cost(plan) <= min(map(cost, fitting)) + 1e-9
+        assert m.time(plan)[0] == pytest.approx(cost(plan))
         # Against every plan with one stack mixed (two options over its
         # layers) and the other uniform: no worse than the best of them by
         # more than one layer's step on a stack (the rounding).
-        mixed = [p for p in _one_stack_mixed(stacks) if predict(p) <= budget]
+        mixed = [p for p in _one_stack_mixed(stacks) if memory(p) <= int(budget)]
         step = max(s.depth and (s.options[2].time - s.options[0].time) for s in stacks)
-        assert cost(got) <= min(map(cost, mixed)) + step + 1e-9
+        assert cost(plan) <= min(map(cost, mixed)) + step + 1e-9
 
 
 def _one_stack_mixed(stacks):
@@ -392,16 +435,16 @@ def _one_stack_mixed(stacks):
         for a, b, o in itertools.product(mix.options, mix.options, other.options):
             for n in range(mix.depth + 1):
                 plan = [None, None]
-                plan[k], plan[1 - k] = (a, b, n), (o, o, 0)
-                out.append(plan)
+                plan[k], plan[1 - k] = Part(a, b, n), Part(o, o, 0)
+                out.append(tuple(plan))
     return out
 
 
-def _with_base(m: StacksModel, base: float) -> StacksModel:
-    """`m` whose base memory is `base` (as if learnt from a compiled plan)."""
+def _with_base(m: CostModel, base: float) -> CostModel:
+    """`m` whose base memory is `base` (as if learnt from compiled plans)."""
 
-    class Known(StacksModel):
-        def base(self, total: float) -> float | None:
+    class Known(CostModel):
+        def base(self, plan):
             return base
 
     return Known(m.prices, m.evidence, m.hardware)

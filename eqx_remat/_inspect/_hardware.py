@@ -241,3 +241,14 @@ def device_hardware() -> tuple[Hardware, bool]:
         return HARDWARE[device.device_kind], True
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     return HARDWARE[_FALLBACK.get(platform, "gpu")], False
+
+
+def roofline_time(
+    hw: Hardware, flops: float | int, moved: float | int, host_bytes: float | int
+) -> float:
+    """The roofline's seconds on one chip: `flops` (that chip's share) at its
+    peak, plus the bytes it `moved` through its memory at the memory's
+    bandwidth, plus `host_bytes` offloaded over its host link, out in the
+    forward pass and back in the backward pass. Offloading is never free."""
+    link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
+    return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
 from typing_extensions import TypeIs
@@ -338,3 +339,46 @@ def tag_name(eqn: JaxprEqn) -> str | None:
     if type(hi).__name__ in ("CheckpointName", "CheckpointNameFwd"):
         return getattr(hi, "params", {}).get("name")
     return None
+
+
+def _nbytes(aval) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+
+
+def _is_host(aval) -> bool:
+    return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
+
+
+def saved_across(
+    jaxpr, depths: frozenset[int] | None, *, per_trip: bool = False
+) -> tuple[int, int]:
+    """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
+    values stacked by one scan over a stack (length in `depths`; `None`: any
+    scan) and read by another, at every level of sub-jaxprs, once (the
+    memory); with `per_trip`, once per trip of a loop around them (what is
+    written and read: `accumulate`'s `k` micro-batches save theirs `k` times)."""
+
+    def over_a_stack(e) -> bool:
+        return e.primitive.name == "scan" and (
+            depths is None or e.params["length"] in depths
+        )
+
+    device = host = 0
+    scans = [e for e in jaxpr.eqns if over_a_stack(e)]
+    stacked = {v: e for e in scans for v in e.outvars[scan_sizes(e)[1] :]}
+    seen = set()
+    for e in jaxpr.eqns:
+        if over_a_stack(e):
+            for v in e.invars:
+                if is_literal(v) or stacked.get(v, e) is e or v in seen:
+                    continue
+                seen.add(v)
+                if _is_host(v.aval):
+                    host += _nbytes(v.aval)
+                else:
+                    device += _nbytes(v.aval)
+        trips = e.params["length"] if per_trip and e.primitive.name == "scan" else 1
+        for sub in sub_jaxprs(e):
+            d, h = saved_across(open_jaxpr(sub), depths, per_trip=per_trip)
+            device, host = device + trips * d, host + trips * h
+    return device, host

@@ -3,9 +3,10 @@
 import contextlib
 import functools
 import os
+import re
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -219,6 +220,21 @@ def inspect_memory(
     return report, _unpaid(report, fn, args, dynamic, on.mesh, options, target)
 
 
+def unpaid_offload(
+    report: MemoryReport, fn: Callable, args: tuple, target: str | None
+) -> tuple[str, str] | None:
+    """`inspect_memory`'s offload check of `fn(*args)` compiled for `target`,
+    given its compiled `report`: `(what, why)` where it offloads and that does
+    not pay; the program itself is not compiled again."""
+    dynamic, _ = split_args(args)
+    on = Target.of(target, "memory_report")
+    if on.mesh is not None:
+        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
+    if not offloads(_trace(fn, args, dynamic, on.mesh).jaxpr):
+        return None
+    return _unpaid(report, fn, args, dynamic, on.mesh, {}, target)
+
+
 def _trace(fn: Callable, args: tuple, dynamic: Any, mesh: Mesh | None) -> Any:
     """`fn(*args)` traced (a `jax.stages.Traced`), on `mesh` where there is one."""
     f, _ = traceable(fn, args)
@@ -333,6 +349,41 @@ def warn_replicated(
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
+# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
+# 17.5G of 15.75G hbm".
+_NEEDED = (
+    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
+)
+# And what it says one device has.
+_AVAILABLE = (
+    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
+    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
+)
+_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
+    for pattern in patterns:
+        match = pattern.search(message)
+        if match is not None:
+            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
+    return None
+
+
+def needed_bytes(message: str) -> int | None:
+    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
+    (the error `memory_report` raises when a program does not fit in one
+    device), or `None` where the message gives no figure."""
+    return _xla_bytes(message, _NEEDED)
+
+
+def available_bytes(message: str) -> int | None:
+    """What XLA's RESOURCE_EXHAUSTED `message` says one device holds, or `None`."""
+    return _xla_bytes(message, _AVAILABLE)
 
 
 def user_stacklevel() -> int:

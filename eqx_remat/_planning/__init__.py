@@ -1,4 +1,8 @@
 """Planning: pick the checkpoint that fits a memory budget at the least cost.
-The entry (`_api`), the planner's stages (`_plan`), its records (`_compiled`,
-`_cache`), its solver, the hardware table, the clock, the report, and the
-search over micro-batches and loss chunking (`_batch`)."""
+The entries (`_api`: `plan`, `roofline_seconds`); the one pricer (`_prices`),
+cost model (`_cost`, over the solver's pieces in `_solve`), loop and race
+(`_loop`); what was learnt (`_evidence`) and the one part with effects
+(`_bench`: compiling, `_compiled`; the cache, `_cache`; it times on
+`eqx_remat._inspect._clock`, the clock the benchmarks use too);
+the thresholds (`_thresholds`); the report (`_report`); the outer loop over
+ways of running a batch (`_batch`); and the tests' one way in (`testing`)."""

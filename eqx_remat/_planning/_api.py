@@ -1,9 +1,8 @@
-"""`eqx_remat.plan`: the public entry of the planner. It checks its arguments,
-then solves one function (`_plan`) or a global batch's combinations of
-micro-batches and loss chunking (`_batch`)."""
+"""The planner's public entries: `eqx_remat.plan`, which checks its arguments,
+then solves one function (`_loop.solve`), compares candidates (`_loop.compare`)
+or solves a global batch's ways of running it (`_batch`); `roofline_seconds`."""
 
 import dataclasses
-import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, SupportsIndex
@@ -14,13 +13,13 @@ import numpy as np
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
-from .._util import split_args
-from .._validate import check_int
-from ._batch import combinations, plan_batches, warn_if_chunks_do_nothing
+from .._schedules._ranges import ranges
+from .._util import parse_bytes, split_args
+from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
-from ._loop import compare
+from ._evidence import Evidence
+from ._loop import State, compare, loop, models, solve, traced
 from ._report import PlanResult, Progress
-from ._stacks import solve_model
 
 
 _EXAMPLES = {
@@ -161,14 +160,35 @@ def plan_on(
     loss_chunks: Sequence[SupportsIndex | None] | None = None,
     in_axes: Any = (None, 0),
 ) -> PlanResult:
-    """[`eqx_remat.plan`][] on `bench`: its target, whether it measures, its
-    clock, its cache and its progress lines."""
+    """[`eqx_remat.plan`][] on `bench`: its target, clock, cache and progress."""
     budget, candidates = _check(
         args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
     )
     return _run(
         bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
     )
+
+
+def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes):
+    on, ways = bench.target, None
+    if on.mesh is not None:
+        warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
+    if micro_batches is not None or loss_chunks is not None:
+        ways = batch_ways(args, micro_batches, loss_chunks, in_axes)
+    with warnings.catch_warnings(), on.traced():
+        # Said once, above; not again for every compile.
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        problem = Problem.of(fn, args, on)
+        if ways is not None:
+            if loss_chunks is not None:
+                warn_if_chunks_do_nothing(fn, args, ways)
+            result = plan_batches(bench, fn, args, budget, ways, in_axes)
+        elif candidates is not None:
+            result = compare(bench, problem, budget, candidates)
+        else:
+            result = solve(bench, problem, budget)[0]
+        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
+    return dataclasses.replace(result, stacks=stacks)
 
 
 def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
@@ -213,29 +233,6 @@ def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
     return budget, candidates
 
 
-def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes):
-    on = bench.target
-    if on.mesh is not None:
-        warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
-    ways = None
-    if micro_batches is not None or loss_chunks is not None:
-        ways = combinations(args, micro_batches, loss_chunks, in_axes)
-    with warnings.catch_warnings(), on.traced():
-        # Said once, above; not again for every compile.
-        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
-        problem = Problem.of(fn, args, on)
-        if ways is not None:
-            if loss_chunks is not None:
-                warn_if_chunks_do_nothing(fn, args, ways)
-            result = plan_batches(bench, fn, args, budget, ways, in_axes)
-        elif candidates is not None:
-            result = compare(bench, problem, budget, candidates)
-        else:
-            result = solve_model(bench, problem, budget).result
-        stacks = tuple(dict.fromkeys(p for p, _ in bench.stacks(problem)))
-    return dataclasses.replace(result, stacks=stacks)
-
-
 def _measuring(measure: Any, target: str | None) -> bool:
     """Whether `plan` times programs: `measure` checked against `target`
     (`None`: the device at hand) and the number of processes."""
@@ -262,60 +259,32 @@ def _measuring(measure: Any, target: str | None) -> bool:
     return bool(measure)
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+def roofline_seconds(
+    fn: Callable[..., Any], *args: Any, target: str | None = None
+) -> float:
+    """The roofline's estimate of one step of `fn(*args)` on one chip of
+    `target`, under the checkpoint that `args`' checkpoint fields hold now:
+    the function's FLOPs at the chip's peak, the bytes it moves through
+    device memory at its bandwidth, and what it offloads over the host link
+    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
+    parts' estimates, each per layer, weighted by their layers. On the CPU
+    the figures are this CPU's, measured once.
 
-
-def parse_bytes(value: SupportsIndex | str, name: str = "budget_bytes") -> int:
-    """A number of bytes from an integer or a string: the parser behind
-    [`eqx_remat.plan`][]'s `budget_bytes`, for command lines that take sizes.
-
-    **Arguments:**
-
-    - `value`: an integer `>= 0`, or a string such as `"16GiB"`, `"512 MiB"`,
-      `"1.5GB"` or `"4096"` (binary `KiB`/`MiB`/`GiB`/`TiB`, decimal
-      `KB`/`MB`/`GB`/`TB`, case-insensitive). A fraction of a unit is
-      rounded to the nearest byte; a number of bytes must be whole.
-    - `name`: what to call the value in an error message.
-
-    **Returns:**
-
-    The number of bytes, an `int`.
-
-    **Raises:**
-
-    `ValueError` naming `name`, with examples of what is accepted.
-    """
-    if not isinstance(value, str):
-        try:
-            return check_int("plan", name, value, 0)
-        except ValueError:
-            raise ValueError(
-                f"{name} must be an int >= 0 or a string such as '16GiB'. "
-                f"Got {value!r} of type {type(value).__name__}."
-            ) from None
-    match = _BYTES.fullmatch(value)
-    unit = match and match.group(2).lower()
-    if match is None or unit not in _UNITS:
+    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
+    `checkpoint` field or a function that differentiates no stack."""
+    found = map_checkpoints(args, lambda c: c)[1]
+    if not found:
         raise ValueError(
-            f"{name} must be an int or a string such as '16GiB', '512MiB' or "
-            f"'1.5GB' (units: {', '.join(u for u in _UNITS if u)}). Got {value!r}."
+            "roofline_seconds expected arguments containing an eqx.Module with a "
+            "`checkpoint` field. Got none."
         )
-    number, factor = float(match.group(1)), _UNITS[unit]
-    if factor == 1 and not number.is_integer():
-        raise ValueError(f"{name} must be a whole number of bytes. Got {value!r}.")
-    size = round(number * factor)
-    if size == 0 and number > 0:
-        raise ValueError(f"{name} must be 0 or at least one byte. Got {value!r}.")
-    return size
+    on = Target.of(target, "roofline_seconds")
+    c = found[0]
+    parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+    with warnings.catch_warnings(), on.traced():
+        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
+        bench = Bench(on, False)
+        problem = Problem.of(fn, args, on)
+        model = models(bench, problem, bench.prices(problem))
+        st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
+        return model(st.evidence).roofline(c)

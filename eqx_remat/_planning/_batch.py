@@ -1,11 +1,10 @@
 """Planning a global batch: how many micro-batches, which loss chunking and which
 checkpoint run it fastest within the budget (`plan(..., micro_batches=...,
-loss_chunks=...)`). The search is told once, in the tutorial *Fit a batch,
-not just a model* ("Which combination"); its stages are `_solve_first` (one
-combination in full), `_try` (each later one) and `_race` (the bests).
-
-Every time is per global batch: `accumulate(fn, k)` runs all `k` micro-batches.
-"""
+loss_chunks=...)`): an outer loop over ways of running the batch, around the
+planner's one loop (told once, in the tutorial *Fit a batch, not just a model*,
+"Which combination"): the loop (`solve`) runs on one way in full
+(`_solve_first`), each later way is tried with its pick (`_try`), and the best
+of each way race (`_race_bests`). Every time is per global batch."""
 
 import dataclasses
 import warnings
@@ -15,40 +14,23 @@ from typing import Any, NamedTuple, SupportsIndex
 import jax
 
 from .._accumulate import accumulate, check_split
+from .._inspect._clock import on_one_clock
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
-from .._schedules._ranges import ranges
 from .._schedules._uniform import recursive
 from .._util import traceable
 from .._validate import check_int
 from ._bench import Bench, Problem
 from ._cache import PlanCache
-from ._clock import on_one_clock
 from ._compiled import Compiled
-from ._cost import MODEL_ERROR, CostModel
-from ._evidence import Evidence, total_left_s
-from ._loop import Compile, Time, Trace, answer, notes, settle
+from ._cost import entry
+from ._evidence import Evidence, is_mix
+from ._loop import State, compiled, loop, models, notes, solve, timing, traced
 from ._report import BatchOption, NothingFits, PlanResult
-from ._stacks import solve_model
+from ._thresholds import CLOSE_WAYS, FASTER_TRIES, MODEL_ERROR, RACED_WAYS
 
 
-class _Way(NamedTuple):
-    """One combination: `k` micro-batches, loss chunk `c`, and the function
-    and arguments that run it."""
-
-    k: int
-    c: int | None
-    problem: Problem
-
-
-class _Best(NamedTuple):
-    way: _Way
-    checkpoint: Planned
-    time_s: float
-    measured: bool
-
-
-def combinations(
+def batch_ways(
     args: tuple,
     micro_batches: Sequence[SupportsIndex] | None,
     loss_chunks: Sequence[SupportsIndex | None] | None,
@@ -56,8 +38,7 @@ def combinations(
 ) -> list[tuple[int, int | None]]:
     """The (micro-batches, loss chunk size) pairs to compare, fewest
     micro-batches first, loss chunks in the order given (unplanned: the
-    model's own, or `None` where it has no loss head field). Each count is
-    checked against the batch now, as `accumulate` would check it."""
+    model's own, or `None`), each count checked against the batch."""
     fn = "eqx_remat.plan"
     ks = [1]
     if micro_batches is not None:
@@ -95,16 +76,15 @@ def combinations(
 def warn_if_chunks_do_nothing(
     fn, args: tuple, ways: list[tuple[int, int | None]]
 ) -> None:
-    """Warn where `fn`'s program is the same at two of the loss chunk sizes it
-    is planned for (or the model's own): they change nothing, since `fn` does
-    not call the model's `loss`."""
+    """Warn where `fn`'s program is the same at two of the loss chunk sizes
+    (`fn` does not call the model's `loss`)."""
     found = map_loss_chunk_sizes(args, lambda c: c)[1]
     sizes = list(dict.fromkeys([found[0], *(c for _, c in ways)]))[:2]
     if len(sizes) < 2:
         return
 
     def program(c: int | None) -> str:
-        f, dynamic = traceable(*_variant(fn, args, 1, c, None))
+        f, dynamic = traceable(fn, map_loss_chunk_sizes(args, lambda _: c)[0])
         return str(jax.make_jaxpr(f)(dynamic))
 
     a, b = sizes
@@ -118,6 +98,24 @@ def warn_if_chunks_do_nothing(
         )
 
 
+class _Way(NamedTuple):
+    """One way of running the batch: `k` micro-batches, loss chunk `c`."""
+
+    k: int
+    c: int | None
+    problem: Problem
+
+
+class _Best(NamedTuple):
+    """A way's fastest checkpoint found that fits, and its evidence."""
+
+    way: _Way
+    checkpoint: Planned
+    time_s: float
+    measured: bool
+    evidence: Evidence
+
+
 def plan_batches(
     bench: Bench,
     fn,
@@ -126,41 +124,44 @@ def plan_batches(
     ways: list[tuple[int, int | None]],
     in_axes: Any,
 ) -> PlanResult:
-    """`plan` over the combinations `ways`: the fastest per global batch."""
-    evidence: dict[tuple[int, int | None], Evidence] = {}
+    """`plan` over the ways `ways`: the fastest per global batch."""
+    measuring = bench.measure  # chosen once
 
     def way(k: int, c: int | None) -> _Way:
         f, a = _variant(fn, args, k, c, in_axes, bench.cache)
         return _Way(k, c, Problem.of(f, a, bench.target))
 
-    solved, result = _solve_first(bench, ways, way, budget, evidence)
-    bests = [
-        _Best(solved, result.checkpoint, result.entry.time_s, result.entry.measured)
-    ]
+    first, result, tried = _solve_first(bench, ways, way, budget)
+    solved, bests = first.way, [first]
     for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
         bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best = _try(bench, way(k, c), solved, bests[0], budget, evidence)
-        if best is not None:
+        best, ev, first = _try(bench, way(k, c), first, budget)
+        if best is None:
+            tried.append(ev)
+        else:
             bests.append(best)
+    bests[0] = first
     bests.sort(key=lambda b: b.time_s)
     # The roofline does not see what a smaller micro-batch costs a chip (a
-    # matmul too small to keep it busy): within 1% of the least estimate, the
-    # fewest micro-batches.
-    close = [b for b in bests if b.time_s <= 1.01 * bests[0].time_s]
-    pick = bests[0] if bench.measure else min(close, key=lambda b: b.way.k)
-    if bench.measure and len(bests) > 1:
-        pick = _race(bench, bests, solved, evidence)
+    # matmul too small to keep it busy): within `CLOSE_WAYS` of the least
+    # estimate, the fewest micro-batches.
+    close = [b for b in bests if b.time_s <= (1 + CLOSE_WAYS) * bests[0].time_s]
+    pick = bests[0] if measuring else min(close, key=lambda b: b.way.k)
+    if measuring and len(bests) > 1:
+        pick, took = _race_bests(bench, bests, solved, tried)
         same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
         bests = sorted((pick if same(b) else b for b in bests), key=lambda b: b.time_s)
-    return _batch_result(bench, result, pick, bests, evidence, in_axes)
+        i = next(i for i, b in enumerate(bests) if b.way == solved)
+        ev = bests[i].evidence.timed({}, took)
+        bests[i] = bests[i]._replace(evidence=ev)
+        pick = next(b for b in bests if same(b))
+    return _batch_result(bench, result, pick, bests, tried, in_axes)
 
 
-def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
-    ev = evidence[pick.way.k, pick.way.c]
-    m = CostModel(None, ev, bench.hardware)
-    entry = m.entry(ev.records[pick.checkpoint], pick.time_s)._replace(
-        time_s=pick.time_s, measured=pick.measured
-    )
+def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
+    evidence = [b.evidence for b in bests] + list(tried)
+    ev = pick.evidence
+    chosen = entry(ev, ev.records[pick.checkpoint], pick.time_s, pick.measured)
     seconds = bench.say.elapsed()
     bench.say(
         f"done: micro_batches={pick.way.k}, loss_chunk_size={pick.way.c}, "
@@ -171,24 +172,24 @@ def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
             b.way.k,
             b.way.c,
             b.checkpoint,
-            evidence[b.way.k, b.way.c].records[b.checkpoint].memory_bytes or 0,
+            b.evidence.records[b.checkpoint].memory_bytes or 0,
             b.time_s,
             b.measured,
         )
         for b in bests
     ]
     said = [*result.notes]
-    for e in evidence.values():
-        said += notes(bench, CostModel(None, e, bench.hardware), ())
+    for e in evidence:
+        said += notes(bench, e, None)
     return dataclasses.replace(
         result,
         checkpoint=pick.checkpoint,
-        entry=entry,
-        budget_bytes=min(e.budget for e in evidence.values()),
+        entry=chosen,
+        budget_bytes=min(e.budget for e in evidence),
         notes=tuple(dict.fromkeys(said)),
-        compiles=sum(e.compiles for e in evidence.values()),
+        compiles=sum(e.compiles for e in evidence),
         seconds=seconds,
-        timed_seconds=sum(e.timed_s for e in evidence.values()),
+        timed_seconds=sum(e.timed_s for e in evidence),
         micro_batches=pick.way.k,
         loss_chunk_size=pick.way.c,
         in_axes=in_axes,
@@ -196,16 +197,10 @@ def _batch_result(bench, result, pick, bests, evidence, in_axes) -> PlanResult:
     )
 
 
-def _variant(
-    fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache | None = None
-):
-    """The function and arguments of `k` micro-batches and loss chunk `c`:
-    `accumulate(fn, k)` (one per function and `k`, kept in the plan cache,
-    so that later plans find what this one compiled), arguments whose
-    `loss_chunk_size` fields are `c`. Without a `cache`, a new function."""
-    if k > 1 and cache is None:
-        fn = accumulate(fn, k, in_axes=in_axes)
-    elif k > 1 and cache is not None:
+def _variant(fn, args: tuple, k: int, c: int | None, in_axes: Any, cache: PlanCache):
+    """The function and arguments of `k` micro-batches and loss chunk `c`
+    (`accumulate(fn, k)` kept in the plan cache, for later plans to find)."""
+    if k > 1:
         fn = cache.get(
             fn,
             ("accumulate", id(fn), k, repr(in_axes)),
@@ -217,52 +212,51 @@ def _variant(
 
 
 def _solve_first(
-    bench: Bench, ways, way, budget: int, evidence
-) -> tuple[_Way, PlanResult]:
-    """Solve, in full, the first combination for which something fits: where
-    the lightest options (`recursive()`, `"nothing"`) both need more than
-    the budget plus the model's error, the combination is passed over after two
-    compiles (the last one is solved, to say what fits nowhere). Within that,
-    it is solved: another option can need a little less than both (on a
-    2-layer transformer, `save_names('mlp_hidden')` 1% less than
-    `"nothing"`: it spares the backward pass a recomputed buffer)."""
+    bench: Bench, ways, way, budget: int
+) -> tuple[_Best, PlanResult, list[Evidence]]:
+    """Solve, in full, the first way for which something fits (its best and
+    result), with the evidence of the ways passed over: those where the
+    lightest options both need more than the budget and `MODEL_ERROR` (the
+    last is solved, to say what fits nowhere). Within it, another option
+    can need a little less than both (`save_names('mlp_hidden')` 1% less than
+    `"nothing"` on a 2-layer transformer)."""
+    tried: list[Evidence] = []
     for i, (k, c) in enumerate(ways):
         w = way(k, c)
+        probe = None
         if i < len(ways) - 1:
-            ev = bench.start(w.problem, budget)
-            for light in (recursive(), "nothing"):
-                why = "a lightest option: whether anything fits this combination"
-                ev = answer(bench, w.problem, ev, Compile(light, None, why))
-            evidence[k, c] = ev
-            if not any(_near(r, ev.budget) for r in ev.records.values()):
+            why = "a lightest option: whether anything fits this combination"
+            light = compiled([(recursive(), None), ("nothing", None)], why)
+            st = State(bench.start(w.problem, budget))
+            model = models(bench, w.problem, None)
+            probe = loop(bench, w.problem, model, st, [light]).evidence
+            if not any(_near(r, probe.budget) for r in probe.records.values()):
                 bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+                tried.append(probe)
                 continue
         bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
         try:
-            solved = solve_model(bench, w.problem, budget)
+            r, ev = solve(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
-                tried = ", ".join(f"{k}/{c}" for k, c in ways)
+                tried_ = ", ".join(f"{k}/{c}" for k, c in ways)
                 raise NothingFits(
                     f"{e}\n(With the last of the micro-batch counts and loss "
-                    f"chunk sizes tried: {tried}.)"
+                    f"chunk sizes tried: {tried_}.)"
                 ) from None
             bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+            if probe is not None:
+                tried.append(probe)
             continue
         # The probe's compiles count too: its records are the solve's first.
-        probe = evidence.get((k, c))
-        evidence[k, c] = solved.evidence
         if probe is not None:
-            evidence[k, c] = dataclasses.replace(
-                solved.evidence, fresh={**probe.fresh, **solved.evidence.fresh}
-            )
-        return w, solved.result
+            ev = dataclasses.replace(ev, fresh={**probe.fresh, **ev.fresh})
+        return _Best(w, r.checkpoint, r.entry.time_s, r.entry.measured, ev), r, tried
     raise AssertionError("unreachable")
 
 
 def _near(record: Compiled, budget: int) -> bool:
-    """Whether `record` compiled within the budget plus the model's error
-    (`MODEL_ERROR`): another option may then fit."""
+    """Whether `record` compiled within the budget and `MODEL_ERROR`."""
     limit = (1 + MODEL_ERROR) * budget
     return record.report is not None and record.report.total_bytes <= limit
 
@@ -272,90 +266,74 @@ def _times(
 ) -> tuple[Evidence, dict[Planned, tuple[float, bool]]]:
     """`cs`' times: measured where they ran, else the roofline's (tracing what
     it needs priced)."""
-    model = lambda ev: CostModel(prices, ev, bench.hardware, problem.share)
-    need = [c for c in cs if c not in ev.timings]
-    ev = settle(
-        bench,
-        problem,
-        ev,
-        lambda ev: next((Trace(c) for c in need if not model(ev).priced(c)), None),
-    )
+    model = models(bench, problem, prices)
+    ev = loop(bench, problem, model, State(ev), [traced(cs)]).evidence
     m = model(ev)
-    return ev, {
-        c: (m.time_s(c, 0.0) if c in ev.timings else (m.roofline(c), False)) for c in cs
-    }
+    return ev, {c: m.time_s(c) for c in cs}
 
 
 def _try(
-    bench: Bench, way: _Way, solved: _Way, pick: _Best, budget: int, evidence
-) -> _Best | None:
-    """`way`'s fastest fitting option among the solved pick and up to two of
-    the options faster than it (on the solved combination's clock), fastest
-    first, where their memory, scaled as the pick's scaled, fits."""
-    s_ev = evidence[solved.k, solved.c]
-    before = s_ev.records[pick.checkpoint].memory_bytes
-    ev = bench.start(way.problem, budget)
-    why = "the solved combination's pick"
-    ev = answer(bench, way.problem, ev, Compile(pick.checkpoint, before, why))
-    evidence[way.k, way.c] = ev
-    record = ev.records[pick.checkpoint]
-    if record.memory_bytes is None or before is None:
-        return None
-    scale = record.memory_bytes / before
-    compiled = [
-        c
-        for c, r in s_ev.records.items()
-        if r.report is not None and not isinstance(c, ranges)
-    ]
-    prices = bench.prices(solved.problem)
-    s_ev, times = _times(bench, solved.problem, s_ev, compiled, prices)
-    evidence[solved.k, solved.c] = s_ev
-    faster = sorted(
-        ((t, c) for c, (t, _) in times.items() if t < pick.time_s),
-        key=lambda tc: tc[0],
+    bench: Bench, way: _Way, first: _Best, budget: int
+) -> tuple[_Best | None, Evidence, _Best]:
+    """`(best, evidence, first)`: `way`'s fastest fitting option among the
+    solved pick and up to `FASTER_TRIES` options faster than it where solved,
+    fastest first, whose memory, scaled as the pick's, fits; `way`'s
+    evidence; and `first` with the prices its evidence learnt."""
+    solved, model = first.evidence, models(bench, way.problem, None)
+    before = solved.records[first.checkpoint].memory_bytes
+    pick = compiled([(first.checkpoint, before)], "the solved combination's pick")
+    st = loop(
+        bench, way.problem, model, State(bench.start(way.problem, budget)), [pick]
     )
-    tried = 0
-    for _, c in faster:
-        memory = s_ev.records[c].memory_bytes
-        if tried == 2 or memory is None or memory * scale > ev.budget:
-            continue
-        tried += 1
-        why = "faster than the pick where solved; may fit here"
-        ev = answer(bench, way.problem, ev, Compile(c, memory * scale, why))
-        if ev.fits(ev.records[c]):
-            break
-    fitting = [c for c, r in ev.records.items() if ev.fits(r)]
-    if not fitting:
-        evidence[way.k, way.c] = ev
-        return None
-    if bench.measure:
-        ev = answer(bench, way.problem, ev, Time(tuple(fitting)))
-    ev, timed = _times(bench, way.problem, ev, fitting)
-    evidence[way.k, way.c] = ev
-    c = min(timed, key=lambda c: timed[c][0])
-    return _Best(way, c, *timed[c])
-
-
-def _race(bench: Bench, bests: list[_Best], solved: _Way, evidence) -> _Best:
-    """The four fastest bests, run round-robin on one clock (the solved
-    combination's): the fastest in those rounds. Each combination timed its
-    programs on a clock of its own, at another moment and beside other
-    programs, so how far apart two bests were timed says little: every one
-    of the four races, not only those close to the fastest. The race runs
-    2 to 31 rounds after a warm-up: as many as fit in what is left of the
-    compile time of every combination planned."""
-    run = [b for b in bests if b.checkpoint in evidence[b.way.k, b.way.c].runnable][:4]
-    if len(run) < 2:
-        return bests[0]
-    programs = [
-        bench.program(b.way.problem, evidence[b.way.k, b.way.c].records[b.checkpoint])
-        for b in run
+    memory = st.evidence.records[first.checkpoint].memory_bytes
+    if memory is None or before is None:
+        return None, st.evidence, first
+    ok = [
+        c for c, r in solved.records.items() if r.report is not None and not is_mix(c)
     ]
-    what = tuple((b.way.k, b.way.c, b.checkpoint) for b in run)
-    left = total_left_s(list(evidence.values()))
-    timings, took = bench.race_programs((solved.problem, what), programs, left)
-    s = evidence[solved.k, solved.c]
-    evidence[solved.k, solved.c] = s.timed({}, took)
+    prices = bench.prices(first.way.problem)
+    solved, times = _times(bench, first.way.problem, solved, ok, prices)
+    first = first._replace(evidence=solved)
+    faster = sorted(
+        (c for c in times if times[c][0] < first.time_s), key=lambda c: times[c][0]
+    )
+    scaled = [
+        (c, m * memory / before)
+        for c in faster
+        if (m := solved.records[c].memory_bytes)
+    ]
+    todo = [(c, m) for c, m in scaled if m <= st.evidence.budget][:FASTER_TRIES]
+    fitting = lambda ev: [c for c, r in ev.records.items() if ev.fits(r)]
+    why = "faster than the pick where solved; may fit here"
+    stages = [compiled(todo, why, until_fits=True), timing(fitting)]
+    ev = loop(bench, way.problem, model, st, stages).evidence
+    if not fitting(ev):
+        return None, ev, first
+    ev, timed = _times(bench, way.problem, ev, fitting(ev))
+    c = min(timed, key=lambda c: timed[c][0])
+    return _Best(way, c, *timed[c], ev), ev, first
+
+
+def _race_bests(
+    bench: Bench, bests: list[_Best], solved: _Way, tried: Sequence[Evidence]
+) -> tuple[_Best, float]:
+    """`(pick, seconds)`: the fastest of the `RACED_WAYS` fastest bests, run
+    round-robin on one clock (the fastest's) in what is left of every way's
+    compile time: each way timed on a clock of its own, so all of them race."""
+    run = [b for b in bests if b.checkpoint in b.evidence.runnable][:RACED_WAYS]
+    if len(run) < 2:
+        return bests[0], 0.0
+    what = ("ways", *((b.way.k, b.way.c, b.checkpoint) for b in run))
+    left = float(sum(e.left_s for e in [b.evidence for b in bests] + list(tried)))
+    timings, took = bench.race(
+        solved.problem,
+        what,
+        lambda: [
+            bench.program(b.way.problem, b.evidence.records[b.checkpoint]) for b in run
+        ],
+        left,
+    )
+    assert timings is not None  # raced: `go`
     timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     bench.say(
@@ -364,4 +342,4 @@ def _race(bench: Bench, bests: list[_Best], solved: _Way, evidence) -> _Best:
         + f" (micro-batches/loss chunk): {run[i].way.k}/{run[i].way.c} fastest, "
         f"{took:.1f} s"
     )
-    return run[i]._replace(time_s=timings[i].seconds, measured=True)
+    return run[i]._replace(time_s=timings[i].seconds, measured=True), took

@@ -1,8 +1,7 @@
-"""The planner's one effectful part: the bench compiles, runs, times and races
-programs, and remembers what it learnt between calls (in one `PlanCache`).
-Everything it returns is a record to fold into an `Evidence`; it keeps no
-count and no record of a call. The search (`_loop`) asks it; a test hands the
-search a bench with a fake clock and a cache of its own."""
+"""The planner's one effectful part (`Bench`): it traces, compiles, runs, times
+and races programs, and remembers what it learnt between calls (in one
+`PlanCache`). What it returns is a record to fold into an `Evidence`; it keeps
+no record of a call. A test hands the loop a bench of fakes."""
 
 import functools
 import time
@@ -11,33 +10,32 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._inspect._memory import inspect_memory
-from .._inspect._targets import Target
-from .._schedules._checkpoint import Planned, set_checkpoint
-from .._schedules._ranges import ranges
-from .._util import split_args
-from . import _cache
-from ._cache import PlanCache, cache_key
-from ._clock import (
+from .._inspect._clock import (
     Timing,
     concrete,
-    contenders,
     device_memory_bytes,
     on_one_clock,
     time_interleaved,
     warm_up,
 )
+from .._inspect._memory import unpaid_offload
+from .._inspect._targets import Target
+from .._schedules._checkpoint import Planned, set_checkpoint
+from .._util import split_args
+from . import _cache
+from ._cache import PlanCache, cache_key
 from ._compiled import Compiled, Program, compile_checkpoint
-from ._evidence import Evidence, Price, Race
-from ._prices import Prices, price_function, trace_price
+from ._evidence import Evidence, is_mix
+from ._prices import Prices, price_function
 from ._report import Progress
-from ._solve import share_per_chip, stack_depths, stacks_of
+from ._solve import Price, price, share_per_chip, stack_depths, stacks_of
+from ._thresholds import RACE_ROUNDS, RULED_OUT, TIME_ROUNDS
 
 
 class Problem(NamedTuple):
-    """One function and its arguments, as the bench knows them: `key`, their
-    cache key (`None` where the arguments cannot be hashed: nothing is
-    remembered), and `share`, the part of the activations one chip holds."""
+    """One function and its arguments: `key`, their cache key (`None`: not
+    hashable, nothing remembered), and `share`, the part of the activations
+    one chip holds."""
 
     fn: Callable[..., Any]
     args: tuple
@@ -55,21 +53,39 @@ class Problem(NamedTuple):
 
 
 class Timed(NamedTuple):
-    """What one timing session said: the new step times, the seconds it took,
-    and the rounds (least, most, how many ran the most)."""
+    """A timing's new step times, the seconds it took, and its rounds (least,
+    most, how many ran the most)."""
 
     timings: dict[Planned, Timing]
     seconds: float
     rounds: tuple[int, int, int] = (0, 0, 0)
 
 
+def still_open(
+    timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
+) -> list[int]:
+    """The indices of the programs no other beats by more than `RULED_OUT` in
+    step time (their faster halves) needing no more `memory`: their place on
+    the time-memory frontier is still open (`always`'s whatever its time)."""
+    fast = [t.faster_half for t in timings]
+    return [
+        i
+        for i in range(len(timings))
+        if i == always
+        or not any(
+            memory[j] <= memory[i] and fast[j] * (1 + RULED_OUT) < fast[i]
+            for j in range(len(timings))
+            if j != i
+        )
+    ]
+
+
 class Bench:
     """Compiles and runs programs for one `target`, times them where `measure`
-    (the target is the device at hand), and remembers in `cache` (by default
-    the one [`eqx_remat.clear_plan_cache`][] empties). The clock is
-    `clock` (as `time_interleaved`) after `warm` (as `warm_up`); `free_memory`
-    says what the device has free; `compile` compiles one checkpoint (as
-    `compile_checkpoint`): each may be replaced, e.g. by a test's fakes."""
+    (the device at hand), and remembers in `cache` (by default the one
+    [`eqx_remat.clear_plan_cache`][] empties). `clock` (as `time_interleaved`),
+    `warm` (as `warm_up`), `free_memory` and `compile` (as
+    `compile_checkpoint`) may be replaced, e.g. by a test's fakes."""
 
     def __init__(
         self,
@@ -94,10 +110,9 @@ class Bench:
         self.inputs: dict[Any, list] = {}
 
     def capacity(self) -> int | None:
-        """What one device holds: the device's limit (not what is free now: the
-        same on every process of a multi-process run), what XLA lets a program
-        use of a target's chip (`Hardware.capacity_bytes`), or `None` for the
-        host's memory."""
+        """What one device holds: the device's limit (not what is free: the same
+        on every process), what XLA lets a program use of a target's chip, or
+        `None` for the host's memory."""
         if self.target.name is not None:
             return self.hardware.capacity_bytes
         if jax.default_backend() == "cpu":
@@ -114,6 +129,7 @@ class Bench:
             lambda: price_function(
                 problem.fn,
                 problem.args,
+                self.stacks(problem),
                 self.hardware,
                 problem.share,
                 self.say,
@@ -122,16 +138,26 @@ class Bench:
         )
 
     def unpaid_offload(self, problem: Problem, c: Planned) -> str | None:
-        """Why offloading checkpoint `c` does not pay for `problem` on the
-        target (compiled beside its save-on-device twin, as `memory_report`
-        does), or `None` where it pays."""
+        """Why offloading checkpoint `c` does not pay (compiled beside its
+        save-on-device twin, as `memory_report` does), or `None`. `c`'s own
+        compile is kept for `compile`: the search compiles it too, as a rule
+        (an offloading option is the lightest)."""
+        record = self.cache.get(
+            problem.fn,
+            problem.k("checked", c),
+            lambda: self.compile_fn(
+                problem.fn, problem.args, c, self.target.name, runnable=self.measure
+            ),
+        )
+        if record.report is None:  # does not fit one device: nothing to check
+            return None
         args = set_checkpoint(problem.args, c)
-        unpaid = inspect_memory(problem.fn, args, self.target.name, None)[1]
+        unpaid = unpaid_offload(record.report, problem.fn, args, self.target.name)
         return None if unpaid is None else unpaid[1]
 
     def stacks(self, problem: Problem) -> list[tuple[str, int]]:
         """`(path, depth)` of each stack `problem` differentiates, once each,
-        in the order it first runs them (traced once)."""
+        in the order it first runs them."""
         return self.cache.get(
             problem.fn,
             problem.k("stacks"),
@@ -148,7 +174,7 @@ class Bench:
         return self.cache.get(
             problem.fn,
             problem.k("price", c),
-            lambda: trace_price(problem.fn, problem.args, c, depths),
+            lambda: price(problem.fn, problem.args, c, depths),
         )
 
     def start(
@@ -156,10 +182,9 @@ class Bench:
     ) -> Evidence:
         """The evidence a call starts from: the budget, what one device holds,
         the mixes earlier calls compiled (and raced), and the programs of
-        `options` earlier calls compiled (usable here: `cached`), so that
-        every call predicts from every compile so far, at no compile."""
+        `options` they compiled (`cached`)."""
         mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
-        raced = frozenset(
+        raced = tuple(
             c
             for c in mixes
             if self.cache.has(problem.fn, problem.k("time", c))
@@ -178,7 +203,7 @@ class Bench:
 
     def cached(self, problem: Problem, c: Planned) -> Compiled | None:
         """`c`'s program as an earlier call compiled it, where it serves here
-        (one compiled for the device at hand has an executable to time)."""
+        (measuring, it has an executable)."""
         key = problem.k("compiled", c)
         if not self.cache.has(problem.fn, key):
             return None
@@ -191,24 +216,27 @@ class Bench:
 
     def compile(self, problem: Problem, c: Planned) -> tuple[Compiled, float | None]:
         """`(record, seconds)`: `c` compiled (`seconds` it took), or taken from
-        the cache (`seconds` is `None`). A program compiled by a call that did
-        not measure has no executable: compiled again to be timed. Whether it
-        can run here: `runnable`."""
+        the cache (`seconds` is `None`)."""
         record = self.cached(problem, c)
         if record is not None:
             return record, None
-        record = self.compile_fn(
-            problem.fn, problem.args, c, self.target.name, runnable=self.measure
-        )
+        checked = problem.k("checked", c)  # compiled by the offload check
+        if self.cache.has(problem.fn, checked):
+            record = self.cache.get(problem.fn, checked, lambda: None)
+        else:
+            record = self.compile_fn(
+                problem.fn, problem.args, c, self.target.name, runnable=self.measure
+            )
         self.cache.put(problem.fn, problem.k("compiled", c), record)
-        if isinstance(c, ranges) and record.report is not None:
+        if is_mix(c) and record.report is not None:
             mixes = self.cache.get(problem.fn, problem.k("mixes"), dict)
-            mixes[c] = record.report.total_bytes
+            mixes = {**mixes, c: record.report.total_bytes}
+            self.cache.put(problem.fn, problem.k("mixes"), mixes)
         return record, record.compile_s
 
     def runnable(self, record: Compiled | None) -> bool:
         """Whether `record` was compiled for the device at hand and fits what
-        it has free (arguments, outputs and temporaries)."""
+        it has free."""
         if record is None or record.executable is None or record.report is None:
             return False
         free = self.free_memory()
@@ -227,15 +255,11 @@ class Bench:
     # --- timing --------------------------------------------------------------------
 
     def time(self, problem: Problem, cs: Sequence[Planned], ev: Evidence) -> Timed:
-        """The step time of each of `cs` that can run here and has no time yet
-        in `ev`: from the cache, or measured round-robin with the fastest
-        program already timed, each program's time the ratio of the mean of
-        its faster half of rounds to that one's (one clock for the whole
-        plan), after a warm-up run each. Rounds of every program (at least
-        two) while they fit in half of what is left of this call's compile
-        time, then, as a race, more rounds (at most 21 in all) of those no
-        other program beats by `RULED_OUT` in both time and memory, while
-        they fit in the rest."""
+        """The step time of each of `cs` that can run here and has none in `ev`:
+        from the cache, or measured round-robin beside the fastest program
+        timed (one clock for the whole plan, by the faster halves of rounds),
+        in at most `TIME_ROUNDS` rounds as what is left of the compile time
+        allows, racing those `still_open`."""
         known: dict[Planned, Timing] = {}
         new = []
         for c in dict.fromkeys(cs):
@@ -259,10 +283,10 @@ class Bench:
         warm = self.warm(programs)
         out = self.clock(
             programs,
-            rounds=21,
+            rounds=TIME_ROUNDS,
             warmup=False,
             seconds=ev.left_s - warm,
-            keep=lambda ts: contenders(ts, memory, always=pivot),
+            keep=lambda ts: still_open(ts, memory, always=pivot),
         )
         took = time.perf_counter() - start
         most = max(t.rounds for t in out)
@@ -279,47 +303,35 @@ class Bench:
         return Timed(known, took, (min(rounds), most, rounds.count(most)))
 
     def race(
-        self, problem: Problem, run: Sequence[Planned], ev: Evidence, go: bool
-    ) -> tuple[Race, float]:
-        """`(race, seconds)`: `run` (the pick, then its rivals) round-robin
-        after a warm-up, on the clock of `run[1]`'s earlier timing: 2 to 31
-        rounds, as many as fit in what is left of this call's compile time.
-        An earlier call's race of the same programs is taken from the cache;
-        else the race is run only where `go` (there is time for it)."""
-        key = problem.k("race", tuple(run))
+        self,
+        problem: Problem,
+        what: Any,
+        programs: Callable[[], Sequence[Program]],
+        seconds: float,
+        go: bool = True,
+    ) -> tuple[tuple[Timing, ...] | None, float]:
+        """`(timings, seconds taken)`: the `programs()` round-robin after a
+        warm-up, 2 to `RACE_ROUNDS` rounds, as many as fit in `seconds`; an
+        earlier race of the same programs (`what`) from the cache; `None` where
+        there is none and not `go`."""
+        key = problem.k("race", what)
         if not go and not self.cache.has(problem.fn, key):
-            return Race(tuple(run), None), 0.0
+            return None, 0.0
         start = time.perf_counter()
 
         def measure() -> tuple[Timing, ...]:
-            programs = [self.program(problem, ev.records[c]) for c in run]
-            warm = self.warm(programs)
-            out = self.clock(
-                programs, rounds=31, warmup=False, seconds=ev.left_s - warm
-            )
+            run = programs()
+            warm = self.warm(run)
             return tuple(
-                on_one_clock(out, 1, ev.timings[run[1]].seconds, by="faster_half")
+                self.clock(
+                    run, rounds=RACE_ROUNDS, warmup=False, seconds=seconds - warm
+                )
             )
 
         timings = self.cache.get(problem.fn, key, measure)
-        for c, t in zip(run, timings):
-            old = ev.timings.get(c)
-            if old is None or t.rounds >= old.rounds:
-                self.cache.put(problem.fn, problem.k("time", c), t)
-        return Race(tuple(run), timings), time.perf_counter() - start
-
-    def race_programs(
-        self, key: tuple[Problem, Any], programs: Sequence[Program], seconds: float
-    ) -> tuple[list[Timing], float]:
-        """`(timings, seconds taken)`: `programs` (of several problems) run
-        round-robin after a warm-up, 2 to 31 rounds within `seconds`; an
-        earlier race under `key` (a problem and what was raced) is reused."""
-        problem, what = key
-        start = time.perf_counter()
-
-        def measure() -> list[Timing]:
-            warm = self.warm(programs)
-            return self.clock(programs, rounds=31, warmup=False, seconds=seconds - warm)
-
-        timings = self.cache.get(problem.fn, problem.k("batch-race", what), measure)
         return timings, time.perf_counter() - start
+
+    def keep(self, problem: Problem, timings: dict[Planned, Timing]) -> None:
+        """Remember `timings` of `problem`'s programs (a race's)."""
+        for c, t in timings.items():
+            self.cache.put(problem.fn, problem.k("time", c), t)

@@ -1,60 +1,29 @@
-"""Compiling a checkpoint for the planner (stage 2 of `_plan`): one typed record
-per program, XLA's RESOURCE_EXHAUSTED kept as what it says, not raised."""
+"""Compiling a checkpoint for the planner (the bench's `compile`): one typed
+record per program (`Compiled`), XLA's RESOURCE_EXHAUSTED kept, not raised."""
 
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from .._inspect._flops import count_flops
-from .._inspect._memory import MemoryReport, compiled_report, inspect_memory
+from .._inspect._memory import (
+    MemoryReport,
+    available_bytes,
+    compiled_report,
+    inspect_memory,
+    needed_bytes,
+)
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args, traceable
 
 
-# What XLA says it needed, in its RESOURCE_EXHAUSTED messages: "the total memory
-# required for HLO temporaries (16.00G) exceeds available HBM (15.75G)", "Used
-# 17.5G of 15.75G hbm".
-_NEEDED = (
-    re.compile(r"required for [^(]*\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used (\d+(?:\.\d+)?)([KMGT]?)i?B? of"),
-)
-# And what it says one device has.
-_AVAILABLE = (
-    re.compile(r"exceeds available [A-Za-z]* ?\((\d+(?:\.\d+)?)([KMGT]?)i?B?\)"),
-    re.compile(r"Used \S+ of (\d+(?:\.\d+)?)([KMGT]?)i?B?"),
-)
-_XLA_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _xla_bytes(message: str, patterns: Sequence[re.Pattern]) -> int | None:
-    for pattern in patterns:
-        match = pattern.search(message)
-        if match is not None:
-            return int(float(match.group(1)) * _XLA_UNITS[match.group(2)])
-    return None
-
-
-def needed_bytes(message: str) -> int | None:
-    """The bytes XLA says a program needed, from its RESOURCE_EXHAUSTED `message`
-    (the error `memory_report` raises when a program does not fit in one
-    device), or `None` where the message gives no figure."""
-    return _xla_bytes(message, _NEEDED)
-
-
 class Compiled(NamedTuple):
-    """One program the planner compiled: a typed record of what XLA said.
-
-    - `checkpoint`: the checkpoint it was compiled under.
-    - `report`: its memory, or `None` where XLA refused it (`error` says why).
-    - `error`: XLA's RESOURCE_EXHAUSTED message, else `None`.
-    - `flops`: its FLOPs ([`eqx_remat.count_flops`][]).
-    - `compile_s`: how long compiling it took.
-    - `executable`: the compiled program, where it can run here (the planner's
-      target is the device at hand), else `None`.
-    """
+    """One program the planner compiled under `checkpoint`: its memory
+    `report`, or `None` where XLA refused it (`error`: its RESOURCE_EXHAUSTED
+    message), its `flops`, the seconds compiling took (`compile_s`) and the
+    `executable` where it can run here (else `None`)."""
 
     checkpoint: Planned
     report: MemoryReport | None
@@ -73,7 +42,7 @@ class Compiled(NamedTuple):
     @property
     def available_bytes(self) -> int | None:
         """What XLA's error says one device holds (`None` if nothing)."""
-        return _xla_bytes(self.error or "", _AVAILABLE)
+        return available_bytes(self.error or "")
 
     @property
     def host_bytes(self) -> int:
@@ -84,8 +53,7 @@ def compile_checkpoint(
     fn: Callable, args: tuple, c: Planned, target: str | None, *, runnable: bool
 ) -> Compiled:
     """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
-    `target` (XLA's RESOURCE_EXHAUSTED is recorded, not raised). `runnable`:
-    keep the executable (the target is the device at hand)."""
+    `target`; `runnable`: keep the executable (the device at hand)."""
     args = set_checkpoint(args, c)
     start = time.perf_counter()
     try:
@@ -103,7 +71,7 @@ def _compile(
     fn: Callable, args: tuple, target: str | None, runnable: bool
 ) -> tuple[MemoryReport, Any]:
     """`(report, executable)`: `memory_report`'s compile, keeping the
-    executable where it can run here (else `None`)."""
+    executable where it can run here."""
     if not runnable:
         # Compiled once: whether an offload pays is the pricer's question
         # (`price_function`), asked before any option is compiled here.
@@ -118,8 +86,7 @@ def _compile(
 
 
 class Program(NamedTuple):
-    """One step of a compiled checkpoint, ready to run on the planner's
-    inputs: `program()` runs it."""
+    """One step of a compiled checkpoint on the planner's inputs: `program()`."""
 
     record: Compiled
     inputs: Any

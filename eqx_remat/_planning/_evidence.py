@@ -1,43 +1,33 @@
-"""What compiles and clocks have said about one function, as one frozen value.
-
-The planner's search folds each answer of its bench (a compiled program, a
-refusal with XLA's figure, step times, a race, a price) into a new `Evidence`;
-nothing is reassigned. What follows from it is derived here: the budget in
-force (the asked budget, at most what one device holds and what XLA said it
-holds), whether a record fits, how many programs were compiled and how long
-compiling and timing took.
-"""
+"""What compiles and clocks have said about one function, as one frozen value
+(`Evidence`): each answer of the bench folds into a new one, nothing is
+reassigned; the budget in force, whether a record fits, the counts and the
+seconds are derived from it."""
 
 import dataclasses
 import types
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from .._schedules._checkpoint import Planned
+from .._inspect._clock import Timing
+from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
-from ._clock import Timing
 from ._compiled import Compiled
+from ._solve import Price
 
 
-class Price(NamedTuple):
-    """What tracing a function under one checkpoint told: the bytes it keeps
-    across its stacks on the device and on the host, its FLOPs (loop trip
-    counts and recomputation included) and the bytes it moves through device
-    memory (the whole program's, all chips together)."""
-
-    device: int
-    host: int
-    flops: int
-    moved: int
-
-
-class Race(NamedTuple):
-    """Programs run round-robin on one clock: `run[0]` is the pick, the rest
-    its rivals; `timings` in that order (`None` where there was no time left
-    to run them and no earlier race to reuse)."""
+class Raced(NamedTuple):
+    """Programs run round-robin on one clock: the pick, then its rivals;
+    `timings` in that order (`None`: no time to run them, and no earlier race)."""
 
     run: tuple[Planned, ...]
     timings: tuple[Timing, ...] | None
+
+
+def is_mix(c: Planned) -> bool:
+    """Whether `c` mixes two options over the layers of a stack (of any)."""
+    if isinstance(c, PerStack):
+        return any(isinstance(k, ranges) for k in c.values())
+    return isinstance(c, ranges)
 
 
 def _frozen(mapping: Mapping) -> Mapping:
@@ -50,30 +40,21 @@ def _empty() -> Mapping:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Evidence:
-    """What compiles and clocks have said, for one function and arguments.
+    """What compiles and clocks have said, for one function and arguments;
+    every method that adds returns a new value.
 
-    Every method that adds returns a new value. The attributes:
-
-    - `asked`: the budget asked for, in bytes.
-    - `capacity`: what one device holds, where known (`None`: the host's).
-    - `records`: each program compiled (or taken from the cache) by this call,
-      in order: a [`Compiled`][eqx_remat._planning._compiled.Compiled] record
-      (a refusal has `report=None` and XLA's message).
-    - `predicted`: the memory the model predicted for each record when it
-      asked for it (`None`: nothing to predict from yet).
-    - `fresh`: the records compiled by this call (not taken from the cache),
-      with the seconds compiling took.
-    - `timings`: measured step times.
-    - `timed_s`: seconds spent running programs to time them.
-    - `earlier_mixes`: compiled mixes' memory, from earlier calls for the same
-      function (this call's are in `records`).
-    - `raced_mixes`: mixes earlier calls raced (compiled and timed: cached).
-    - `priced`: checkpoints priced by tracing, besides the per-layer options.
-    - `races`: the races run, in order.
-    - `runnable`: the records that can run here (compiled for the device at
-      hand, within what it had free).
-    - `offered`: what the clock was asked to time (timed, or not runnable).
-    """
+    - `asked`: the budget asked for; `capacity`: what one device holds (`None`:
+      the host's).
+    - `records`: each program this call compiled or took from the cache, in
+      order (a refusal has `report=None` and XLA's message); `predicted`: the
+      memory the model predicted for each; `fresh`: those this call compiled,
+      with the seconds it took.
+    - `timings`: measured step times; `timed_s`: seconds spent timing.
+    - `earlier_mixes`: earlier calls' compiled mixes' memory; `raced_mixes`:
+      the mixes they raced, in the order they compiled them.
+    - `priced`: checkpoints priced by tracing, besides the options.
+    - `races`: the races run; `runnable`: the records that can run here;
+      `offered`: what the clock was asked to time."""
 
     asked: int
     capacity: int | None = None
@@ -84,10 +65,10 @@ class Evidence:
     fresh: Mapping[Planned, float] = dataclasses.field(default_factory=_empty)
     timings: Mapping[Planned, Timing] = dataclasses.field(default_factory=_empty)
     timed_s: float = 0.0
-    earlier_mixes: Mapping[ranges, int] = dataclasses.field(default_factory=_empty)
-    raced_mixes: frozenset = frozenset()
+    earlier_mixes: Mapping[Planned, int] = dataclasses.field(default_factory=_empty)
+    raced_mixes: tuple[Planned, ...] = ()
     priced: Mapping[Planned, Price] = dataclasses.field(default_factory=_empty)
-    races: tuple[Race, ...] = ()
+    races: tuple[Raced, ...] = ()
     runnable: frozenset = frozenset()
     offered: frozenset = frozenset()
 
@@ -132,14 +113,14 @@ class Evidence:
             offered=self.offered | set(offered) | set(timings),
         )
 
-    def raced(self, race: Race, seconds: float) -> "Evidence":
+    def raced(self, race: Raced, seconds: float) -> "Evidence":
         """With `race`: each program's time is the race's where the race ran
         at least as many rounds as timed it before."""
-        better = {}
-        for c, t in zip(race.run, race.timings or ()):
-            old = self.timings.get(c)
-            if old is None or t.rounds >= old.rounds:
-                better[c] = t
+        better = {
+            c: t
+            for c, t in zip(race.run, race.timings or ())
+            if (old := self.timings.get(c)) is None or t.rounds >= old.rounds
+        }
         out = self.timed(better, seconds)
         return dataclasses.replace(out, races=(*self.races, race))
 
@@ -151,12 +132,8 @@ class Evidence:
     @property
     def xla_capacity(self) -> int | None:
         """The least of what XLA's refusals say one device holds, if any said."""
-        said = [
-            r.available_bytes
-            for r in self.records.values()
-            if r.available_bytes is not None
-        ]
-        return min(said, default=None)
+        said = (r.available_bytes for r in self.records.values())
+        return min((x for x in said if x is not None), default=None)
 
     @property
     def budget(self) -> int:
@@ -169,22 +146,18 @@ class Evidence:
         return record.report is not None and record.report.total_bytes <= self.budget
 
     @property
-    def mixes(self) -> Mapping[ranges, int]:
+    def mixes(self) -> Mapping[Planned, int]:
         """Compiled mixes' memory: earlier calls' and this call's."""
         mine = {
             c: r.report.total_bytes
             for c, r in self.records.items()
-            if isinstance(c, ranges) and r.report is not None
+            if is_mix(c) and r.report is not None
         }
         return _frozen({**self.earlier_mixes, **mine})
 
-    def failed_mixes(self) -> list[ranges]:
+    def failed_mixes(self) -> list[Planned]:
         """The mixes this call compiled that do not fit, in order."""
-        return [
-            c
-            for c, r in self.records.items()
-            if isinstance(c, ranges) and not self.fits(r)
-        ]
+        return [c for c, r in self.records.items() if is_mix(c) and not self.fits(r)]
 
     @property
     def compiles(self) -> int:
@@ -200,8 +173,3 @@ class Evidence:
         """What is left of the time timing may take: this call's fresh
         compiles' time, less what timing took so far."""
         return self.compile_s - self.timed_s
-
-
-def total_left_s(evidence: Sequence[Evidence]) -> float:
-    """What is left of the timing allowance of several functions' evidence."""
-    return float(sum(e.left_s for e in evidence))

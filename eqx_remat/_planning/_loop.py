@@ -1,69 +1,53 @@
-"""The planner's search: a short loop over values (the algorithm is told once, in
-the tutorial *Fit a model in a budget*).
+"""The planner's one loop, over values, for a function of `k >= 1` stacks (the
+algorithm: the tutorial *Fit a model in a budget*). Each stage is a function of
+(model, `State`) that returns a request (`Compile`, `Time`, `Trace`, `Race`) or
+the next state; `loop` has the bench answer each request and folds the answer
+into new evidence (`answer`). Which stages run is chosen once (`solve`):
+`measure` (on the device at hand), `choose`, `cheaper`, `schedule_prices`,
+`schedules`, `nothing_fits`, `race` (on the device at hand)."""
 
-Each stage asks the cost model (`CostModel`, pure) what to confirm next: a
-`Compile`, a `Time` or a `Trace` request, or nothing. `settle` hands each
-request to the bench (`Bench`, the only part with effects) and folds its
-answer into new `Evidence`, until the stage asks for nothing; the stage's
-answer is then read off the model. The stages, in order:
-
-1. measure (on the device at hand): the lightest option and the one with
-   the fewest FLOPs compiled, then the options that may fit and that the
-   model cannot rank apart within its error (`contenders`), and all of them
-   run;
-2. choose: the cheapest mix predicted to fit (`best_mix`), its options and
-   then the mix compiled, until what is compiled fits;
-3. the cheapest compiled: options estimated faster and that may fit, compiled
-   and timed, beside mixes earlier calls raced;
-4. schedules: whole-stack schedules estimated faster than the pick;
-5. race (on the device at hand): the pick run beside the options timed within
-   the noise of it.
-
-Notes and progress lines are produced from the evidence and the stages'
-answers (`Swap`s), not threaded through the search.
-"""
-
-import warnings
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from .._inspect._memory import ReplicatedArgumentsWarning
-from .._inspect._targets import Target
-from .._schedules._checkpoint import (
-    Checkpoint,
-    Planned,
-    checkpoint_name,
-    map_checkpoints,
-)
-from .._schedules._ranges import ranges
-from .._util import format_bytes
+from .._inspect._clock import on_one_clock
+from .._schedules._checkpoint import Planned, checkpoint_name
+from .._util import format_bytes, format_size, format_time
 from ._bench import Bench, Problem
-from ._clock import RULED_OUT
-from ._cost import MODEL_ERROR, CostModel, contenders, mix_predictor, pareto_points
-from ._evidence import Evidence
+from ._cost import (
+    CostModel,
+    Part,
+    best_plan,
+    compiled_point,
+    contenders,
+    ends,
+    entry,
+    fewest,
+    floor,
+    may_fit,
+    point,
+    points,
+    uniform_plans,
+)
+from ._evidence import Evidence, Raced, is_mix
 from ._prices import Prices
 from ._report import (
     FrontierPoint,
     PlanEntry,
     PlanResult,
     format_memory,
-    format_size,
-    format_time,
     raise_nothing_fits,
 )
-from ._solve import best_mix, lower_hull
+from ._solve import lower_hull, pareto
+from ._thresholds import MIX_TRIES, MODEL_ERROR, RIVALS, RULED_OUT, UNIFORM_RIVALS
 
 
-# A call compiles at most this many mixes that do not fit, then chooses among
-# uniform options (each compile of a large model on TPU v5e takes minutes).
-MIX_TRIES = 6
 # More requests than this in one stage is a search that does not settle.
 _MOST_STEPS = 1000
 
 
 class Compile(NamedTuple):
-    """Compile `checkpoint` (the model predicted `predicted` bytes for it),
-    for the reason `why` (said in the progress line)."""
+    """Compile `checkpoint` (predicted: `predicted` bytes), for the reason `why`."""
 
     checkpoint: Planned
     predicted: float | int | None = None
@@ -82,12 +66,20 @@ class Trace(NamedTuple):
     checkpoint: Planned
 
 
-Request = Compile | Time | Trace
+class Race(NamedTuple):
+    """Run `run` (the pick, then its rivals) round-robin on one clock, where
+    `go` or an earlier call raced them."""
+
+    run: tuple[Planned, ...]
+    go: bool
+
+
+Request = Compile | Time | Trace | Race
 
 
 class Swap(NamedTuple):
-    """A stage's answer that replaced the pick: `old` by `new`, `why` (the
-    stage: `"compiled"`, or `"race"` with `ratio`, `old`'s time over `new`'s)."""
+    """The pick `old` replaced by `new`, `why`: `"compiled"`, or `"race"` with
+    `ratio`, `old`'s time over `new`'s."""
 
     why: str
     old: FrontierPoint
@@ -95,26 +87,46 @@ class Swap(NamedTuple):
     ratio: float = 1.0
 
 
-# --- the loop ---------------------------------------------------------------------
+class State(NamedTuple):
+    """The loop's state."""
+
+    # What compiles, clocks and tracing said.
+    evidence: Evidence
+    # What the stages decided: the pick (`None`: not yet, or nothing fits).
+    pick: FrontierPoint | None = None
+    swaps: tuple[Swap, ...] = ()
+    # What a stage set out to confirm when it started (`cheaper`, `schedules`).
+    todo: tuple = ()
 
 
-def settle(
+Stage = Callable[[CostModel, State], "Request | State"]
+
+
+# --- the loop -----------------------------------------------------------------------
+
+
+def loop(
     bench: Bench,
     problem: Problem,
-    ev: Evidence,
-    ask: Callable[[Evidence], Request | None],
-) -> Evidence:
-    """Ask, confirm on the bench, fold, until `ask` asks for nothing."""
-    for _ in range(_MOST_STEPS):
-        request = ask(ev)
-        if request is None:
-            return ev
-        ev = answer(bench, problem, ev, request)
-    raise AssertionError("plan: the search did not settle")
+    model: Callable[[Evidence], CostModel],
+    state: State,
+    stages: Sequence[Stage],
+) -> State:
+    """Each of `stages` in turn, its requests answered, until it returns a state."""
+    for stage in stages:
+        for _ in range(_MOST_STEPS):
+            out = stage(model(state.evidence), state)
+            if isinstance(out, State):
+                state = out
+                break
+            state = state._replace(evidence=answer(bench, problem, state.evidence, out))
+        else:
+            raise AssertionError("plan: the search did not settle")
+    return state
 
 
 def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Evidence:
-    """`ev` with the bench's answer to `request` folded in."""
+    """`ev` with the bench's answer to `request` (said)."""
     if isinstance(request, Trace):
         return ev.with_price(
             request.checkpoint, bench.price(problem, request.checkpoint)
@@ -133,6 +145,8 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
                 detail=n < 3,
             )
         return out
+    if isinstance(request, Race):
+        return _raced(bench, problem, ev, request)
     c = request.checkpoint
     record, fresh_s = bench.compile(problem, c)
     out = ev.compiled(record, fresh_s, request.predicted, bench.runnable(record))
@@ -152,88 +166,109 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
     return out
 
 
-def spent(ev: Evidence | Sequence[Evidence]) -> str:
-    """How long timing took against the compiles: the bound."""
-    evs = [ev] if isinstance(ev, Evidence) else list(ev)
-    timed, fresh = sum(e.timed_s for e in evs), sum(e.compile_s for e in evs)
-    over = " (over: the fewest rounds take longer)" if timed > fresh else ""
-    return (
-        f"timing {timed:.1f} s in all, for {fresh:.1f} s of this call's compiles{over}"
+def _raced(bench: Bench, problem: Problem, ev: Evidence, request: Race) -> Evidence:
+    """`ev` with the race of `request.run`, on the clock of `run[1]`'s timing."""
+    run = request.run
+    timings, took = bench.race(
+        problem,
+        run,
+        lambda: [bench.program(problem, ev.records[c]) for c in run],
+        ev.left_s,
+        request.go,
     )
+    if timings is not None:
+        pivot = ev.timings[run[1]].seconds
+        timings = tuple(on_one_clock(timings, 1, pivot, by="faster_half"))
+    out = ev.raced(Raced(run, timings), took)
+    bench.keep(problem, {c: t for c, t in out.timings.items() if c in run})
+    if timings is None:
+        timings, how = tuple(ev.timings[c] for c in run), "no time left to race"
+        how += " the pick (the plan's rounds decide)"
+    else:
+        how = "raced the pick"
+        bench.say(
+            f"raced {len(run)} programs in {timings[0].rounds} rounds; {spent(out)}"
+        )
+    k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
+    bench.say(
+        f"{how}: {timings[0].seconds / timings[k].seconds:.3f}x the step time of "
+        f"{checkpoint_name(run[k])}, the fastest option that fits and is not a mix"
+    )
+    return out
 
 
-def _model(bench: Bench, problem: Problem, prices: Prices | None):
-    return lambda ev: CostModel(prices, ev, bench.hardware, problem.share)
+def spent(ev: Evidence) -> str:
+    """How long timing took against the compiles: the bound."""
+    over = " (over: the fewest rounds take longer)" if ev.timed_s > ev.compile_s else ""
+    return (
+        f"timing {ev.timed_s:.1f} s in all, for {ev.compile_s:.1f} s of this call's "
+        f"compiles{over}"
+    )
 
 
 # --- solving ------------------------------------------------------------------------
 
 
-class Solved(NamedTuple):
-    """A solved plan: the result, and the evidence it stands on."""
-
-    result: PlanResult
-    evidence: Evidence
-
-
-def solve(bench: Bench, problem: Problem, asked: int) -> Solved:
-    """The checkpoint of `problem` that fits `asked` bytes and runs fastest."""
+def solve(bench: Bench, problem: Problem, asked: int) -> tuple[PlanResult, Evidence]:
+    """The fastest plan of `problem` that fits `asked` bytes, and its evidence."""
     prices = bench.prices(problem)
-    model = _model(bench, problem, prices)
+    model = models(bench, problem, prices)
+    m = model(Evidence(asked))
     _say_start(bench, prices)
-    ev = bench.start(problem, asked, [o.checkpoint for o in prices.options])
+    references = [
+        m.checkpoint(m.reference(k, o))
+        for k, s in enumerate(prices.stacks)
+        for o in s.options
+    ]
+    ev = bench.start(problem, asked, list(dict.fromkeys(references)))
     if ev.records:
         bench.say(
             f"{len(ev.records)} option(s) compiled by earlier calls: "
             + ", ".join(map(checkpoint_name, ev.records))
         )
-    if bench.measure:  # every option is compiled and run: the clock ranks them
-        ev = settle(bench, problem, ev, lambda ev: _ask_options(model(ev)))
-    ev = settle(bench, problem, ev, lambda ev: _request(search(model(ev))))
-    pick = _point(search(model(ev)))
-    swaps: list[Swap] = []
-    if pick is not None:
-        pick = _timed(model(ev), pick)
-        todo = [
-            (o.checkpoint, p)
-            for o, p in model(ev).may_fit(model(ev).options(), MODEL_ERROR)
-            if o.time * prices.per < pick.time_s
-        ]
-        ev = settle(bench, problem, ev, lambda ev: _ask_cheaper(model(ev), todo))
-        pick = _timed(model(ev), pick)
-        better = cheapest_compiled(model(ev), pick)
-        if better.checkpoint != pick.checkpoint:
-            swaps.append(Swap("compiled", pick, better))
-        pick = better
-    ev = settle(bench, problem, ev, lambda ev: _ask_schedule_prices(model(ev)))
-    cheaper = _cheaper_schedules(model(ev), pick)
-    ev = settle(
-        bench, problem, ev, lambda ev: _request(_schedule(model(ev), cheaper, pick))
-    )
-    pick = _point(_schedule(model(ev), cheaper, pick))
-    if pick is None:
-        _nothing_fits(bench, problem, ev, model)
-    assert pick is not None
+    # Chosen once: on the device at hand every option is compiled and run,
+    # the clock ranks them, and the pick races its rivals.
+    stages: tuple[Stage, ...] = (choose, cheaper, schedule_prices, schedules)
+    stages += (functools.partial(nothing_fits, label=bench.target.label),)
     if bench.measure:
-        pick, swaps, ev = _race(bench, problem, model, ev, pick, swaps)
-    m = model(ev)
-    hull = lower_hull(m.options())
-    bench.say(
-        "lower convex hull: " + ", ".join(checkpoint_name(o.checkpoint) for o in hull),
-        detail=True,
-    )
-    points = [m.uniform_point(o) for o in hull] + m.compiled_points()
-    entry = m.entry(ev.records[pick.checkpoint], pick.time_s)
-    frontier = pareto_points(points + [pick])
-    return Solved(finish(bench, ev, entry, (), frontier, prices, swaps), ev)
+        stages = (measure, *stages, race)
+    st = loop(bench, problem, model, State(ev), stages)
+    m, pick = model(st.evidence), st.pick
+    assert pick is not None
+    for k, s in enumerate(prices.stacks):
+        of = f" of {s.path}" if len(prices.stacks) > 1 else ""
+        hull = ", ".join(
+            checkpoint_name(o.checkpoint) for o in lower_hull(m.options(k))
+        )
+        bench.say(f"lower convex hull{of}: {hull}", detail=True)
+    record = st.evidence.records[pick.checkpoint]
+    chosen = entry(st.evidence, record, *m.time_s(pick.checkpoint, pick.time_s))
+    frontier = pareto(points(m) + [pick], _memory_time)
+    result = finish(bench, st.evidence, chosen, (), frontier, prices, st.swaps)
+    return result, st.evidence
+
+
+def _memory_time(p: FrontierPoint) -> tuple[int, float]:
+    """Compiled memory (else predicted) and time, for `pareto`."""
+    memory = p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
+    return memory, p.time_s
 
 
 def _say_start(bench: Bench, prices: Prices) -> None:
-    bench.say(
-        f"{len(prices.depths)} stack(s) of {'/'.join(map(str, prices.depths))} "
-        f"layers; {len(prices.options)} per-layer options; tags: "
-        f"{', '.join(prices.tags) or 'none'}"
-    )
+    if len(prices.stacks) > 1:
+        bench.say(
+            f"{len(prices.stacks)} stacks: "
+            + ", ".join(
+                f"{s.path} ({s.depth} layers, {len(s.options)} options)"
+                for s in prices.stacks
+            )
+        )
+    else:
+        bench.say(
+            f"{len(prices.depths)} stack(s) of {'/'.join(map(str, prices.depths))} "
+            f"layers; {len(prices.options)} per-layer options; tags: "
+            f"{', '.join(prices.tags) or 'none'}"
+        )
     hw, link = bench.hardware, bench.hardware.host_bytes_per_s
     bench.say(
         f"{'timing on' if bench.measure else 'estimating for'} "
@@ -244,60 +279,46 @@ def _say_start(bench: Bench, prices: Prices) -> None:
     )
 
 
-def _request(step: Any) -> Request | None:
-    return step if isinstance(step, Compile | Time | Trace) else None
+# --- the stages ---------------------------------------------------------------------
 
 
-def _point(step: Any) -> FrontierPoint | None:
-    return step if isinstance(step, FrontierPoint) else None
+def measure(m: CostModel, st: State) -> Request | State:
+    """Compiled, then timed: each stack's lightest option and fewest FLOPs; of
+    one stack, the `contenders`; of several, every option of every stack."""
+    ev, todo = m.evidence, []
+    for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
+        lightest = min(s.options, key=lambda o: (o.bytes, o.time))
+        cheapest = min(s.options, key=lambda o: (o.total_flops, o.bytes))
+        todo += [
+            (m.reference(k, lightest), None, _LIGHTEST),
+            (m.reference(k, cheapest), None, _CHEAPEST),
+        ]
+    if len(m.stacks) == 1:
+        near = contenders(m)
+        fastest = min(near, key=lambda p: p[0].time)[0] if near else None
+        todo += [((Part(o, o, 0),), p, _close(m, o, fastest)) for o, p in near]
+    else:
+        why = "one stack on one option, the others on 'nothing': its time per layer"
+        todo += [
+            (m.reference(k, o), None, why)
+            for k, s in enumerate(m.stacks)
+            for o in s.options
+        ]
+    for plan, predicted, why in todo:
+        c = m.checkpoint(plan)
+        if c not in ev.records:
+            return Compile(c, m.predict(plan) if predicted is None else predicted, why)
+    run = dict.fromkeys(m.checkpoint(p) for p, _, _ in todo)
+    run = [c for c in run if c not in ev.offered]
+    return Time(tuple(run)) if run else st
 
 
-def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
-    """`pick` with its compiled FLOPs and its measured time where it ran."""
-    record = m.evidence.records[pick.checkpoint]
-    seconds, measured = m.time_s(pick.checkpoint, pick.time_s)
-    return pick._replace(flops=record.flops, time_s=seconds, measured=measured)
-
-
-def _ask_options(m: CostModel) -> Request | None:
-    """On the device at hand, before the search: the two ends of the roofline
-    compiled, the lightest option (the base memory every prediction starts
-    from) and the one with the fewest FLOPs (its time says how far the
-    roofline's traffic is from the clock), then each of the `contenders`
-    (the options that may fit and that the model cannot rank apart),
-    lightest first; then all of them timed, again while timing moves the
-    bar (the scale, and the model's error, are the clock's)."""
-    ev = m.evidence
-    assert m.prices is not None  # the roofline's order: not moved by the clock
-    lightest = min(m.prices.options, key=lambda o: (o.bytes, o.time))
-    cheapest = min(m.prices.options, key=lambda o: (o.total_flops, o.bytes))
-    for o, why in (
-        (lightest, "the lightest option: the base memory of every prediction"),
-        (cheapest, "the fewest FLOPs: how far the roofline is from the clock"),
-    ):
-        if o.checkpoint not in ev.records:
-            return Compile(o.checkpoint, m.predict(o), why)
-    near = contenders(m)
-    fastest = min(near, key=lambda p: p[0].time)[0] if near else None
-    for o, predicted in near:
-        if o.checkpoint not in ev.records:
-            assert fastest is not None
-            return Compile(o.checkpoint, predicted, _close(m, o, fastest))
-    run = tuple(
-        c
-        for c in (
-            lightest.checkpoint,
-            cheapest.checkpoint,
-            *(o[0].checkpoint for o in near),
-        )
-        if c not in ev.offered
-    )
-    return Time(tuple(dict.fromkeys(run))) if run else None
+_LIGHTEST = "the lightest option: the base memory of every prediction"
+_CHEAPEST = "the fewest FLOPs: how far the roofline is from the clock"
 
 
 def _close(m: CostModel, o, fastest) -> str:
-    """Why contender `o` is compiled: how close the model puts it to the
-    fastest contender."""
+    """Why contender `o` is compiled: how close it is to the fastest."""
     if o.checkpoint == fastest.checkpoint:
         return "the fastest option predicted to fit"
     return (
@@ -307,72 +328,95 @@ def _close(m: CostModel, o, fastest) -> str:
     )
 
 
+def choose(m: CostModel, st: State) -> Request | State:
+    """The pick (`search`), and for `cheaper` the plans of uniform options that
+    may fit estimated faster (of several stacks, also the `UNIFORM_RIVALS`
+    fastest)."""
+    out = search(m)
+    if not isinstance(out, FrontierPoint | None):
+        return out
+    if out is None:
+        return st._replace(pick=None)
+    pick = _timed(m, out)
+    near = may_fit(m, uniform_plans(m), MODEL_ERROR)
+    todo = [(p, predicted) for p, predicted in near if m.time(p)[0] < pick.time_s]
+    if len(m.stacks) > 1:
+        fastest = sorted(near, key=lambda p: m.time(p[0])[0])[:UNIFORM_RIVALS]
+        todo += [p for p in fastest if p not in todo]
+    todo_cs = tuple((m.checkpoint(p), predicted) for p, predicted in todo)
+    return st._replace(pick=pick, todo=todo_cs)
+
+
 def search(m: CostModel) -> Request | FrontierPoint | None:
-    """What to compile next in the search for the cheapest mix predicted to fit,
-    or the answer: its point (compiled, and fitting), or `None` where nothing
-    may fit. The hull's two ends are compiled first (the cheapest and the
-    lightest: their base memory), unless two options are compiled already
-    (the bases between them are interpolated), then the ends of the best mix (on the
-    device at hand, all of them timed: a mix's time is predicted from its
-    parts'), then the mix; a mix over the budget bounds the heavy layers of
-    its pair (`fewest`), and after `MIX_TRIES` of them only uniform options
-    are chosen among."""
+    """The next request of the search for the fastest plan predicted to fit,
+    or its point (`None`: nothing may fit): the hulls' ends, the best mix's
+    ends, the mix; a mix over the budget bounds its pair's heavy layers
+    (`fewest`), and after `MIX_TRIES` of them only uniform options are left."""
     ev = m.evidence
-    options = m.options()
-    hull = lower_hull(options)
-    known = [c for c, r in ev.records.items() if r.report and m.option(c)]
-    for o, why in ((hull[-1], "cheapest"), (hull[0], "lightest")):
-        if o.checkpoint not in ev.records and len(known) < 2:
+    fastest, lightest = ends(m)
+    known = [c for c, r in ev.records.items() if r.report and m.uniform_plan(c)]
+    for plan, why in ((fastest, "cheapest"), (lightest, "lightest")):
+        c = m.checkpoint(plan)
+        if c not in ev.records and len(known) < 2:
             why = f"the {why} end of the lower hull: its base memory"
-            return Compile(o.checkpoint, m.predict(o), why)
+            return Compile(c, m.predict(plan), why)
     failed = ev.failed_mixes()
-    most = m.per if m.per > 1 and len(failed) < MIX_TRIES else 0
     limits: dict[tuple, int] = {}
     for c in failed:
-        pair = (c.parts[0][1], c.parts[1][1])
-        limits[pair] = min(limits.get(pair, m.per), m.fewest(c))
-    best = best_mix(
-        options,
-        mix_predictor(m),
-        m.per,
-        ev.budget,
-        lambda light, heavy: min(
-            limits.get((light.checkpoint, heavy.checkpoint), most), most
-        ),
-    )
+        for k, (light, heavy, n) in enumerate(m.plan(c) or ()):
+            if n:
+                pair = (k, light.checkpoint, heavy.checkpoint)
+                limits[pair] = min(limits.get(pair, m.stacks[k].depth), fewest(m, c))
+    tries = len(failed) < MIX_TRIES
+
+    def limit(k: int, light, heavy) -> int:
+        depth = m.stacks[k].depth
+        most = depth if depth > 1 and tries else 0
+        return min(limits.get((k, light.checkpoint, heavy.checkpoint), most), most)
+
+    best = best_plan(m, limit)
     if best is None:  # before saying nothing fits: what may, by the model's error
-        near = m.may_fit(options, m.model_error())
+        near = may_fit(m, uniform_plans(m), m.model_error())
         why = "no mix is predicted to fit; this may, by the model's error"
-        return Compile(near[0][0].checkpoint, near[0][1], why) if near else None
-    ends = (best.light,) if best.n == 0 else (best.light, best.heavy)
-    for o in ends:
-        if o.checkpoint not in ev.records:
-            why = "the pick" if best.n == 0 else "an end of the best mix: its base"
-            return Compile(o.checkpoint, m.predict(o), why)
+        return Compile(m.checkpoint(near[0][0]), near[0][1], why) if near else None
+    plan, predicted = best
+    mixed = [k for k, p in enumerate(plan) if p.n]
+    sides = [m.at(plan, k, o) for k in mixed for o in plan[k][:2]] or [plan]
+    for e in sides:
+        if m.checkpoint(e) not in ev.records:
+            why = "an end of the best mix: its base" if mixed else "the pick"
+            return Compile(m.checkpoint(e), m.predict(e), why)
     # On the device at hand a mix's time is its parts' measured times.
     untimed = tuple(
-        o.checkpoint
-        for o in (hull[-1], hull[0], *ends)
-        if o.checkpoint not in ev.offered
+        c
+        for c in dict.fromkeys(m.checkpoint(p) for p in (fastest, lightest, *sides))
+        if c not in ev.offered
     )
     if untimed:
-        return Time(tuple(dict.fromkeys(untimed)))
-    if best.n == 0:
-        return m.uniform_point(best.light)
-    point = m.mix_point(best)
-    if point.checkpoint not in ev.records:
+        return Time(untimed)
+    if not mixed:
+        return point(m, plan)
+    mix = point(m, plan, predicted)
+    if mix.checkpoint not in ev.records:
         why = "the mix predicted to fit, estimated fastest"
-        return Compile(point.checkpoint, best.predicted, why)
-    return point
+        return Compile(mix.checkpoint, predicted, why)
+    return mix
 
 
-def _ask_cheaper(
-    m: CostModel, todo: Sequence[tuple[Checkpoint, float]]
-) -> Request | None:
-    """The options estimated faster than the pick that may fit (`todo`), the
-    mixes earlier calls raced, then every compiled option timed."""
+def _timed(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
+    """`pick` with its compiled FLOPs and measured time."""
+    record = m.evidence.records[pick.checkpoint]
+    seconds, measured = m.time_s(pick.checkpoint, pick.time_s)
+    return pick._replace(flops=record.flops, time_s=seconds, measured=measured)
+
+
+def cheaper(m: CostModel, st: State) -> Request | State:
+    """What `choose` found and the mixes earlier calls raced, compiled (and
+    timed): the fastest that fits (`cheapest_compiled`)."""
+    if st.pick is None:
+        return st
     ev = m.evidence
-    for c, predicted in todo:
+    for c, predicted in st.todo:
         if c not in ev.records:
             return Compile(c, predicted, "estimated faster than the pick; may fit")
     for c in ev.raced_mixes:
@@ -381,64 +425,65 @@ def _ask_cheaper(
     run = tuple(
         c
         for c in ev.records
-        if (not isinstance(c, ranges) or c in ev.raced_mixes) and c not in ev.offered
+        if (not is_mix(c) or c in ev.raced_mixes) and c not in ev.offered
     )
-    return Time(run) if run else None
+    if run:
+        return Time(run)
+    pick = _timed(m, st.pick)
+    better = cheapest_compiled(m, pick)
+    swaps = st.swaps
+    if better.checkpoint != pick.checkpoint:
+        swaps = (*swaps, Swap("compiled", pick, better))
+    return st._replace(pick=better, swaps=swaps, todo=())
 
 
 def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
-    """`pick`, or, if a compiled uniform option or schedule that fits is faster,
-    or a mix that fits and was timed (by an earlier call's race), that one."""
+    """`pick`, or a faster compiled plan that fits and is not a mix (unless raced)."""
     ev = m.evidence
     fitting = []
     for i, (c, r) in enumerate(ev.records.items()):
-        if not ev.fits(r) or (isinstance(c, ranges) and c not in ev.timings):
+        if not ev.fits(r) or (is_mix(c) and c not in ev.timings):
             continue
         if c == pick.checkpoint:
             continue
-        o = m.option(c)
-        estimate = o.time * m.per if o is not None else m.schedule_time(c, r.flops)
+        plan = m.plan(c)
+        estimate = m.schedule_time(c, r.flops) if plan is None else m.priced(plan)
         seconds, _ = m.time_s(c, estimate)
         fitting.append((seconds, i, c, estimate))
     if not fitting or min(fitting)[0] >= pick.time_s:
         return pick
     _, _, c, estimate = min(fitting)
-    return m.compiled_point(c, estimate)
+    return compiled_point(m, c, estimate)
 
 
-def _ask_schedule_prices(m: CostModel) -> Request | None:
+def schedule_prices(m: CostModel, st: State) -> Request | State:
+    """The schedules priced, then for `schedules` those estimated faster than
+    the pick, fastest first."""
     assert m.prices is not None
     for c, flops in m.prices.schedules:
         if m.needs_price(c, flops):
             return Trace(c)
-    return None
-
-
-def _cheaper_schedules(m: CostModel, pick: FrontierPoint | None) -> list[tuple]:
-    """The schedules estimated faster than `pick`, fastest first."""
-    assert m.prices is not None
     reports = [r.report for r in m.evidence.records.values() if r.report is not None]
-    if (
-        reports
-        and m.evidence.budget < reports[0].argument_bytes + reports[0].output_bytes
+    if reports and m.evidence.budget < (
+        reports[0].argument_bytes + reports[0].output_bytes
     ):
-        return []  # every checkpoint needs the arguments and outputs
+        return st._replace(todo=())  # every checkpoint needs them
     estimates = sorted(
         (m.schedule_time(c, flops), i, c)
         for i, (c, flops) in enumerate(m.prices.schedules)
     )
-    return [e for e in estimates if pick is None or e[0] < pick.time_s]
+    pick = st.pick
+    return st._replace(
+        todo=tuple(e for e in estimates if pick is None or e[0] < pick.time_s)
+    )
 
 
-def _schedule(
-    m: CostModel, cheaper: Sequence[tuple], pick: FrontierPoint | None
-) -> Request | FrontierPoint | None:
-    """What to confirm next of the `cheaper` schedules (compiled, then timed,
-    fastest first), or the answer: the first that fits and, timed, still
-    beats `pick`; else `pick`."""
-    ev = m.evidence
-    for estimate, _, c in cheaper:
-        if m.floor(c) > ev.budget:
+def schedules(m: CostModel, st: State) -> Request | State:
+    """The first schedule found that fits and beats the pick; where nothing
+    fits, for `nothing_fits`, those whose floor is below the least memory."""
+    ev, pick = m.evidence, st.pick
+    for estimate, _, c in st.todo:
+        if floor(m, c) > ev.budget:
             continue
         if c not in ev.records:
             return Compile(c, None, "a schedule estimated faster than the pick")
@@ -446,137 +491,137 @@ def _schedule(
             continue
         if c not in ev.offered:
             return Time((c,))
-        point = m.compiled_point(c, estimate)
-        if pick is None or point.time_s < pick.time_s:
-            return point
-    return pick
-
-
-def _race(
-    bench: Bench,
-    problem: Problem,
-    model: Callable[[Evidence], CostModel],
-    ev: Evidence,
-    pick: FrontierPoint,
-    swaps: list[Swap],
-) -> tuple[FrontierPoint, list[Swap], Evidence]:
-    """`pick` against its rivals, the options that fit, are not a mix and were
-    timed within 3% of the fastest of them: the fastest. Timings that close
-    are within the noise of the rounds that ranked them, so where what is
-    left of this call's compile time covers a warm-up and two rounds, the
-    pick and as many rivals as it covers (at most three) are run round-robin
-    again (once per plan cache); otherwise the plan's own rounds decide. A
-    pick not timed yet (a mix) is always run, with one rival at least: it is
-    measured before it is returned."""
-    c0 = pick.checkpoint
-    if c0 not in ev.runnable:
-        return pick, swaps, ev
-    measured = c0 in ev.timings
-    fitting = sorted(
-        (
-            c
-            for c, r in ev.records.items()
-            if ev.fits(r)
-            and not isinstance(c, ranges)
-            and c in ev.timings
-            and c in ev.runnable
-        ),
-        key=lambda c: ev.timings[c].seconds,
-    )
-    step = ev.timings[c0].seconds if measured else pick.time_s
-    rivals, n = close_rivals(ev, c0, step, fitting)
-    if not rivals:
-        if not measured:  # nothing to race: timed beside the plan's clock
-            ev = answer(bench, problem, ev, Time((c0,)))
-        seconds, measured = model(ev).time_s(c0, pick.time_s)
-        return pick._replace(time_s=seconds, measured=measured), swaps, ev
-    run = [c0, *rivals[: max(n, 1)]]
-    race, seconds = bench.race(problem, run, ev, go=n > 0 or not measured)
-    ev = ev.raced(race, seconds)
-    if race.timings is None:
-        timings = [ev.timings[c] for c in run]
-        how = "no time left to race the pick (the plan's rounds decide)"
-    else:
-        timings = list(race.timings)
-        how = "raced the pick"
-        bench.say(
-            f"raced {len(run)} programs in {timings[0].rounds} rounds; {spent(ev)}"
-        )
-    k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
-    ratio = timings[0].seconds / timings[k].seconds
-    bench.say(
-        f"{how}: {ratio:.3f}x the step time of {checkpoint_name(run[k])}, the "
-        "fastest option that fits and is not a mix"
-    )
-    if ratio < 1.0:
-        return pick._replace(time_s=timings[0].seconds, measured=True), swaps, ev
-    best = model(ev).compiled_point(run[k], timings[k].seconds)
-    best = best._replace(time_s=timings[k].seconds, measured=True)
-    return best, [*swaps, Swap("race", pick, best, ratio)], ev
-
-
-def close_rivals(
-    ev: Evidence, first: Planned, first_s: float, timed: Sequence[Planned]
-) -> tuple[list[Planned], int]:
-    """`(rivals, n)`: of `timed` (timed, fastest first), those other than
-    `first` timed within `RULED_OUT` of the fastest (at most three: timings
-    that close are within the noise of the rounds that ranked them), and how
-    many of them, beside `first` (a step of `first_s`), what is left of this
-    call's compile time covers a warm-up and two rounds of."""
-    if not timed:
-        return [], 0
-    bar = (1 + RULED_OUT) * ev.timings[timed[0]].seconds
-    rivals = [c for c in timed if ev.timings[c].seconds <= bar and c != first][:3]
-    step, n = first_s, 0
-    for c in rivals:  # a warm-up and two rounds of each program raced
-        step += ev.timings[c].seconds
-        if 3 * step > ev.left_s:
+        done = compiled_point(m, c, estimate)
+        if pick is None or done.time_s < pick.time_s:
+            pick = done
             break
-        n += 1
-    return rivals, n
-
-
-def _nothing_fits(
-    bench: Bench, problem: Problem, ev: Evidence, model: Callable[[Evidence], CostModel]
-) -> None:
-    """Compile the schedules whose floor is below the least memory compiled
-    (so that the error names the smallest memory there is), then raise
-    `NothingFits`."""
-    m = model(ev)
+    if pick is not None:
+        return st._replace(pick=pick, todo=())
     assert m.prices is not None
     least = min(
         (r.report.total_bytes for r in ev.records.values() if r.report), default=None
     )
-    lightest = [c for c, _ in m.prices.schedules if least is None or m.floor(c) < least]
-    ev = settle(
-        bench,
-        problem,
-        ev,
-        lambda ev: next(
+    todo = [c for c, _ in m.prices.schedules if least is None or floor(m, c) < least]
+    return st._replace(pick=None, todo=tuple(todo))
+
+
+def nothing_fits(m: CostModel, st: State, *, label: str) -> Request | State:
+    """Where nothing fits: the schedules left compiled, then `NothingFits`."""
+    if st.pick is not None:
+        return st
+    ev = m.evidence
+    for c in st.todo:
+        if c not in ev.records:
+            return Compile(c, None, "nothing fits: a schedule that may need less")
+    out = traced(list(ev.records))(m, st)
+    if out is not st:
+        return out
+    entries = [entry(ev, r, *m.time_s(c)) for c, r in ev.records.items()]
+    raise_nothing_fits(entries, ev.budget, target_name(label, ev))
+
+
+def race(m: CostModel, st: State) -> Request | State:
+    """The pick raced against its rivals: the plans that fit, are not a mix and
+    were timed within `RULED_OUT` of the fastest (at most `RIVALS`, as many as
+    the time left covers a warm-up and two rounds of; a mix not timed races
+    one at least)."""
+    ev, pick = m.evidence, st.pick
+    assert pick is not None
+    c0 = pick.checkpoint
+    if c0 not in ev.runnable:
+        return st
+    done = next((r for r in ev.races if r.run[0] == c0), None)
+    if done is None:
+        measured = c0 in ev.timings
+        fitting = sorted(
             (
-                Compile(c, None, "nothing fits: a schedule that may need less")
-                for c in lightest
-                if c not in ev.records
+                c
+                for c, r in ev.records.items()
+                if ev.fits(r) and not is_mix(c) and c in ev.timings and c in ev.runnable
             ),
-            None,
-        ),
+            key=lambda c: ev.timings[c].seconds,
+        )
+        bar = (1 + RULED_OUT) * min((ev.timings[c].seconds for c in fitting), default=0)
+        rivals = [c for c in fitting if ev.timings[c].seconds <= bar and c != c0]
+        rivals, n = rivals[:RIVALS], 0
+        step = ev.timings[c0].seconds if measured else pick.time_s
+        for c in rivals:  # a warm-up and two rounds of each program raced
+            step += ev.timings[c].seconds
+            if 3 * step > ev.left_s:
+                break
+            n += 1
+        if rivals:
+            return Race((c0, *rivals[: max(n, 1)]), go=n > 0 or not measured)
+        if not measured and c0 not in ev.offered:  # timed beside the plan's clock
+            return Time((c0,))
+        seconds, measured = m.time_s(c0, pick.time_s)
+        return st._replace(pick=pick._replace(time_s=seconds, measured=measured))
+    run = done.run
+    timings = done.timings or tuple(ev.timings[c] for c in run)
+    k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
+    ratio = timings[0].seconds / timings[k].seconds
+    if ratio < 1.0:
+        return st._replace(pick=pick._replace(time_s=timings[0].seconds, measured=True))
+    best = compiled_point(m, run[k], timings[k].seconds)
+    best = best._replace(time_s=timings[k].seconds, measured=True)
+    return st._replace(pick=best, swaps=(*st.swaps, Swap("race", pick, best, ratio)))
+
+
+def traced(cs: Sequence[Planned]) -> Stage:
+    """A stage: each of `cs` not timed priced by tracing (its roofline)."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        need = [c for c in cs if c not in m.evidence.timings and not m.can_price(c)]
+        return Trace(need[0]) if need else st
+
+    return stage
+
+
+def compiled(
+    todo: Sequence[tuple[Planned, float | int | None]],
+    why: str = "",
+    *,
+    until_fits: bool = False,
+) -> Stage:
+    """A stage: each `(checkpoint, predicted)` of `todo` compiled in turn, for
+    the reason `why`; with `until_fits`, until one fits."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        ev = m.evidence
+        for c, predicted in todo:
+            if c not in ev.records:
+                return Compile(c, predicted, why)
+            if until_fits and ev.fits(ev.records[c]):
+                break
+        return st
+
+    return stage
+
+
+def timing(cs: Callable[[Evidence], Sequence[Planned]]) -> Stage:
+    """A stage: the checkpoints `cs(evidence)` names timed where they run."""
+
+    def stage(m: CostModel, st: State) -> Request | State:
+        run = tuple(c for c in cs(m.evidence) if c not in m.evidence.offered)
+        return Time(run) if run else st
+
+    return stage
+
+
+def models(
+    bench: Bench, problem: Problem, prices: Prices | None
+) -> Callable[[Evidence], CostModel]:
+    """`problem`'s cost model on `bench`'s hardware, for any evidence."""
+    return functools.partial(
+        CostModel, prices, hardware=bench.hardware, share=problem.share
     )
-    ev = settle(bench, problem, ev, lambda ev: _ask_prices(model(ev), list(ev.records)))
-    m = model(ev)
-    entries = [m.entry(r, m.roofline(c)) for c, r in ev.records.items()]
-    raise_nothing_fits(entries, ev.budget, target_name(bench, ev))
 
 
-def _ask_prices(m: CostModel, cs: Sequence[Planned]) -> Request | None:
-    """The first of `cs` whose roofline needs tracing."""
-    return next((Trace(c) for c in cs if not m.priced(c)), None)
-
-
-def target_name(bench: Bench, ev: Evidence) -> str:
+def target_name(label: str, ev: Evidence) -> str:
     for r in ev.records.values():
         if r.report is not None:
             return r.report.target
-    return bench.target.label
+    return label
 
 
 # --- candidates ---------------------------------------------------------------------
@@ -585,31 +630,22 @@ def target_name(bench: Bench, ev: Evidence) -> str:
 def compare(
     bench: Bench, problem: Problem, asked: int, candidates: Sequence[Planned]
 ) -> PlanResult:
-    """Each of `candidates` compiled (and timed where the bench measures):
-    the fastest that fits."""
+    """The fastest of `candidates` that fits, each compiled (and timed)."""
     bench.say(
         f"compiling {len(candidates)} candidates for "
         f"{bench.target.name or bench.hardware.kind}"
     )
-    model = _model(bench, problem, None)
-    ev = bench.start(problem, asked)
-    for c in candidates:
-        ev = answer(bench, problem, ev, Compile(c))
-    ev = answer(bench, problem, ev, Time(tuple(candidates)))
-    untimed = [c for c in candidates if c not in ev.timings]
-    ev = settle(bench, problem, ev, lambda ev: _ask_prices(model(ev), untimed))
+    model = models(bench, problem, None)
+    stages = [compiled([(c, None) for c in candidates]), timing(lambda _: candidates)]
+    st = State(bench.start(problem, asked))
+    ev = loop(bench, problem, model, st, [*stages, traced(candidates)]).evidence
     m = model(ev)
-    table = [
-        m.entry(ev.records[c], m.roofline(c) if c in untimed else 0.0)
-        for c in candidates
-    ]
+    table = [entry(ev, ev.records[c], *m.time_s(c)) for c in candidates]
     fitting = [e for e in table if e.fits]
     if not fitting:
-        raise_nothing_fits(table, ev.budget, target_name(bench, ev))
-    order = {id(e): i for i, e in enumerate(table)}
-    chosen = min(
-        fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes, order[id(e)])
-    )
+        raise_nothing_fits(table, ev.budget, target_name(bench.target.label, ev))
+    # Of equals, the first given (`min` keeps the first).
+    chosen = min(fitting, key=lambda e: (e.time_s, e.flops, e.memory_bytes))
     return finish(bench, ev, chosen, table, (), None, [])
 
 
@@ -625,10 +661,8 @@ def finish(
     prices: Prices | None,
     swaps: Sequence[Swap],
 ) -> PlanResult:
-    """The result, `fits` against the budget the evidence ends with; the notes
-    and the closing progress line said."""
-    m = CostModel(prices, ev, bench.hardware)
-    said = notes(bench, m, swaps)
+    """The result, the notes and the closing progress line said."""
+    said = notes(bench, ev, prices, swaps)
     for n in said:
         bench.say(f"note: {n}")
     seconds = bench.say.elapsed()
@@ -644,7 +678,7 @@ def finish(
         chosen,
         tuple(table),
         ev.budget,
-        target_name(bench, ev),
+        target_name(bench.target.label, ev),
         tuple(frontier),
         tuple(said),
         ev.compiles,
@@ -654,11 +688,12 @@ def finish(
     )
 
 
-def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
-    """What the user should know, from the evidence and the stages' answers:
-    a budget over what one device holds, figures of an unknown device,
-    stacks that cannot be mixed, mixes that did not fit, and picks replaced."""
-    ev, out = m.evidence, []
+def notes(
+    bench: Bench, ev: Evidence, prices: Prices | None, swaps: Sequence[Swap] = ()
+) -> list[str]:
+    """What the user should know: the budget cut to the device, its figures
+    unknown, stacks not mixed, mixes that did not fit, picks replaced."""
+    out = []
     if ev.capacity is not None and ev.asked > ev.capacity:
         out.append(
             f"the budget, {format_bytes(ev.asked)}, is more than one device "
@@ -675,14 +710,13 @@ def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
         out.append(
             f"this device's figures are unknown; priced as {hw.kind} ({hw.source})"
         )
-    if m.prices is not None and len(set(m.prices.depths)) > 1:
-        out.append(
-            f"stacks of different depths ({', '.join(map(str, m.prices.depths))}) "
-            "cannot share layer ranges: comparing uniform options only"
-        )
-    if m.prices is not None:
-        out += m.prices.notes
-    out += _mix_notes(m)
+    if prices is not None:
+        if len(prices.stacks) == 1 and len(set(prices.depths)) > 1:
+            out.append(
+                f"stacks of different depths ({', '.join(map(str, prices.depths))}) "
+                "cannot share layer ranges: comparing uniform options only"
+            )
+        out += [*prices.notes, *_mix_notes(CostModel(prices, ev, bench.hardware))]
     for s in swaps:
         old, new = checkpoint_name(s.old.checkpoint), checkpoint_name(s.new.checkpoint)
         if s.why == "compiled":
@@ -699,20 +733,21 @@ def notes(bench: Bench, m: CostModel, swaps: Sequence[Swap]) -> list[str]:
 
 
 def _mix_notes(m: CostModel) -> list[str]:
-    """The mixes that did not fit, each with what it compiled to (of a
-    function that was priced: only a solve compiles mixes)."""
+    """The mixes that did not fit, each with what it compiled to."""
     ev, out = m.evidence, []
-    if m.prices is None:
-        return out
     failed = ev.failed_mixes()
     for c in failed:
-        (_, light), (_, heavy) = c.parts
+        mixed = [p for p in m.plan(c) or () if p.n]
+        if not mixed:
+            continue
+        ((light, heavy, _),) = mixed
         predicted = ev.predicted.get(c)
         out.append(
             f"{checkpoint_name(c)} was predicted to fit "
             f"({format_size(predicted or 0)}) but compiled to "
-            f"{format_memory(ev.records[c])}: at most {m.fewest(c)} layers of "
-            f"{checkpoint_name(heavy)} with {checkpoint_name(light)}"
+            f"{format_memory(ev.records[c])}: at most {fewest(m, c)} layers of "
+            f"{checkpoint_name(heavy.checkpoint)} with "
+            f"{checkpoint_name(light.checkpoint)}"
         )
     if len(failed) >= MIX_TRIES:
         out.append(
@@ -720,42 +755,3 @@ def _mix_notes(m: CostModel) -> list[str]:
             "the model's here; choosing among uniform options"
         )
     return out
-
-
-def roofline_seconds(
-    fn: Callable[..., Any], *args: Any, target: str | None = None
-) -> float:
-    """The roofline's estimate of one step of `fn(*args)` on one chip of
-    `target`, under the checkpoint that `args`' checkpoint fields hold now:
-    the function's FLOPs at the chip's peak, the bytes it moves through
-    device memory at its bandwidth, and what it offloads over the host link
-    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
-    parts' estimates, each per layer, weighted by their layers. On the CPU
-    the figures are this CPU's, measured once.
-
-    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
-    `checkpoint` field or a function that differentiates no stack."""
-    found = map_checkpoints(args, lambda c: c)[1]
-    if not found:
-        raise ValueError(
-            "roofline_seconds expected arguments containing an eqx.Module with a "
-            "`checkpoint` field. Got none."
-        )
-    on = Target.of(target, "roofline_seconds")
-    with warnings.catch_warnings(), on.traced():
-        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
-        bench = Bench(on, False)
-        problem = Problem.of(fn, args, on)
-        m = CostModel(
-            bench.prices(problem), Evidence(2**62), bench.hardware, problem.share
-        )
-        parts = (
-            [p for _, p in found[0].parts]
-            if isinstance(found[0], ranges)
-            else found[:1]
-        )
-        ev = m.evidence
-        for c in parts:
-            if not m.priced(c):
-                ev = ev.with_price(c, bench.price(problem, c))
-        return CostModel(m.prices, ev, bench.hardware, problem.share).roofline(found[0])

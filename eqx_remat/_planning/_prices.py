@@ -1,35 +1,34 @@
-"""What tracing a function tells the planner, priced once: its stacks, and each
-per-layer option per layer and per chip (`Prices`, frozen). Traced, never run;
-compiled only to ask whether an offloading option on the hull pays (`check`);
-the bench caches it per function, arguments and target."""
+"""The planner's one pricer (`price_function`): a function's stacks, and each
+stack's per-layer options priced per layer and per chip by tracing (`Prices`,
+frozen; one stack the case k = 1). Compiled only to ask whether an offloading
+option on a stack's hull pays; the bench caches it."""
 
 import dataclasses
+import functools
+import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._inspect._flops import count_flops
-from .._inspect._hardware import Hardware
-from .._policies._values import save_names
+from .._inspect._hardware import Hardware, roofline_time
+from .._policies._values import offload_names, save_names
 from .._schedules._binomial import binomial
 from .._schedules._checkpoint import (
     Checkpoint,
+    PerStack,
     Planned,
     checkpoint_name,
     set_checkpoint,
 )
 from .._schedules._engine import Schedule
 from .._schedules._uniform import every, nested, recursive
-from .._util import format_flops
-from ._evidence import Price
-from ._report import format_size
+from .._util import format_flops, format_size
 from ._solve import (
     Option,
+    Price,
     lower_hull,
-    per_layer_options,
-    prefix_options,
     price,
-    roofline_time,
     stack_depths,
 )
 
@@ -60,37 +59,48 @@ make sense at the stack's depth: `every(k)` and `binomial(s)` below it); pass
 instead."""
 
 
+class Stack(NamedTuple):
+    """One stack's `path`, `depth` (the layers a mix ranges over: 1 where its
+    runs differ in depth) and options, each priced with this stack on it and
+    every other on `"nothing"`, per layer and per chip."""
+
+    path: str
+    depth: int
+    options: tuple[Option, ...]
+
+    def option(self, c: Planned) -> Option | None:
+        return next((o for o in self.options if o.checkpoint == c), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Prices:
-    """What tracing the function told: its stacks, and each per-layer option
-    priced per layer and per chip.
+    """What tracing the function told: its `stacks` (each a `Stack`, in the
+    order it first runs), the `depths` of every run of a stack, the model's
+    `tags`, the `base` a plan's price adds to its stacks' options' (an
+    option is priced with every other stack on `"nothing"`, so `k` stacks
+    count that `k - 1` times too many: `base` is minus that), the
+    whole-stack `schedules` worth comparing (one stack) with their FLOPs,
+    and the `notes` to say (offloading options that do not pay)."""
 
-    - `depths`: the depth of each differentiated stack, in the order it runs.
-    - `per`: the depth all stacks share (mixes are of that many layers), or 1
-      where stacks of different depths cannot be mixed.
-    - `share`: the part of the activations one chip holds.
-    - `options`: the per-layer options ([`Option`][]s, time by the roofline).
-    - `tags`: the model's `checkpoint_name` tags.
-    - `flops_none`: the function's FLOPs without checkpointing.
-    - `schedules`: the whole-stack schedules worth comparing, with their FLOPs.
-    - `notes`: what the pricing found that the result should say (offloading
-      options dropped because they do not pay).
-    """
-
+    stacks: tuple[Stack, ...]
     depths: tuple[int, ...]
-    per: int
-    share: float
-    options: tuple[Option, ...]
     tags: tuple[str, ...]
-    flops_none: int
+    base: Option
     schedules: tuple[tuple[Schedule, int], ...]
     notes: tuple[str, ...] = ()
 
+    @property
+    def per(self) -> int:
+        """The depth of one stack (1 for several, or runs of several depths)."""
+        return self.stacks[0].depth if len(self.stacks) == 1 else 1
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """The options of one stack (none where there are several)."""
+        return self.stacks[0].options if len(self.stacks) == 1 else ()
+
     def option(self, c: Planned) -> Option | None:
-        for o in self.options:
-            if o.checkpoint == c:
-                return o
-        return None
+        return self.stacks[0].option(c) if len(self.stacks) == 1 else None
 
 
 def useful(c: Schedule, depth: int) -> bool:
@@ -104,25 +114,19 @@ def useful(c: Schedule, depth: int) -> bool:
     return depth > 2
 
 
-def trace_price(fn: Callable, args: tuple, c: Planned, depths: frozenset) -> Price:
-    """`c`'s [`Price`][]: `fn(*args)` traced with every checkpoint field `c`."""
-    device, host, flops, moved, _ = price(fn, args, c, depths)
-    return Price(device, host, flops, moved)
-
-
 def price_function(
     fn: Callable[..., Any],
     args: tuple,
+    stacks: Sequence[tuple[str, int]],
     hw: Hardware,
     share: float,
     say: Callable[..., None],
-    check: Callable[[Checkpoint], str | None] | None = None,
+    check: Callable[[Planned], str | None] | None = None,
 ) -> Prices:
-    """Trace `fn(*args)`: its stacks, then each per-layer option (`say` tells
-    each, as a detail). With `check`, an offloading option on the lower hull
-    is checked once (`check(c)`: why it does not pay, compiled beside its
-    save-on-device twin, or `None`) and dropped, with a note, where it does
-    not pay; then the hull is taken again."""
+    """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
+    its per-layer options, every other stack on `"nothing"` (each said, as a
+    detail). With `check` (why `c` does not pay, or `None`), an offloading
+    option on a stack's lower hull that does not pay is dropped, with a note."""
     say("tracing the function to find its stacks")
     depths = tuple(stack_depths(fn, args))
     if not depths:
@@ -132,74 +136,122 @@ def price_function(
             "eqx.filter_grad(loss)). Got a function whose backward pass runs "
             "no checkpointed stack."
         )
+    kinds, several = frozenset(depths), len(stacks) > 1
     per = depths[0] if len(set(depths)) == 1 else 1
-    kinds = frozenset(depths)
-    raw: dict[Checkpoint, tuple[int, int, int, int]] = {}
+    nothing = {p: "nothing" for p, _ in stacks}
+    raw: dict[Planned, Price] = {}
     tags: list[str] = []
 
-    def priced(c: Checkpoint) -> None:
-        start = time.perf_counter()
-        device, host, flops, moved, names = price(fn, args, c, kinds)
-        raw[c] = device, host, flops, moved
-        say(
-            f"priced {checkpoint_name(c)}: {format_size(share * device / per)}/layer"
-            + (f" + {format_size(share * host / per)} on the host" if host else "")
-            + f", {format_flops(flops)} FLOPs, {format_size(moved)} moved "
-            f"({time.perf_counter() - start:.1f} s)",
-            detail=True,
-        )
-        tags.extend(t for t in names if t not in tags)
+    def on(path: str, c: Checkpoint) -> Planned:
+        return PerStack({**nothing, path: c}) if several else c
 
-    priced(None)
-    host_link = hw.host_bytes_per_s is not None
-    for c in per_layer_options(tags, host_link)[1:]:
-        priced(c)
-    nothing = raw["nothing"]
+    def priced(c: Planned) -> Price:
+        if c not in raw:
+            start = time.perf_counter()
+            raw[c] = p = price(fn, args, c, kinds)
+            d = per if not several else 1
+            say(
+                f"priced {checkpoint_name(c)}: {format_size(share * p.device / d)}"
+                + ("/layer" if not several else "")
+                + (
+                    f" + {format_size(share * p.host / d)} on the host"
+                    if p.host
+                    else ""
+                )
+                + f", {format_flops(p.flops)} FLOPs, {format_size(p.moved)} moved "
+                f"({time.perf_counter() - start:.1f} s)",
+                detail=True,
+            )
+            tags.extend(t for t in p.tags if t not in tags)
+        return raw[c]
+
+    # Without checkpointing first: its tags, in the order the program has them.
+    priced(PerStack({p: None for p in nothing}) if several else None)
+    out, notes = [], []
+    for path, depth in stacks:
+        each = functools.partial(lambda path, c: priced(on(path, c)), path)
+        stack = _stack(path, depth if several else per, tags, each, share, hw)
+        if check is not None:
+            checked = functools.partial(lambda path, c: check(on(path, c)), path)
+            options, dropped = _drop_unpaid(stack.options, checked, say)
+            stack, notes = stack._replace(options=options), notes + dropped
+        out.append(stack)
+        if several:
+            n = len(stack.options)
+            say(f"priced {n} options of {path} ({depth} layers)", detail=True)
+    # A plan counts every stack on "nothing" once per stack but one too many.
+    base = Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
+    if several:
+        o = _option("nothing", priced(PerStack(nothing)), 0, 1, share, hw)
+        k = 1 - len(stacks)
+        base = o._replace(**{f: k * getattr(o, f) for f in Option._fields[1:]})
+    schedules = () if several else tuple(_schedules(fn, args, min(depths)))
+    return Prices(tuple(out), depths, tuple(tags), base, schedules, tuple(notes))
+
+
+def _stack(
+    path: str,
+    depth: int,
+    tags: list[str],
+    priced: Callable[[Checkpoint], Price],
+    share: float,
+    hw: Hardware,
+) -> Stack:
+    """One stack's options, from `priced(c)` (a `ValueError` for a tag it does
+    not have): the uniform policies (with a host link, the offloading one),
+    one `save_names` per tag, then of the tags ordered by the recomputation
+    they save per byte, each prefix (of two and more) saved, and offloaded."""
+    host = hw.host_bytes_per_s is not None
+    by: dict[Checkpoint, Price] = {}
+    uniform = [None, "dots", "dots_no_batch", "nothing"]
+    uniform += ["offload_dots_no_batch"] if host else []
+    for c in [*uniform, *(save_names(t) for t in tags)]:
+        try:
+            by[c] = priced(c)
+        except ValueError as e:  # a tag of another stack: not an option here
+            if "tags nothing" not in str(e):
+                raise
+    nothing = by["nothing"]
     singles = [
-        (t, raw[save_names(t)][0] - nothing[0], nothing[2] - raw[save_names(t)][2])
+        (t, by[c].device - nothing.device, nothing.flops - by[c].flops)
         for t in tags
+        if (c := save_names(t)) in by
     ]
-    for c in prefix_options(singles, host_link) if len(tags) > 1 else []:
-        priced(c)
-    options = {c: _option(c, raw[c], raw[None][2], per, share, hw) for c in raw}
-    notes = [] if check is None else _drop_unpaid(options, check, say)
-    return Prices(
-        depths,
-        per,
-        share,
-        tuple(options.values()),
-        tuple(tags),
-        raw[None][2],
-        tuple(_schedules(fn, args, min(depths))),
-        tuple(notes),
-    )
+    order = sorted(singles, key=lambda s: -(s[2] / s[1]) if s[1] > 0 else -math.inf)
+    names = [t for t, _, _ in order] if len(singles) > 1 else []
+    prefixes = [save_names(*names[:k]) for k in range(2, len(names) + 1)]
+    if host:
+        prefixes += [offload_names(*names[:k]) for k in range(1, len(names) + 1)]
+    for c in prefixes:
+        by[c] = priced(c)
+    options = (_option(c, by[c], by[None].flops, depth, share, hw) for c in by)
+    return Stack(path, depth, tuple(options))
 
 
 def _drop_unpaid(
-    options: dict[Checkpoint, Option],
+    options: tuple[Option, ...],
     check: Callable[[Checkpoint], str | None],
     say: Callable[..., None],
-) -> list[str]:
-    """Drop from `options` each offloading option on their lower hull that
-    does not pay (`check`), until every one left on the hull pays; the notes
-    that say so. Only hull options can be picked or mixed, so only they are
-    compiled (each once, beside its twin)."""
+) -> tuple[tuple[Option, ...], list[str]]:
+    """`options` less each offloading option on their lower hull that does
+    not pay (`check`, once each: only hull options can be picked), until
+    every one left on the hull pays; and the notes that say so."""
     checked: set[Checkpoint] = set()
     notes: list[str] = []
     while True:
         unchecked = [
             o.checkpoint
-            for o in lower_hull(list(options.values()))
+            for o in lower_hull(options)
             if o.host_bytes > 0 and o.checkpoint not in checked
         ]
         if not unchecked:
-            return notes
+            return options, notes
         for c in unchecked:
             checked.add(c)
             say(f"checking that offloading pays: {checkpoint_name(c)}", detail=True)
             why = check(c)
             if why is not None:
-                del options[c]
+                options = tuple(o for o in options if o.checkpoint != c)
                 notes.append(
                     f"{checkpoint_name(c)} offloads, but compiled it does not pay "
                     f"({why}): not an option"
@@ -207,21 +259,15 @@ def _drop_unpaid(
 
 
 def _option(
-    c: Checkpoint,
-    raw: tuple[int, int, int, int],
-    flops_none: int,
-    per: int,
-    s: float,
-    hw: Hardware,
+    c: Checkpoint, p: Price, flops_none: int, per: int, s: float, hw: Hardware
 ) -> Option:
-    device, host, flops, moved = raw
     return Option(
         c,
-        s * device / per,
-        s * host / per,
-        (flops - flops_none) / per,
-        roofline_time(hw, s * flops, s * moved, s * host) / per,
-        flops,
+        s * p.device / per,
+        s * p.host / per,
+        (p.flops - flops_none) / per,
+        roofline_time(hw, s * p.flops, s * p.moved, s * p.host) / per,
+        p.flops,
     )
 
 

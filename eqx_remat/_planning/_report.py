@@ -1,6 +1,6 @@
-"""What `eqx_remat.plan` returns (stage 4 of `_plan`): `PlanResult`, its entries,
-frontier points and batch options, how they print, and the error when nothing
-fits."""
+"""What `eqx_remat.plan` returns: `PlanResult`, its entries, frontier points and
+batch options, how they print, the error when nothing fits, and the progress
+lines (`Progress`)."""
 
 import dataclasses
 import math
@@ -21,9 +21,8 @@ from .._schedules._checkpoint import (
     set_checkpoint,
 )
 from .._schedules._ranges import ranges
-from .._util import format_bytes, format_flops
+from .._util import format_bytes, format_flops, format_size, format_time
 from ._compiled import Compiled
-from ._solve import Real
 
 
 class PlanEntry(NamedTuple):
@@ -230,10 +229,8 @@ class PlanResult:
         if self.batches:
             lines += ["batches (per global batch):", _batch_table(self, names)]
         if self.frontier:
-            lines += [
-                "frontier:",
-                _frontier_table(self.frontier, self.checkpoint, names),
-            ]
+            frontier = _frontier_table(self.frontier, self.checkpoint, names)
+            lines += ["frontier:", frontier]
         if self.table:
             lines.append(_table(self.table, self.entry, names))
         estimated = not e.measured or any(
@@ -411,18 +408,6 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
     )
-
-
-def format_size(n: Real) -> str:
-    """A predicted or compiled size: never below zero."""
-    return format_bytes(max(int(n), 0))
-
-
-def format_time(seconds: float) -> str:
-    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 def format_memory(e: PlanEntry | Compiled) -> str:

@@ -1,36 +1,21 @@
-"""The planner's model: the stacks of a function, its per-layer options priced
-once (bytes saved, recomputation, offloading), their lower convex hull, and the
-best two-option mix at a budget.
-
-For a stack of `D` identical layers, memory and cost of a mix of per-layer
-options are a base plus a per-layer term for each range:
-
-    memory(mix) = base + Σ n_i · bytes_i        cost(mix) = Σ n_i · time_i
-
-so at a budget the optimum mixes at most two options, neighbours on the lower
-convex hull of the points `(bytes_i, time_i)`: why, and how whole layers are
-chosen, is told in the tutorial *Fit a model in a budget*, step 3.
-"""
+"""The solver's pieces: what tracing tells of a function (its stacks, and the
+`Price` of a checkpoint: the bytes it keeps and moves, its FLOPs and tags), the
+roofline, and a stack's best two-option mix at a budget. Memory and cost of a
+mix are a base plus a per-layer term per range, so the optimum mixes two
+neighbours on the lower convex hull of `(bytes, time)` (why, and how whole
+layers are chosen: the tutorial *Fit a model in a budget*, step 3)."""
 
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
 
 from .._combinators import stacking_lists
 from .._inspect._flops import FlopCount, count_flops
-from .._inspect._hardware import Hardware
-from .._inspect._jaxpr import (
-    checkpoint_names,
-    is_literal,
-    open_jaxpr,
-    scan_sizes,
-    sub_jaxprs,
-)
-from .._policies._values import offload_names, save_names
+from .._inspect._jaxpr import checkpoint_names, saved_across
 from .._schedules._checkpoint import (
     Checkpoint,
     Planned,
@@ -96,70 +81,14 @@ def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
     return [(spelling[p], depth) for p, depth in seen]
 
 
-# --- jaxpr walks ----------------------------------------------------------------
-
-
-def _nbytes(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
-
-
-def _is_host(aval) -> bool:
-    return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
-
-
-def saved_across(
-    jaxpr, depths: frozenset[int] | None, *, per_trip: bool = False
-) -> tuple[int, int]:
-    """`(device_bytes, host_bytes)` that `jaxpr` keeps across its stacks: the
-    values stacked by one scan over a stack (length in `depths`; `None`: any
-    scan) and read by another (the forward pass saves them, the backward pass
-    reads them), at every level of sub-jaxprs. What a loop's body keeps is
-    alive one trip at a time (the memory); with `per_trip`, it counts once per
-    trip (what is written and read: a stack inside `accumulate`'s scan over
-    `k` micro-batches saves its residuals `k` times)."""
-
-    def over_a_stack(e) -> bool:
-        return e.primitive.name == "scan" and (
-            depths is None or e.params["length"] in depths
-        )
-
-    device = host = 0
-    stacked = {}
-    for e in jaxpr.eqns:
-        if over_a_stack(e):
-            for v in e.outvars[scan_sizes(e)[1] :]:
-                stacked[v] = e
-    seen = set()
-    for e in jaxpr.eqns:
-        if over_a_stack(e):
-            for v in e.invars:
-                if (
-                    not is_literal(v)
-                    and v in stacked
-                    and stacked[v] is not e
-                    and v not in seen
-                ):
-                    seen.add(v)
-                    if _is_host(v.aval):
-                        host += _nbytes(v.aval)
-                    else:
-                        device += _nbytes(v.aval)
-        trips = e.params["length"] if per_trip and e.primitive.name == "scan" else 1
-        for sub in sub_jaxprs(e):
-            d, h = saved_across(open_jaxpr(sub), depths, per_trip=per_trip)
-            device, host = device + trips * d, host + trips * h
-    return device, host
-
-
 # --- the options ----------------------------------------------------------------
 
 
 class Option(NamedTuple):
     """A checkpoint priced per layer and per chip: the bytes it keeps across the
-    stack on the device and on the host, the FLOPs it adds to `None`'s (the
-    whole program's, per layer), the step time of the whole function under
-    it, per layer (the planner's cost: a mix of `n` layers of one option and
-    `D - n` of another takes `n * a.time + (D - n) * b.time`), and the whole
+    stack on the device and on the host, the FLOPs it adds to `None`'s, the
+    step time of the whole function under it (a mix of `n` layers of `a` and
+    `D - n` of `b` takes `n * a.time + (D - n) * b.time`), and the whole
     function's FLOPs under it."""
 
     checkpoint: Checkpoint
@@ -171,29 +100,27 @@ class Option(NamedTuple):
 
 
 Real = float | int
+T = TypeVar("T")
 
 
-def roofline_time(hw: Hardware, flops: Real, moved: Real, host_bytes: Real) -> float:
-    """The roofline's seconds on one chip: `flops` (that chip's share) at its
-    peak, plus the bytes it `moved` through its memory at the memory's
-    bandwidth, plus `host_bytes` offloaded over its host link, out in the
-    forward pass and back in the backward pass. Offloading is never free."""
-    link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
-    return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link
+class Price(NamedTuple):
+    """What tracing a function under one checkpoint told (the whole program's,
+    all chips together): the bytes it keeps across its stacks on the device
+    and on the host, its FLOPs (loop trip counts and recomputation included),
+    the bytes it moves through device memory (`bytes_moved`) and the
+    `checkpoint_name` tags in its program."""
+
+    device: int
+    host: int
+    flops: int
+    moved: int
+    tags: tuple[str, ...] = ()
 
 
 def price(
-    fn: Callable[..., Any],
-    args: tuple,
-    checkpoint: Planned,
-    depths: frozenset[int],
-) -> tuple[int, int, int, int, list[str]]:
-    """`(bytes, host_bytes, flops, moved, tags)`: what `checkpoint` keeps across
-    the stacks of `fn` (whole program, on the device and on the host), the
-    whole function's FLOPs, the bytes it moves through device memory (see
-    `bytes_moved`: what it saves across any of its loops, a schedule's
-    segments included), and the `checkpoint_name` tags in its program.
-    Traced, not compiled."""
+    fn: Callable[..., Any], args: tuple, checkpoint: Planned, depths: frozenset[int]
+) -> Price:
+    """`fn(*args)`'s `Price` under `checkpoint`: traced, not compiled."""
     checkpointed = set_checkpoint(args, checkpoint)
     f, dynamic = traceable(fn, checkpointed)
     with stacking_lists():  # a list of layers as a stack: see `stacking_lists`
@@ -203,51 +130,17 @@ def price(
     # A schedule's segments save their layers' residuals (as its inner policy
     # says) in loops shorter than the stack: counted too, once per trip.
     written = saved_across(jaxpr, None, per_trip=True)[0]
-    return (
-        device,
-        host,
-        int(flops),
-        bytes_moved(flops, written),
-        checkpoint_names(jaxpr),
-    )
+    moved = bytes_moved(flops, written)
+    return Price(device, host, int(flops), moved, tuple(checkpoint_names(jaxpr)))
 
 
 def bytes_moved(flops: FlopCount, saved: int) -> int:
     """The bytes a function moves through device memory, as the roofline
-    counts them: what it saves across its stacks three times (JAX's scan
-    zero-fills each stacked buffer before the loop, the forward pass writes
-    it, the backward pass reads it back: seen in the compiled program, issue
-    28's profile), and the operands and results of its matrix products
-    ([`eqx_remat.FlopCount`][]`.dot_bytes`, loop trip counts and
-    recomputation included). `saved` counts once per trip of a loop around
-    the stacks (`saved_across(..., per_trip=True)`). Elementwise work is
-    taken to be fused into its neighbours and to move nothing of its own."""
+    counts them: what it `saved` (per trip) three times (JAX's scan zero-fills
+    each stacked buffer, the forward pass writes it, the backward pass reads
+    it: issue 28's profile), and its matrix products' operands and results
+    (`FlopCount.dot_bytes`). Elementwise work is taken to be fused."""
     return 3 * saved + flops.dot_bytes
-
-
-def per_layer_options(tag_list: Sequence[str], host: bool) -> list[Checkpoint]:
-    """The uniform policies, and one `save_names` per tag (ordered later by what
-    they save per byte); with a host link, the offloading policy."""
-    out: list[Checkpoint] = [None, "dots", "dots_no_batch", "nothing"]
-    if host:
-        out.append("offload_dots_no_batch")
-    out += [save_names(t) for t in tag_list]
-    return out
-
-
-def prefix_options(
-    singles: Sequence[tuple[str, Real, Real]], host: bool
-) -> list[Checkpoint]:
-    """Save the tags that save the most recomputation per byte first: from
-    `(tag, bytes, flops)` of each tag saved alone (relative to saving none), the
-    prefixes of that order (two tags and more) as `save_names`, and, with a host
-    link, every prefix as `offload_names`."""
-    order = sorted(singles, key=lambda s: -(s[2] / s[1]) if s[1] > 0 else -math.inf)
-    names = [t for t, _, _ in order]
-    out: list[Checkpoint] = [save_names(*names[:k]) for k in range(2, len(names) + 1)]
-    if host:
-        out += [offload_names(*names[:k]) for k in range(1, len(names) + 1)]
-    return out
 
 
 # --- the hull and the mix -------------------------------------------------------
@@ -275,24 +168,6 @@ def _cross(a: Option, b: Option, c: Option) -> float:
     )
 
 
-def mix_memory(
-    base_light: Real,
-    base_heavy: Real,
-    depth: int,
-    n: Any,
-    light: Option,
-    heavy: Option,
-) -> Any:
-    """Predicted memory of `depth - n` layers of `light` followed by `n` of
-    `heavy` (`n` a count or an array of counts): the larger of the two phases
-    of the backward pass. First the heavy layers are reversed, with everything
-    saved still held and the heavy option's working memory (`base_heavy`);
-    then the light ones, with the heavy layers' residuals freed and the light
-    option's working memory (`base_light`, larger: it recomputes more)."""
-    rest = (depth - n) * light.bytes
-    return np.maximum(base_heavy + n * heavy.bytes + rest, base_light + rest)
-
-
 Predict = Callable[[Option, Option, np.ndarray], np.ndarray]
 """`predict(light, heavy, n)`: predicted memory of `depth - n` layers of
 `light` then `n` of `heavy`, for an array of counts `n` (`light` on every
@@ -300,11 +175,17 @@ layer where `n` is 0)."""
 
 
 def linear(base: Callable[[Option], float], depth: int) -> Predict:
-    """The planner's model before it has compiled a mix: a base per option
-    plus what each layer keeps (`mix_memory`)."""
+    """The model before any mix compiled: a base per option plus what each
+    layer keeps, in the larger of the backward pass's two phases: the heavy
+    layers reversed first, everything saved held, with the heavy option's
+    working memory (its base); then the light ones, the heavy layers' saved
+    values freed, with the light option's (larger: it recomputes more)."""
 
     def predict(light: Option, heavy: Option, n: np.ndarray) -> np.ndarray:
-        return np.asarray(mix_memory(base(light), base(heavy), depth, n, light, heavy))
+        rest = (depth - n) * light.bytes
+        return np.asarray(
+            np.maximum(base(heavy) + n * heavy.bytes + rest, base(light) + rest)
+        )
 
     return predict
 
@@ -326,13 +207,17 @@ def share_per_chip(args: tuple, chips: int) -> float:
     return 1.0 / min(ways, max(chips, 1))
 
 
-def pareto(options: Sequence[Option]) -> list[Option]:
-    """The options no other option beats in both bytes and time, lightest
-    first (of equal ones, the first)."""
-    out: list[Option] = []
-    for o in sorted(options, key=lambda o: (o.bytes, o.time)):
-        if not out or o.time < out[-1].time:
-            out.append(o)
+def pareto(
+    items: Sequence[T],
+    key: Callable[[Any], tuple[Real, Real]] = lambda o: (o.bytes, o.time),
+) -> list[T]:
+    """The items no other beats in both memory and time (`key(item)`: by
+    default an option's bytes and time), least memory first (of equal ones,
+    the first)."""
+    out: list[T] = []
+    for x in sorted(items, key=key):
+        if not out or key(x)[1] < key(out[-1])[1]:
+            out.append(x)
     return out
 
 
@@ -354,27 +239,16 @@ def best_mix(
     budget: Real,
     limit: Callable[[Option, Option], int] | None = None,
 ) -> Mix | None:
-    """The cheapest mix of at most two options whose predicted memory is
-    within `budget`; `None` when no option fits on every layer.
-
-    A mix runs `depth - n` layers of `light`, then `n` of `heavy` (the layers
-    reversed first: see `mix_memory`), and is predicted to need
-    `predict(light, heavy, n)`. A mix never has one layer of `None`: a range
-    of one layer without checkpoint is not a loop, XLA schedules it with its
-    neighbours, and what it needs is not what its per-layer price says (on
-    the CPU less, on TPU v5e sometimes more).
-
-    With real layer counts the optimum mixes two neighbours of the lower convex
-    hull; with whole layers, rounding `n` down can make another pair better
-    (by less than one layer's cost), so every pair of Pareto options is
-    tried, at every count (`K²·depth` predictions for `K` options, no
-    compile): the heavier option is the cheaper, so the most heavy layers that
-    fit are the best of a pair. `limit(light, heavy)` bounds `n` (what
-    compiling a mix taught).
-
-    Every option is tried on every layer, Pareto or not: `predict` knows the
-    compiled memory of a uniform option, and one that its per-layer bytes
-    say is dominated can need less than every option that dominates it."""
+    """The cheapest mix of at most two options (`depth - n` layers of `light`,
+    then `n` of `heavy`) predicted (`predict(light, heavy, n)`) to fit
+    `budget`; `None` when no option fits on every layer. With whole layers,
+    rounding can make a pair other than hull neighbours better, so every pair
+    of Pareto options is tried at every count (no compile): the heavier is
+    the cheaper, so the most heavy layers that fit are a pair's best;
+    `limit(light, heavy)` bounds `n`. Every option is tried on every layer,
+    Pareto or not (`predict` knows a compiled option's memory). A mix never
+    has one layer of `None`: that is not a loop, and XLA schedules it with
+    its neighbours, not as its per-layer price says."""
     front = pareto(options)
     counts = np.arange(1, depth)
     best: Mix | None = None

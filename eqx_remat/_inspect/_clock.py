@@ -1,14 +1,8 @@
 """Timing compiled programs on the device at hand: the clock behind
-[`eqx_remat.plan`][]'s measured step times (and the benchmarks').
-
-Times come from interleaved rounds after a warm-up: each round runs every
-program once, in an order shuffled round by round, so that drift (another
-process, a clock that changes) hits every program alike and no program always
-follows the same one; what means something is a ratio of two programs' times
-from the same rounds: their medians (the benchmarks'), or the means of their
-faster halves of rounds (the planner's, which has few rounds: see
-`on_one_clock`).
-"""
+[`eqx_remat.plan`][]'s measured step times (and the benchmarks'). Each round
+runs every program once, in an order shuffled round by round, so that drift
+hits every program alike; what means something is a ratio of two programs'
+times from the same rounds (`on_one_clock`)."""
 
 import math
 import os
@@ -53,8 +47,7 @@ class Timing(NamedTuple):
 def concrete(dynamic: Any, seed: int = 0) -> Any:
     """Arrays for the array leaves of `dynamic`: a `jax.ShapeDtypeStruct`
     becomes an array of its shape, dtype and sharding (small normal values for
-    floating dtypes, zeros otherwise: valid indices and token ids); an array
-    stays as it is."""
+    floating dtypes, else zeros: valid indices and token ids)."""
     key = jax.random.key(seed)
 
     def make(i: int, x: Any) -> Any:
@@ -63,15 +56,10 @@ def concrete(dynamic: Any, seed: int = 0) -> Any:
         sharding = getattr(x, "sharding", None)
         if jnp.issubdtype(x.dtype, jnp.floating):
             k = jax.random.fold_in(key, i)
-            value = jax.jit(
-                lambda: 0.02 * jax.random.normal(k, x.shape, x.dtype),
-                out_shardings=sharding,
-            )()
+            f = lambda: 0.02 * jax.random.normal(k, x.shape, x.dtype)
         else:
-            value = jax.jit(
-                lambda: jnp.zeros(x.shape, x.dtype), out_shardings=sharding
-            )()
-        return value
+            f = lambda: jnp.zeros(x.shape, x.dtype)
+        return jax.jit(f, out_shardings=sharding)()
 
     leaves, treedef = jax.tree.flatten(dynamic)
     return jax.tree.unflatten(treedef, [make(i, x) for i, x in enumerate(leaves)])
@@ -80,7 +68,7 @@ def concrete(dynamic: Any, seed: int = 0) -> Any:
 def device_memory_bytes(*, free: bool = True) -> int | None:
     """Memory one device of the default backend can give a program: what its
     allocator has free (`free`), or its limit; on the CPU, the host's
-    available memory. `None` where it is not known."""
+    available memory (`None`: not known)."""
     device = jax.devices()[0]
     if device.platform != "cpu":
         stats = device.memory_stats() or {}
@@ -102,38 +90,11 @@ def run_once(program: Callable[[], Any]) -> float:
 
 
 def warm_up(programs: Sequence[Callable[[], Any]]) -> float:
-    """Run each of `programs` once (a program's first run is not timed): how
-    long that took, to size the rounds that follow."""
+    """Run each of `programs` once (a first run is not timed): the seconds."""
     start = time.perf_counter()
     for p in programs:
         run_once(p)
     return time.perf_counter() - start
-
-
-# A race's margin: a program whose step time is this much more than that of
-# one needing no more memory has no place on the time-memory frontier that the
-# noise of a few rounds could give it.
-RULED_OUT = 0.03
-
-
-def contenders(
-    timings: Sequence[Timing], memory: Sequence[int], *, always: int | None = None
-) -> list[int]:
-    """The indices of the programs that no other program beats by more than
-    `RULED_OUT` in step time (the means of their faster halves of rounds)
-    while needing no more `memory`: those whose place on the time-memory
-    frontier is still open. `timings[always]` stays whatever its time."""
-    fast = [t.faster_half for t in timings]
-    return [
-        i
-        for i in range(len(timings))
-        if i == always
-        or not any(
-            memory[j] <= memory[i] and fast[j] * (1 + RULED_OUT) < fast[i]
-            for j in range(len(timings))
-            if j != i
-        )
-    ]
 
 
 def time_interleaved(
@@ -151,17 +112,13 @@ def time_interleaved(
     [`eqx_remat.internal.Timing`][]s, in order. Each round runs the programs
     in an order of its own (shuffled, the same on every call).
 
-    Every program runs at least two rounds (the fewest whose times mean
-    anything), and as many more as fit in half of `seconds`; a later round
-    runs only where it fits in what is left of `seconds` (at its programs'
-    last times), and only the programs that `keep`, given their timings so
-    far, returns the indices of (a race: a program it leaves out keeps the
-    times of the rounds it ran, the first ones; the race ends with one
-    program left). A program is ruled out only on as many rounds as half of
-    `seconds` affords every program: on two, the ones whose two rounds were
-    slow by chance would be ruled out and keep their slow times. With
-    neither, `rounds` rounds of every program. `run` runs a program once
-    and says how long it took, `now` reads the clock that `seconds` is on."""
+    Every program runs at least two rounds, and more while they fit in half
+    of `seconds`; after that (a race), a round runs only where it fits in
+    what is left of `seconds`, and only the programs `keep` returns the
+    indices of, given their timings so far (one left out keeps the times of
+    its first rounds; the race ends with one left). With neither, `rounds`
+    rounds of every program. `run` runs a program once and says how long it
+    took; `now` reads the clock that `seconds` is on."""
     if warmup:
         for p in programs:
             run(p)
@@ -204,10 +161,9 @@ def timing(times: Sequence[float]) -> Timing:
 
 
 def paired_ratio(a: Timing, b: Timing) -> float:
-    """The median over rounds of `a`'s time over `b`'s in the same round:
-    for two programs timed in the same interleaved rounds, a ratio that
-    drift between rounds does not move (the ratio of medians where their
-    rounds were not recorded)."""
+    """The median over rounds of `a`'s time over `b`'s in the same round, a
+    ratio that drift between rounds does not move (the ratio of medians where
+    the rounds were not recorded)."""
     if a.times and len(a.times) == len(b.times):
         return statistics.median(x / y for x, y in zip(a.times, b.times))
     return a.seconds / b.seconds
@@ -224,18 +180,15 @@ def on_one_clock(
     `timings[pivot]`: its time is the pivot's (or `seconds`, the pivot's time
     measured earlier) times its ratio to the pivot, by one statistic:
 
-    - `by="rounds"`: the [`eqx_remat.internal.paired_ratio`][]. A round that
-      is slow for every program (another process, a clock that changes)
-      then moves no program's time: the ratios within each round are what
-      is kept.
+    - `by="rounds"`: the [`eqx_remat.internal.paired_ratio`][]: a round slow
+      for every program moves no program's time.
     - `by="faster_half"`: the ratio of the means of their faster halves of
       rounds, the planner's: with few rounds on a busy machine, it ranks
-      programs better than the paired ratio (why: the tutorial's
+      programs better (the tutorial's
       [How the planner solves][how-the-planner-solves], step 2).
 
-    Each program's `times` are scaled as the pivot's are. A program that ran
-    fewer rounds than the pivot (left out of a race) is held against the
-    pivot's same, first, rounds."""
+    Each program's `times` are scaled as the pivot's are; one that ran fewer
+    rounds (left out of a race) is held against the pivot's first rounds."""
     ref = timings[pivot]
     if by == "faster_half":
         base = ref.faster_half if seconds is None else seconds
