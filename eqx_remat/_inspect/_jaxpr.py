@@ -345,7 +345,9 @@ def _nbytes(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
 
 
-def _is_host(aval) -> bool:
+def on_host(aval: Any) -> bool:
+    """Whether a value of abstract value `aval` lives in host memory
+    (`f32<host>[...]`: an offloading policy's residual)."""
     return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
 
 
@@ -373,7 +375,7 @@ def saved_across(
                 if is_literal(v) or stacked.get(v, e) is e or v in seen:
                     continue
                 seen.add(v)
-                if _is_host(v.aval):
+                if on_host(v.aval):
                     host += _nbytes(v.aval)
                 else:
                     device += _nbytes(v.aval)

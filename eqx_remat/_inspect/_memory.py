@@ -203,13 +203,10 @@ def inspect_memory(
     not pay (`offload_fails`). `None` where it pays or does not offload, or
     where not `check_offload` (then an offloading program is compiled once,
     not beside its twin)."""
-    dynamic, _ = split_args(args)
     on = Target.of(target, "memory_report")
     if on.mesh is not None:
-        warn_replicated("memory_report", on.label, on.mesh, dynamic)
-        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
-
-    traced = _trace(fn, args, dynamic, on.mesh)
+        warn_replicated("memory_report", on.label, on.mesh, split_args(args)[0])
+    dynamic, traced = _placed(fn, args, on)
     options = dict(compiler_options or {})
     compiled = _compile(traced, options, target)
     with on.traced():
@@ -226,13 +223,20 @@ def unpaid_offload(
     """`inspect_memory`'s offload check of `fn(*args)` compiled for `target`,
     given its compiled `report`: `(what, why)` where it offloads and that does
     not pay; the program itself is not compiled again."""
-    dynamic, _ = split_args(args)
     on = Target.of(target, "memory_report")
-    if on.mesh is not None:
-        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
-    if not offloads(_trace(fn, args, dynamic, on.mesh).jaxpr):
+    dynamic, traced = _placed(fn, args, on)
+    if not offloads(traced.jaxpr):
         return None
     return _unpaid(report, fn, args, dynamic, on.mesh, {}, target)
+
+
+def _placed(fn: Callable, args: tuple, on: Target) -> tuple[Any, Any]:
+    """`(dynamic, traced)`: `args`' arrays, placed on `on`'s mesh where it has
+    one, and `fn(*args)` traced on them (`_trace`)."""
+    dynamic, _ = split_args(args)
+    if on.mesh is not None:
+        dynamic = jax.tree.map(functools.partial(_place, on.mesh, on.label), dynamic)
+    return dynamic, _trace(fn, args, dynamic, on.mesh)
 
 
 def _trace(fn: Callable, args: tuple, dynamic: Any, mesh: Mesh | None) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._util import format_bytes
-from ._jaxpr import AnyJaxpr, iter_eqns, open_jaxpr
+from ._jaxpr import AnyJaxpr, iter_eqns, on_host, open_jaxpr
 
 
 class OffloadWarning(UserWarning):
@@ -121,7 +121,5 @@ def offloads(jaxpr: AnyJaxpr) -> bool:
     policy's residuals, `f32<host>[...]`), at any depth of its loops and
     calls."""
     return any(
-        getattr(getattr(v.aval, "memory_space", None), "name", None) == "Host"
-        for eqn in iter_eqns(open_jaxpr(jaxpr))
-        for v in eqn.outvars
+        on_host(v.aval) for eqn in iter_eqns(open_jaxpr(jaxpr)) for v in eqn.outvars
     )

@@ -73,8 +73,8 @@ def _compile(
     """`(report, executable)`: `memory_report`'s compile, keeping the
     executable where it can run here."""
     if not runnable:
-        # Compiled once: whether an offload pays is the pricer's question
-        # (`price_function`), asked before any option is compiled here.
+        # Without its save-on-device twin: whether an offload pays is the
+        # pricer's question (`Bench.unpaid_offload`, which takes this compile).
         return inspect_memory(fn, args, target, None, check_offload=False)[0], None
     # Lowered on the arguments as given (their shardings included), as
     # `memory_report` lowers them.

@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 
 import jax
 
-from .._inspect._jaxpr import is_tag
+from .._inspect._jaxpr import is_tag, on_host
 from ._second_order import second_order_offload_message
 
 
@@ -335,10 +335,8 @@ class Offloading:
         self.key = key
 
     def __call__(self, prim, *avals, **params):
-        for a in avals:
-            space = getattr(a, "memory_space", None)
-            if getattr(space, "name", None) == "Host":
-                raise NotImplementedError(second_order_offload_message())
+        if any(on_host(a) for a in avals):
+            raise NotImplementedError(second_order_offload_message())
         return self.policy(prim, *avals, **params)
 
     def __repr__(self) -> str:
