@@ -14,9 +14,14 @@ from ._inspect._clock import (
     paired_ratio as paired_ratio,
     time_interleaved as time_interleaved,
 )
+from ._inspect._collectives import (
+    Collectives as Collectives,
+    collectives as collectives,
+)
 from ._inspect._hardware import (
     HARDWARE as HARDWARE,
     Hardware as Hardware,
+    collective_time as collective_time,
     cpu_hardware as cpu_hardware,
 )
 from ._inspect._memory import (
@@ -43,10 +48,13 @@ from ._validate import check_int as check_int
 
 __all__ = [
     "HARDWARE",
+    "Collectives",
     "Hardware",
     "Timing",
     "check_checkpoint",
     "check_int",
+    "collective_time",
+    "collectives",
     "compiled_report",
     "concrete",
     "cpu_hardware",

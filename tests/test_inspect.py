@@ -569,6 +569,7 @@ def test_memory_report_str_and_dict():
         "host_temp_bytes",
         "flops",
         "target",
+        "collective_bytes",
     }
 
 

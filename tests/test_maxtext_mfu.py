@@ -61,6 +61,26 @@ def test_factor_is_the_median_ratio():
     assert f["value"] == 0.7 and f["ratios"] == {"a": 0.6, "c": 0.9, "d": 0.7}
     assert "9bc243c" in f["source"]
     assert mm.factor(rows[1:2])["value"] is None
+    assert f["collectives"] == {}  # no collectives compiled
+
+
+def test_each_model_of_overlap_is_held_against_the_runs_unfitted():
+    """Published over estimated MFU per run, its median, the furthest from
+    it, and the ranking, for each overlap model of the collectives."""
+    blank = mm.Row(*(None,) * len(mm.Row._fields))
+    runs = (("a", 0.6, 0.5, 0.6), ("b", 0.5, 0.5, 0.4), ("c", 0.4, 0.5, 0.2))
+    rows = [
+        blank._replace(
+            config=n, ratio=1.0, published_mfu=p, serial_mfu=s, overlapped_mfu=o
+        )
+        for n, p, s, o in runs
+    ]
+    f = mm.factor(rows)["collectives"]
+    assert f["serial"]["ratios"] == {"a": 1.2, "b": 1.0, "c": 0.8}
+    assert f["serial"]["median"] == 1.0
+    assert f["serial"]["most_off"] == pytest.approx(0.2)
+    assert f["overlapped"]["spearman"] == pytest.approx(1.0)
+    assert f["overlapped"]["ratios"]["c"] == 2.0
 
 
 @needs_libtpu
@@ -97,4 +117,11 @@ def test_quick_compiles_prices_and_writes(tmp_path):
     # Recomputing the forward pass: more FLOPs executed than the model's.
     assert row["predicted_hfu"] > row["predicted_mfu"]
     assert row["published_mfu"] is None and data["factor"]["value"] is None
+    # FSDP over the 4 chips: the weights gathered and the gradients reduced,
+    # priced at one direction of a v5e chip's 400 GB/s of ICI.
+    assert row["collective_bytes"] > 0
+    assert math.isclose(row["collective_s"], row["collective_bytes"] / 200e9)
+    step = row["roofline_s"] + row["collective_s"]
+    assert math.isclose(row["serial_mfu"], row["model_flops_per_chip"] / (step * peak))
+    assert row["overlapped_mfu"] <= row["predicted_mfu"]
     assert "est. MFU" in proc.stdout and "roofline" in proc.stdout

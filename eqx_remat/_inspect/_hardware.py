@@ -38,6 +38,11 @@ class Hardware(NamedTuple):
     - `usable_bytes`: what XLA lets one program use of `memory_bytes`, where
       known (a v5e chip: 15.75 GiB of its 16 GiB, as XLA's
       `RESOURCE_EXHAUSTED` messages say); else `None` (all of it).
+    - `interconnect_bytes_per_s`: what one chip can send the other chips of
+      its slice (ICI on a TPU), one direction, all its links together (half
+      the bidirectional figure Google publishes), or `None` where unknown.
+    - `network_bytes_per_s`: what one chip can send chips of other slices
+      (the data center network, DCN: its host's share), or `None`.
     """
 
     kind: str
@@ -49,6 +54,8 @@ class Hardware(NamedTuple):
     measured_fraction: float | None = None
     measured_source: str | None = None
     usable_bytes: int | None = None
+    interconnect_bytes_per_s: float | None = None
+    network_bytes_per_s: float | None = None
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -68,7 +75,8 @@ class Hardware(NamedTuple):
 
 _GIB = 2**30
 _TPU_DOCS = (
-    "cloud.google.com/tpu/docs/{} (peak compute, HBM bandwidth and capacity per chip)"
+    "cloud.google.com/tpu/docs/{} (peak compute, HBM bandwidth and capacity, "
+    "bidirectional ICI bandwidth per chip)"
 )
 # Google publishes no host-link figure for its TPUs. Their hosts attach chips by
 # PCIe; we assume PCIe Gen4 x8 per chip, 16 GB/s per direction (PCI-SIG: 16 GT/s
@@ -124,6 +132,14 @@ _V5E_MEASURED = (0.79, "MaxText's measured v5e runs")
 _V5E_USABLE = int(15.75 * _GIB)
 
 
+# Interconnects, per chip, as cloud.google.com/tpu/docs/{v5e,v5p,v6e} publish
+# them: bidirectional ICI 400, 1200 and 800 GB/s (one direction: half); DCN, a
+# v5e host's 2 x 100 Gbps NICs for its 8 chips (3.125 GB/s a chip), a v5p's
+# 50 Gbps a chip. v4's and v6e's DCN: not in their pages.
+_ICI = {"v5e": 200e9, "v5p": 600e9, "v6e": 400e9}
+_DCN = {"v5e": 200e9 / 8 / 8, "v5p": 50e9 / 8}
+
+
 def _tpu(
     kind: str,
     flops: float,
@@ -136,7 +152,17 @@ def _tpu(
     source = f"{_TPU_DOCS.format(doc)}; {_TPU_HOST_SOURCE}"
     fraction, by = (None, None) if measured is None else measured
     return Hardware(
-        kind, flops, bandwidth, gib * _GIB, _TPU_HOST, source, fraction, by, usable
+        kind,
+        flops,
+        bandwidth,
+        gib * _GIB,
+        _TPU_HOST,
+        source,
+        fraction,
+        by,
+        usable,
+        _ICI.get(doc),
+        _DCN.get(doc),
     )
 
 
@@ -241,6 +267,13 @@ def device_hardware() -> tuple[Hardware, bool]:
         return HARDWARE[device.device_kind], True
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     return HARDWARE[_FALLBACK.get(platform, "gpu")], False
+
+
+def collective_time(hw: Hardware, sent: float | int) -> float | None:
+    """The seconds one chip takes to send `sent` bytes to the other chips of
+    its slice at its interconnect's rate (`None` where that is unknown)."""
+    rate = hw.interconnect_bytes_per_s
+    return None if rate is None else max(sent, 0) / rate
 
 
 def roofline_time(

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._util import format_bytes, split_args, traceable
+from ._collectives import collectives
 from ._flops import count_flops
 from ._offload import (
     OffloadWarning,
@@ -54,6 +55,11 @@ class MemoryReport(NamedTuple):
       says what it could not count (`dynamic_loops`, `unknown`).
     - `target`: what it was compiled for: the default backend's platform
       (`"cpu"`, `"gpu"`, ...) or a TPU topology such as `"v5e:2x2"`.
+    - `collective_bytes`: the bytes each chip sends other chips in one step,
+      in the all-gathers, reduce-scatters, all-reduces, all-to-alls and
+      collective permutes that XLA's partitioner added, each once per trip of
+      the loops around it (`0` on one device); by kind:
+      [`eqx_remat.internal.collectives`][].
     """
 
     temp_bytes: int
@@ -62,6 +68,7 @@ class MemoryReport(NamedTuple):
     host_temp_bytes: int
     flops: int
     target: str
+    collective_bytes: int = 0
 
     def __str__(self) -> str:
         return (
@@ -316,6 +323,7 @@ def compiled_report(
         host_temp_bytes=int(getattr(m, "host_temp_size_in_bytes", 0)),
         flops=flops,
         target=target,
+        collective_bytes=collectives(compiled.as_text() or "").total,
     )
 
 
