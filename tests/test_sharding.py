@@ -125,6 +125,49 @@ def test_sharded_gradients_equal_single_device_gradients():
         raise AssertionError("shard_batch accepted a batch of 6 on 8 devices")
 
 
+def test_data_and_fsdp_on_separate_mesh_axes():
+    """On a 2 x 4 mesh, the parameters split 4 ways over `"fsdp"` and the batch 8
+    ways over `("data", "fsdp")`: each chip holds a quarter of the split
+    weights and an eighth of the batch, and the gradients equal one device's."""
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+    rng = np.random.default_rng(1)
+    abstract = eqx.filter_eval_shape(
+        lambda: zoo.Transformer(32, 9, 16, 2, 2, key=jr.key(0))
+    )
+    is_abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    model = jax.tree.map(
+        lambda x: (
+            jnp.asarray(rng.normal(0, 0.5, x.shape).astype(x.dtype))
+            if is_abstract(x)
+            else x
+        ),
+        abstract,
+        is_leaf=is_abstract,
+    )
+    tokens = jnp.asarray(rng.integers(0, 32, (DEVICES, 9)), dtype=jnp.int32)
+    ref = eqx.filter_jit(eqx.filter_grad(loss))(model, tokens)
+
+    sharded = zoo.shard(model, mesh, fsdp=True, axis="fsdp")
+    batch = zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))
+    assert batch.sharding.spec == P(("data", "fsdp"), None)
+    assert batch.addressable_shards[0].data.shape == (1, 9)
+    for x in jax.tree.leaves(eqx.filter(sharded, eqx.is_array)):
+        dim = max(
+            (i for i, n in enumerate(x.shape) if n % 4 == 0),
+            key=lambda i: (x.shape[i], -i),
+            default=None,
+        )
+        spec = [None] * x.ndim
+        if dim is not None:
+            spec[dim] = "fsdp"
+        assert x.sharding.spec == P(*spec), x.shape
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(sharded, batch)
+    check_allclose("data x fsdp", grads, ref)
+
+    with pytest.raises(ValueError, match="an axis named 'model'"):
+        zoo.shard_batch(tokens, mesh, axis=("data", "model"))
+
+
 @pytest.mark.slow
 def test_explicit_mesh_gradients():
     """Under a mesh with Explicit axes (sharding in types, `jax.make_mesh`'s

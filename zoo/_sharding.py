@@ -18,14 +18,21 @@ from eqx_remat.internal import is_array_like
 _T = TypeVar("_T")
 
 
-def _axis_size(fn: str, mesh: Mesh, axis: str) -> int:
-    if axis not in mesh.axis_names:
-        raise ValueError(
-            f"{fn}: expected a mesh with an axis named {axis!r}. "
-            f"Got a mesh with axes {tuple(mesh.axis_names)}; pass axis=... to "
-            "choose one."
-        )
-    return mesh.shape[axis]
+Axes = str | tuple[str, ...]
+"""One mesh axis, or several taken together (their devices multiplied)."""
+
+
+def _axis_size(fn: str, mesh: Mesh, axis: Axes) -> int:
+    """How many devices `axis` spans: the product of its axes' sizes."""
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    for name in names or (None,):
+        if name not in mesh.axis_names:
+            raise ValueError(
+                f"{fn}: expected a mesh with an axis named {name!r} (axis="
+                f"{axis!r}). Got a mesh with axes {tuple(mesh.axis_names)}; pass "
+                "axis=... to choose one, or a tuple of them."
+            )
+    return math.prod(mesh.shape[name] for name in names)
 
 
 def _explicit(mesh: Mesh | AbstractMesh) -> bool:
@@ -117,7 +124,7 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
 
 
 def _shardings(
-    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: str = "data"
+    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: Axes = "data"
 ) -> PyTree:
     """The shardings that [`zoo.shard`][] gives the arrays of `tree`.
 
@@ -135,8 +142,9 @@ def _shardings(
       size is divisible by the number of devices on mesh axis `axis` (the first
       such axis among equally large ones), and replicated if it has none.
       (Keyword only.)
-    - `axis`: the name of the mesh axis that the data is split over. Default
-      `"data"`. (Keyword only.)
+    - `axis`: the name of the mesh axis that the parameters are split over
+      with `fsdp=True`, or a tuple of names (split over all of them together).
+      Default `"data"`. (Keyword only.)
 
     **Returns:**
 
@@ -144,11 +152,12 @@ def _shardings(
     of every array, and the other leaves unchanged.
     """
     n = _axis_size("zoo.shard", mesh, axis)
+    axis = axis if isinstance(axis, str) else tuple(axis)
 
     def leaf_sharding(x):
         if not is_array_like(x):
             return x
-        spec: list[str | None] = [None] * len(x.shape)
+        spec: list[Axes | None] = [None] * len(x.shape)
         dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
         if dim is not None:
             spec[dim] = axis
@@ -158,7 +167,7 @@ def _shardings(
 
 
 def shard(
-    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: str = "data"
+    tree: PyTree, mesh: Mesh, *, fsdp: bool = False, axis: Axes = "data"
 ) -> PyTree:
     """Place the parameters (or optimiser state) `tree` on `mesh`: replicated for
     data parallelism, or split for FSDP.
@@ -199,8 +208,13 @@ def shard(
       `True` (fully sharded data parallel, ZeRO-3): every array is split along its
       largest axis whose size is divisible by the number of devices on mesh axis
       `axis`, and replicated if no axis is. (Keyword only.)
-    - `axis`: the name of the mesh axis that the data is split over (and, with
-      `fsdp=True`, the parameters). Default `"data"`. (Keyword only.)
+    - `axis`: the name of the mesh axis that, with `fsdp=True`, the
+      parameters are split over, or a tuple of names (split over all of them
+      together). Default `"data"`. On a mesh of several axes the batch may be
+      split over more of them than the parameters: data parallelism over
+      `"data"` and FSDP over `"fsdp"` is
+      `zoo.shard(model, mesh, fsdp=True, axis="fsdp")` with
+      `zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))`. (Keyword only.)
 
     **Returns:**
 
@@ -217,7 +231,7 @@ def shard(
     )
 
 
-def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
+def shard_batch(batch: PyTree, mesh: Mesh, *, axis: Axes = "data") -> PyTree:
     """Split a batch across the devices of `mesh` along its leading (batch) axis.
 
     Works outside `jax.jit` (`jax.device_put`) and inside it
@@ -230,8 +244,9 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
       `tokens` of shape `(batch, seq)`, or `(tokens, keys)`. Non-array leaves are
       kept as they are.
     - `mesh`: the device mesh, Auto or Explicit axes (see [`zoo.shard`][]).
-    - `axis`: the name of the mesh axis to split the batch over. Default
-      `"data"`. (Keyword only.)
+    - `axis`: the name of the mesh axis to split the batch over, or a tuple
+      of names (split over all of them together, e.g. `("data", "fsdp")`).
+      Default `"data"`. (Keyword only.)
 
     **Returns:**
 
@@ -245,6 +260,7 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = "data") -> PyTree:
     if `mesh` has no axis `axis`.
     """
     n = _axis_size("zoo.shard_batch", mesh, axis)
+    axis = axis if isinstance(axis, str) else tuple(axis)
 
     def place(path, x):
         if not is_array_like(x):
