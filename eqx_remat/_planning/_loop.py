@@ -284,9 +284,7 @@ def _say_start(bench: Bench, prices: Prices) -> None:
 
 def measure(m: CostModel, st: State) -> Request | State:
     """Compiled, then timed: each stack's lightest option and fewest FLOPs; of
-    one stack, the `contenders` (and the fewest FLOPs only where it may fit or
-    none may: else the contenders' times scale the roofline); of several,
-    every option of every stack."""
+    one stack, the `contenders`; of several, every option of every stack."""
     ev, todo = m.evidence, []
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
@@ -298,9 +296,6 @@ def measure(m: CostModel, st: State) -> Request | State:
     if len(m.stacks) == 1:
         near = contenders(m)
         fastest = min(near, key=lambda p: p[0].time)[0] if near else None
-        over = m.predict(todo[1][0]) or 0.0
-        if near and over > ev.budget * (1 + m.model_error()):
-            del todo[1]
         todo += [((Part(o, o, 0),), p, _close(m, o, fastest)) for o, p in near]
     else:
         why = "one stack on one option, the others on 'nothing': its time per layer"
