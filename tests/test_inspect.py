@@ -843,6 +843,29 @@ def test_v5e_mesh_and_sharded_arguments():
 
 
 @needs_libtpu
+def test_v5e_mesh_of_data_and_fsdp_axes():
+    """`fsdp=k` splits the slice's chips into `("data", "fsdp")` of `n / k` and
+    `k`: the same chips, and a weight split over `"fsdp"` is that much per chip."""
+    one = er.v5e_mesh("v5e:2x4")
+    for k in (1, 2, 4, 8):
+        mesh = er.v5e_mesh("v5e:2x4", fsdp=k)
+        assert mesh.axis_names == ("data", "fsdp")
+        assert dict(mesh.shape) == {"data": 8 // k, "fsdp": k}
+        assert set(mesh.devices.flat) == set(one.devices.flat)
+    assert er.v5e_mesh("v5e:2x4", fsdp=2) is er.v5e_mesh("v5e:2x4", fsdp=2)
+    mesh = er.v5e_mesh("v5e:2x4", fsdp=4)
+    fn = lambda w, x: jnp.tanh(x @ w)
+    w = S((256, 256), f32, sharding=NamedSharding(mesh, P("fsdp")))
+    x = S((64, 256), f32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+    report = er.memory_report(fn, w, x, target="v5e:2x4")
+    assert report.argument_bytes == 256 * 256 * 4 // 4 + 8 * 256 * 4
+    assert report.collective_bytes > 0  # w gathered over "fsdp"
+    for bad in (3, 0, True):
+        with pytest.raises(ValueError, match="v5e_mesh.*fsdp"):
+            er.v5e_mesh("v5e:2x4", fsdp=bad)
+
+
+@needs_libtpu
 def test_v5e_leaves_the_environment_as_it_was():
     """libtpu reads `TPU_*` variables when it loads: memory_report sets those the
     user has not set only while it loads, and restores the environment after —

@@ -11,11 +11,12 @@ import importlib.util
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, SupportsIndex
 
 import jax
 from jax.sharding import Mesh
 
+from .._validate import check_int
 from ._hardware import HARDWARE, Hardware, device_hardware
 
 
@@ -78,24 +79,49 @@ def at_hand(fn: str, target: Any) -> Any:
     return None
 
 
-def v5e_mesh(target: str = "v5e") -> Mesh:
+def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
     """The device mesh that `memory_report(..., target=target)` compiles for.
 
-    One axis, `"data"`, over all the chips of the slice. Use it to give
-    `jax.ShapeDtypeStruct` arguments a sharding, e.g.
+    By default one axis, `"data"`, over all the chips of the slice. Use it to
+    give `jax.ShapeDtypeStruct` arguments a sharding, e.g.
     `NamedSharding(v5e_mesh(), PartitionSpec("data"))` to split a batch across
-    the chips. The mesh is built once per target (its devices are TPU v5e chips
-    of a topology description: nothing can run on them, only compile).
+    the chips. With `fsdp`, two axes, `("data", "fsdp")`, of `chips / fsdp` and
+    `fsdp` chips, the split of the slice that MaxText's `ici_data_parallelism`
+    and `ici_fsdp_parallelism` set: the parameters split over `"fsdp"`
+    (`zoo.shard(model, mesh, fsdp=True, axis="fsdp")`), the batch over both
+    (`zoo.shard_batch(batch, mesh, axis=("data", "fsdp"))`). The devices are
+    TPU v5e chips of a topology description: nothing can run on them, only
+    compile; each mesh is built once.
 
     **Arguments:**
 
     - `target`: `"v5e"` (2x2, 4 chips) or `"v5e:AxB"`.
+    - `fsdp`: `None` (the default) for one axis; else an int `>= 1` that
+      divides the slice's chips: the size of the `"fsdp"` axis. (Keyword
+      only.)
 
     **Returns:**
 
-    A `jax.sharding.Mesh` with axis names `("data",)`.
+    A `jax.sharding.Mesh` with axis names `("data",)`, or `("data", "fsdp")`
+    with `fsdp`.
+
+    **Raises:**
+
+    `ValueError` for an unknown target, or an `fsdp` that is not an int `>= 1`
+    dividing the chips.
     """
-    return v5e_target(target)[1]
+    name, mesh = v5e_target(target)
+    if fsdp is None:
+        return mesh
+    n, fsdp = mesh.size, check_int("v5e_mesh", "fsdp", fsdp, 1)
+    if n % fsdp:
+        sizes = [k for k in range(1, n + 1) if n % k == 0]
+        raise ValueError(
+            f"v5e_mesh expected fsdp to divide the {n} chips of {name} (one of "
+            f"{sizes}). Got fsdp={fsdp}."
+        )
+    a, b = v5e_shape(name) or (0, 0)
+    return slice_mesh(a, b, (n // fsdp, fsdp))
 
 
 def v5e_target(target: Any) -> tuple[str, Mesh]:
@@ -123,7 +149,19 @@ def v5e_target(target: Any) -> tuple[str, Mesh]:
 
 
 @functools.lru_cache(maxsize=16)
-def slice_mesh(a: int, b: int) -> Mesh:
+def slice_mesh(a: int, b: int, shape: tuple[int, ...] | None = None) -> Mesh:
+    """The `a`x`b` slice's mesh: one axis, `"data"`, or, of `shape`
+    `(data, fsdp)`, two, laid out on the chips by `topologies.make_mesh`."""
+    from jax.experimental import topologies
+
+    topo = _topology(a, b)
+    if shape is None:
+        return topologies.make_mesh(topo, (len(topo.devices),), ("data",))
+    return topologies.make_mesh(topo, shape, ("data", "fsdp"))
+
+
+@functools.lru_cache(maxsize=16)
+def _topology(a: int, b: int) -> Any:
     from jax.experimental import topologies
 
     # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
@@ -147,8 +185,7 @@ def slice_mesh(a: int, b: int) -> Mesh:
                 f"need to be one of {VALID_TARGETS}, for a slice shape that TPU "
                 "v5e comes in."
             ) from e
-    n = len(topo.devices)
-    return topologies.make_mesh(topo, (n,), ("data",))
+    return topo
 
 
 def has_tpu() -> bool:
