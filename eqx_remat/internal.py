@@ -30,7 +30,11 @@ from ._inspect._memory import (
 )
 from ._inspect._offload import offload_fails as offload_fails
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
-from ._inspect._targets import hardware as hardware, v5e_shape as v5e_shape
+from ._inspect._targets import (
+    hardware as hardware,
+    mesh_splits as mesh_splits,
+    v5e_shape as v5e_shape,
+)
 from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._api import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
@@ -62,6 +66,7 @@ __all__ = [
     "hardware",
     "is_array_like",
     "map_loss_chunk_sizes",
+    "mesh_splits",
     "needed_bytes",
     "offload_fails",
     "on_one_clock",

@@ -241,9 +241,18 @@ def cpu_hardware() -> Hardware:
     source = (
         f"measured on this CPU ({os.cpu_count()} cores): a {n}x{n} float32 "
         "matrix product (best of 20) and a 64 MiB elementwise pass (median of "
-        "20), after warm-up"
+        "20), after warm-up; host devices send each other bytes by copying "
+        "them through that memory (read and written: half its rate)"
     )
-    return Hardware("cpu", flops, bandwidth, None, None, source)
+    return Hardware(
+        "cpu",
+        flops,
+        bandwidth,
+        None,
+        None,
+        source,
+        interconnect_bytes_per_s=bandwidth / 2,
+    )
 
 
 def device_hardware() -> tuple[Hardware, bool]:

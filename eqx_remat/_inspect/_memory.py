@@ -213,6 +213,7 @@ def inspect_memory(
     on = Target.of(target, "memory_report")
     if on.mesh is not None:
         warn_replicated("memory_report", on.label, on.mesh, split_args(args)[0])
+    on = on.placed(split_args(args)[0])
     dynamic, traced = _placed(fn, args, on)
     options = dict(compiler_options or {})
     compiled = _compile(traced, options, target)
@@ -230,7 +231,7 @@ def unpaid_offload(
     """`inspect_memory`'s offload check of `fn(*args)` compiled for `target`,
     given its compiled `report`: `(what, why)` where it offloads and that does
     not pay; the program itself is not compiled again."""
-    on = Target.of(target, "memory_report")
+    on = Target.of(target, "memory_report").placed(split_args(args)[0])
     dynamic, traced = _placed(fn, args, on)
     if not offloads(traced.jaxpr):
         return None

@@ -22,6 +22,9 @@ from ._hardware import HARDWARE, Hardware, device_hardware
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
+MESH_AXES = ("data", "fsdp")
+"""The axes of a mesh that splits the chips between data parallelism and FSDP."""
+
 VALID_TARGETS = (
     'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
     'reports name it), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" (e.g. "v5e:2x4", '
@@ -157,7 +160,7 @@ def slice_mesh(a: int, b: int, shape: tuple[int, ...] | None = None) -> Mesh:
     topo = _topology(a, b)
     if shape is None:
         return topologies.make_mesh(topo, (len(topo.devices),), ("data",))
-    return topologies.make_mesh(topo, shape, ("data", "fsdp"))
+    return topologies.make_mesh(topo, shape, MESH_AXES)
 
 
 @functools.lru_cache(maxsize=16)
@@ -289,7 +292,31 @@ class Target:
 
     @property
     def chips(self) -> int:
-        return 1 if self.mesh is None else self.mesh.size
+        """The slice's chips; of the device at hand, its devices."""
+        return jax.device_count() if self.mesh is None else self.mesh.size
+
+    def placed(self, dynamic: Any) -> "Target":
+        """This target on the mesh `dynamic`'s arrays are placed on, where it
+        is another mesh of the same chips (`v5e_mesh(name, fsdp=k)`): code
+        that asks which mesh it is traced on (zoo's flash attention) sees
+        theirs."""
+        if self.mesh is None:
+            return self
+        chips = set(self.mesh.devices.flat)
+        for x in jax.tree.leaves(dynamic):
+            mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+            if isinstance(mesh, Mesh) and set(mesh.devices.flat) == chips:
+                return dataclasses.replace(self, mesh=mesh)
+        return self
+
+    def meshes(self) -> list[Mesh]:
+        """`mesh_splits` of this target."""
+        n = self.chips
+        ks = [k for k in range(n, 0, -1) if n % k == 0]
+        if self.name is not None:
+            return [v5e_mesh(self.name, fsdp=k) for k in ks]
+        auto = (jax.sharding.AxisType.Auto,) * 2
+        return [jax.make_mesh((n // k, k), MESH_AXES, axis_types=auto) for k in ks]
 
     def hardware(self) -> tuple[Hardware, bool]:
         """`(figures of one chip, known)`: a v5e target's from the table; the
@@ -308,6 +335,33 @@ class Target:
         if self.mesh is None:
             return contextlib.nullcontext()
         return jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh)
+
+
+def mesh_splits(target: str | None = None) -> list[Mesh]:
+    """Every split of `target`'s chips between data parallelism and FSDP, as
+    [`eqx_remat.plan`][]`(..., shard=...)` plans them: meshes of axes
+    `("data", "fsdp")`, FSDP over every chip first, data parallelism last.
+
+    **Arguments:**
+
+    - `target`: `None` for the device at hand (its devices: a CPU's host
+      devices, `XLA_FLAGS=--xla_force_host_platform_device_count=8`), or
+      `"v5e"` / `"v5e:AxB"` ([`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`).
+
+    ```python
+    import eqx_remat
+
+    for mesh in eqx_remat.internal.mesh_splits("v5e"):
+        print(dict(mesh.shape))
+    ```
+
+    ```text
+    {'data': 1, 'fsdp': 4}
+    {'data': 2, 'fsdp': 2}
+    {'data': 4, 'fsdp': 1}
+    ```
+    """
+    return Target.of(target, "mesh_splits").meshes()
 
 
 def hardware(target: str | None) -> tuple[Hardware, bool]:

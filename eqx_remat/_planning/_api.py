@@ -9,6 +9,7 @@ from typing import Any, Literal, SupportsIndex
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
@@ -40,6 +41,7 @@ def plan(
     micro_batches: Sequence[SupportsIndex] | None = None,
     loss_chunks: Sequence[SupportsIndex | None] | None = None,
     in_axes: Any = (None, 0),
+    shard: Callable[[Mesh], tuple[Callable[..., Any], tuple]] | None = None,
 ) -> PlanResult:
     """The checkpoint that fits a memory budget and runs a step fastest: a byte
     budget in, the checkpoint to train with out. How it solves is told once, in
@@ -104,6 +106,19 @@ def plan(
     - `in_axes`: with `micro_batches` (only), the batch axes of `fn`'s
       arguments, as [`eqx_remat.accumulate`][] takes them (default
       `(None, 0)`: `fn(model, batch)`).
+    - `shard`: `None` (the default) to plan `fn(*args)` as its arguments are
+      placed; or, to choose the mesh too, a function of a mesh with axes
+      `("data", "fsdp")` that returns `(fn, args)` placed on it: e.g. the
+      parameters split over `"fsdp"` (`zoo.shard(model, mesh, fsdp=True,
+      axis="fsdp")`), the batch over both axes (`zoo.shard_batch(batch,
+      mesh, axis=("data", "fsdp"))`), the gradients kept like the
+      parameters. Every split of the chips is planned (of the target's:
+      [`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`; on the device at hand, of
+      its devices), FSDP over all of them first and data parallelism last,
+      as `micro_batches` are (see [Choose the mesh][choose-the-mesh]):
+      `result.mesh` is the pick's, `shard(result.mesh)` runs it. Ahead of
+      time a mesh's time adds what each chip sends in collectives, at the
+      chip's interconnect rate, to the roofline's.
 
     **Returns:**
 
@@ -137,7 +152,7 @@ def plan(
     with XLA's figure of what it needed.
     """
     budget, candidates = _check(
-        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
+        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes, shard
     )
     if progress not in (True, False, "verbose"):
         raise ValueError(
@@ -146,7 +161,7 @@ def plan(
     on = Target.of(target, "plan")
     bench = Bench(on, _measuring(measure, on.name), say=Progress(progress))
     return _run(
-        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
     )
 
 
@@ -159,22 +174,27 @@ def plan_on(
     micro_batches: Sequence[SupportsIndex] | None = None,
     loss_chunks: Sequence[SupportsIndex | None] | None = None,
     in_axes: Any = (None, 0),
+    shard: Callable[[Mesh], tuple[Callable[..., Any], tuple]] | None = None,
 ) -> PlanResult:
     """[`eqx_remat.plan`][] on `bench`: its target, clock, cache and progress."""
     budget, candidates = _check(
-        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes
+        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes, shard
     )
     return _run(
-        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
     )
 
 
-def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes):
+def _run(
+    bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
+):
     on, ways = bench.target, None
-    if on.mesh is not None:
+    if on.mesh is not None and shard is None:
         warn_replicated("plan", on.label, on.mesh, split_args(args)[0])
-    if micro_batches is not None or loss_chunks is not None:
-        ways = batch_ways(args, micro_batches, loss_chunks, in_axes)
+    if micro_batches is not None or loss_chunks is not None or shard is not None:
+        meshes = [None] if shard is None else on.meshes()
+        pairs = batch_ways(args, micro_batches, loss_chunks, in_axes)
+        ways = [(k, c, mesh) for k, c in pairs for mesh in meshes]
     with warnings.catch_warnings(), on.traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
@@ -182,7 +202,7 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
         if ways is not None:
             if loss_chunks is not None:
                 warn_if_chunks_do_nothing(fn, args, ways)
-            result = plan_batches(bench, fn, args, budget, ways, in_axes)
+            result = plan_batches(bench, fn, args, budget, ways, in_axes, shard)
         elif candidates is not None:
             result = compare(bench, problem, budget, candidates)
         else:
@@ -191,8 +211,13 @@ def _run(bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axe
     return dataclasses.replace(result, stacks=stacks)
 
 
-def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
+def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes, shard):
     """`(budget, candidates)`: the arguments checked and normalised."""
+    if shard is not None and not callable(shard):
+        raise ValueError(
+            "plan expected shard to be None or a function of a mesh that returns "
+            f"(fn, args) placed on it. Got {shard!r}."
+        )
     budget = parse_bytes(budget_bytes)
     lists = {"candidates": candidates, "micro_batches": micro_batches}
     lists |= {"loss_chunks": loss_chunks}
@@ -224,11 +249,11 @@ def _check(args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes):
             "field (every zoo model has one), whose checkpoint it varies. Got none."
         )
     if candidates is not None and (
-        micro_batches is not None or loss_chunks is not None
+        micro_batches is not None or loss_chunks is not None or shard is not None
     ):
         raise ValueError(
-            "plan compares candidates= on one function; with micro_batches= "
-            "or loss_chunks= it solves. Pass candidates=None."
+            "plan compares candidates= on one function; with micro_batches=, "
+            "loss_chunks= or shard= it solves. Pass candidates=None."
         )
     return budget, candidates
 

@@ -4,9 +4,13 @@ loss_chunks=...)`): an outer loop over ways of running the batch, around the
 planner's one loop (told once, in the tutorial *Fit a batch, not just a model*,
 "Which combination"): the loop (`solve`) runs on one way in full
 (`_solve_first`), each later way is tried with its pick (`_try`), and the best
-of each way race (`_race_bests`). Every time is per global batch."""
+of each way race (`_race_bests`). Every time is per global batch. With
+`shard`, a way is on a mesh too (every split of the chips between data
+parallelism and FSDP): ahead of time, each way's estimate adds what its chips
+send each other (`_sent`)."""
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, SupportsIndex
@@ -15,6 +19,7 @@ import jax
 
 from .._accumulate import accumulate, check_split
 from .._inspect._clock import on_one_clock
+from .._inspect._hardware import collective_time
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
 from .._schedules._uniform import recursive
@@ -26,7 +31,7 @@ from ._compiled import Compiled
 from ._cost import entry
 from ._evidence import Evidence, is_mix
 from ._loop import State, compiled, loop, models, notes, solve, timing, traced
-from ._report import BatchOption, NothingFits, PlanResult
+from ._report import BatchOption, NothingFits, PlanResult, mesh_name
 from ._thresholds import CLOSE_WAYS, FASTER_TRIES, MODEL_ERROR, RACED_WAYS
 
 
@@ -73,13 +78,16 @@ def batch_ways(
     return [(k, c) for k in ks for c in chunks]
 
 
-def warn_if_chunks_do_nothing(
-    fn, args: tuple, ways: list[tuple[int, int | None]]
-) -> None:
+Ways = list[tuple[int, int | None, Any]]
+"""`(micro-batches, loss chunk size, mesh)`: the ways to run the batch (the
+mesh `None`: the arguments as placed)."""
+
+
+def warn_if_chunks_do_nothing(fn, args: tuple, ways: Ways) -> None:
     """Warn where `fn`'s program is the same at two of the loss chunk sizes
     (`fn` does not call the model's `loss`)."""
     found = map_loss_chunk_sizes(args, lambda c: c)[1]
-    sizes = list(dict.fromkeys([found[0], *(c for _, c in ways)]))[:2]
+    sizes = list(dict.fromkeys([found[0], *(c for _, c, _ in ways)]))[:2]
     if len(sizes) < 2:
         return
 
@@ -99,11 +107,21 @@ def warn_if_chunks_do_nothing(
 
 
 class _Way(NamedTuple):
-    """One way of running the batch: `k` micro-batches, loss chunk `c`."""
+    """One way of running the batch: `k` micro-batches, loss chunk `c`, on
+    `mesh` (`None`: as placed)."""
 
     k: int
     c: int | None
     problem: Problem
+    mesh: Any = None
+
+    @property
+    def key(self) -> tuple:
+        return self.k, self.c, self.mesh
+
+    def __str__(self) -> str:
+        on = "" if self.mesh is None else f", mesh={mesh_name(self.mesh)}"
+        return f"micro_batches={self.k}, loss_chunk_size={self.c}{on}"
 
 
 class _Best(NamedTuple):
@@ -121,26 +139,37 @@ def plan_batches(
     fn,
     args: tuple,
     budget: int,
-    ways: list[tuple[int, int | None]],
+    ways: Ways,
     in_axes: Any,
+    shard: Any = None,
 ) -> PlanResult:
-    """`plan` over the ways `ways`: the fastest per global batch."""
+    """`plan` over the ways `ways`: the fastest per global batch (a way on a
+    mesh: `shard(mesh)`'s function and arguments)."""
     measuring = bench.measure  # chosen once
+    placed: dict[Any, tuple] = {}  # each mesh's function and arguments, once
 
-    def way(k: int, c: int | None) -> _Way:
-        f, a = _variant(fn, args, k, c, in_axes, bench.cache)
-        return _Way(k, c, Problem.of(f, a, bench.target))
+    def way(k: int, c: int | None, mesh: Any) -> _Way:
+        f, a = fn, args
+        if mesh is not None:
+            if mesh not in placed:
+                placed[mesh] = shard_on(shard, mesh)
+            f, a = placed[mesh]
+        f, a = _variant(f, a, k, c, in_axes, bench.cache)
+        return _Way(k, c, Problem.of(f, a, bench.target), mesh)
 
     first, result, tried = _solve_first(bench, ways, way, budget)
     solved, bests = first.way, [first]
-    for k, c in ways[ways.index((solved.k, solved.c)) + 1 :]:
-        bench.say(f"trying micro_batches={k}, loss_chunk_size={c}")
-        best, ev, first = _try(bench, way(k, c), first, budget)
+    for k, c, mesh in ways[ways.index(solved.key) + 1 :]:
+        w = way(k, c, mesh)
+        bench.say(f"trying {w}")
+        best, ev, first = _try(bench, w, first, budget)
         if best is None:
             tried.append(ev)
         else:
             bests.append(best)
     bests[0] = first
+    if not measuring:
+        bests = [_sent(bench, b) for b in bests]
     bests.sort(key=lambda b: b.time_s)
     # The roofline does not see what a smaller micro-batch costs a chip (a
     # matmul too small to keep it busy): within `CLOSE_WAYS` of the least
@@ -149,23 +178,55 @@ def plan_batches(
     pick = bests[0] if measuring else min(close, key=lambda b: b.way.k)
     if measuring and len(bests) > 1:
         pick, took = _race_bests(bench, bests, solved, tried)
-        same = lambda b: (b.way, b.checkpoint) == (pick.way, pick.checkpoint)
+        same = lambda b: (b.way.key, b.checkpoint) == (pick.way.key, pick.checkpoint)
         bests = sorted((pick if same(b) else b for b in bests), key=lambda b: b.time_s)
-        i = next(i for i, b in enumerate(bests) if b.way == solved)
+        i = next(i for i, b in enumerate(bests) if b.way.key == solved.key)
         ev = bests[i].evidence.timed({}, took)
         bests[i] = bests[i]._replace(evidence=ev)
         pick = next(b for b in bests if same(b))
-    return _batch_result(bench, result, pick, bests, tried, in_axes)
+    return _batch_result(bench, result, pick, bests, tried, in_axes, first)
 
 
-def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
+def shard_on(shard: Any, mesh: Any) -> tuple:
+    """`shard(mesh)`: a function and its arguments, checked."""
+    out = shard(mesh)
+    if not (isinstance(out, tuple) and len(out) == 2 and callable(out[0])):
+        raise ValueError(
+            "plan expected shard(mesh) to return (fn, args): the function and a "
+            f"tuple of its arguments, placed on the mesh. Got {out!r:.200}."
+        )
+    fn, args = out
+
+    @functools.wraps(fn)
+    def on_mesh(*args: Any) -> Any:
+        # Traced on `mesh`, whatever the target's: code that asks which mesh
+        # it runs on (zoo's flash attention) sees this one.
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return on_mesh, tuple(args)
+
+
+def _sent(bench: Bench, best: "_Best") -> "_Best":
+    """`best` with, where it was estimated on a mesh, what its chips send each
+    other added to its time: the collectives of its compiled program at the
+    chip's interconnect rate, after its compute (not overlapped: the model
+    that ranks MaxText's published runs, `benchmarks/maxtext_mfu.py`)."""
+    report = best.evidence.records[best.checkpoint].report
+    if best.measured or best.way.mesh is None or report is None:
+        return best
+    seconds = collective_time(bench.hardware, report.collective_bytes)
+    return best if seconds is None else best._replace(time_s=best.time_s + seconds)
+
+
+def _batch_result(bench, result, pick, bests, tried, in_axes, first) -> PlanResult:
     evidence = [b.evidence for b in bests] + list(tried)
     ev = pick.evidence
     chosen = entry(ev, ev.records[pick.checkpoint], pick.time_s, pick.measured)
     seconds = bench.say.elapsed()
     bench.say(
-        f"done: micro_batches={pick.way.k}, loss_chunk_size={pick.way.c}, "
-        f"checkpoint={checkpoint_name(pick.checkpoint)}, {seconds:.1f} s"
+        f"done: {pick.way}, checkpoint={checkpoint_name(pick.checkpoint)}, "
+        f"{seconds:.1f} s"
     )
     options = [
         BatchOption(
@@ -175,10 +236,21 @@ def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
             b.evidence.records[b.checkpoint].memory_bytes or 0,
             b.time_s,
             b.measured,
+            b.way.mesh,
         )
         for b in bests
     ]
     said = [*result.notes]
+    default = next((b for b in bests if b.way.key == first.way.key), None)
+    if pick.way.mesh is not None and default is not None and default is not pick:
+        how = "measured" if pick.measured and default.measured else "estimated"
+        a, b = pick.way, default.way
+        if (a.k, a.c) == (b.k, b.c):
+            a, b = mesh_name(a.mesh), mesh_name(b.mesh)
+        said.append(
+            f"{a} is {how} {default.time_s / pick.time_s:.2f}x as fast as {b} "
+            f"(with {checkpoint_name(default.checkpoint)})"
+        )
     for e in evidence:
         said += notes(bench, e, None)
     return dataclasses.replace(
@@ -194,6 +266,7 @@ def _batch_result(bench, result, pick, bests, tried, in_axes) -> PlanResult:
         loss_chunk_size=pick.way.c,
         in_axes=in_axes,
         batches=tuple(options),
+        mesh=pick.way.mesh,
     )
 
 
@@ -221,8 +294,8 @@ def _solve_first(
     can need a little less than both (`save_names('mlp_hidden')` 1% less than
     `"nothing"` on a 2-layer transformer)."""
     tried: list[Evidence] = []
-    for i, (k, c) in enumerate(ways):
-        w = way(k, c)
+    for i, (k, c, mesh) in enumerate(ways):
+        w = way(k, c, mesh)
         probe = None
         if i < len(ways) - 1:
             why = "a lightest option: whether anything fits this combination"
@@ -231,20 +304,20 @@ def _solve_first(
             model = models(bench, w.problem, None)
             probe = loop(bench, w.problem, model, st, [light]).evidence
             if not any(_near(r, probe.budget) for r in probe.records.values()):
-                bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+                bench.say(f"nothing fits with {w}")
                 tried.append(probe)
                 continue
-        bench.say(f"solving micro_batches={k}, loss_chunk_size={c} in full")
+        bench.say(f"solving {w} in full")
         try:
             r, ev = solve(bench, w.problem, budget)
         except NothingFits as e:
             if i == len(ways) - 1:
-                tried_ = ", ".join(f"{k}/{c}" for k, c in ways)
+                tried_ = ", ".join(dict.fromkeys(f"{k}/{c}" for k, c, _ in ways))
                 raise NothingFits(
                     f"{e}\n(With the last of the micro-batch counts and loss "
                     f"chunk sizes tried: {tried_}.)"
                 ) from None
-            bench.say(f"nothing fits with micro_batches={k}, loss_chunk_size={c}")
+            bench.say(f"nothing fits with {w}")
             if probe is not None:
                 tried.append(probe)
             continue
@@ -323,7 +396,7 @@ def _race_bests(
     run = [b for b in bests if b.checkpoint in b.evidence.runnable][:RACED_WAYS]
     if len(run) < 2:
         return bests[0], 0.0
-    what = ("ways", *((b.way.k, b.way.c, b.checkpoint) for b in run))
+    what = ("ways", *((*b.way.key, b.checkpoint) for b in run))
     left = float(sum(e.left_s for e in [b.evidence for b in bests] + list(tried)))
     timings, took = bench.race(
         solved.problem,
@@ -338,8 +411,7 @@ def _race_bests(
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     bench.say(
         "raced the bests of "
-        + ", ".join(f"{b.way.k}/{b.way.c}" for b in run)
-        + f" (micro-batches/loss chunk): {run[i].way.k}/{run[i].way.c} fastest, "
-        f"{took:.1f} s"
+        + "; ".join(map(str, (b.way for b in run)))
+        + f": {run[i].way} fastest, {took:.1f} s"
     )
     return run[i]._replace(time_s=timings[i].seconds, measured=True), took

@@ -105,8 +105,11 @@ class BatchOption(NamedTuple):
       (`None`: whole logits; see `zoo.cross_entropy`).
     - `checkpoint`: the fastest checkpoint found that fits, this way.
     - `memory_bytes`: its compiled memory (the whole global batch's step).
-    - `time_s`: its time per global batch: measured, or the roofline's.
+    - `time_s`: its time per global batch: measured, or the roofline's (on
+      a mesh, plus its collectives').
     - `measured`: whether `time_s` was measured by running it.
+    - `mesh`: planned with `shard=`, the mesh (axes `("data", "fsdp")`);
+      else `None`.
     """
 
     micro_batches: int
@@ -115,6 +118,7 @@ class BatchOption(NamedTuple):
     memory_bytes: int
     time_s: float
     measured: bool
+    mesh: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +159,9 @@ class PlanResult:
       [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
       that of the combination solved in full (see
       [Which combination][which-combination]).
+    - `mesh`: planned with `shard=`, the mesh chosen (a `jax.sharding.Mesh`
+      with axes `("data", "fsdp")`): `shard(result.mesh)` places the step
+      and its arguments on it; else `None`.
     - `stacks`: the path of the `checkpoint` field of each stack `fn`
       differentiates, in the order it runs them, as
       [`eqx_remat.set_checkpoint`][] takes them and a
@@ -179,6 +186,7 @@ class PlanResult:
     batches: tuple[BatchOption, ...] = ()
     estimate: str = "roofline"
     stacks: tuple[str, ...] = ()
+    mesh: Any = None
 
     def apply(self, tree: Any) -> Any:
         """`eqx_remat.set_checkpoint(tree, self.checkpoint)`: a copy of `tree`
@@ -215,6 +223,8 @@ class PlanResult:
                 f", micro_batches={self.micro_batches}, "
                 f"loss_chunk_size={self.loss_chunk_size}"
             )
+        if self.mesh is not None:
+            batch += f", mesh={mesh_name(self.mesh)}"
         lines = [
             f"plan for a budget of {format_bytes(self.budget_bytes)} "
             f"[{self.target}]: checkpoint={names.short(self.checkpoint)}{batch}"
@@ -383,12 +393,17 @@ def _frontier_table(
 
 
 def _batch_table(result: PlanResult, names: _Names) -> str:
-    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
+    meshes = any(b.mesh is not None for b in result.batches)
+    rows: list[tuple[str, ...]] = [
+        ("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")
+        + (("mesh",) if meshes else ())
+    ]
     for b in result.batches:
-        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == (
+        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint, b.mesh) == (
             result.micro_batches,
             result.loss_chunk_size,
             result.checkpoint,
+            result.mesh,
         )
         rows.append(
             (
@@ -399,8 +414,14 @@ def _batch_table(result: PlanResult, names: _Names) -> str:
                 format_size(b.memory_bytes),
                 format_time(b.time_s) + ("" if b.measured else " (est.)"),
             )
+            + ((mesh_name(b.mesh),) if meshes else ())
         )
     return _columns(rows)
+
+
+def mesh_name(mesh: Any) -> str:
+    """`"data 2 x fsdp 4"`: a mesh's axes and their sizes."""
+    return " x ".join(f"{a} {n}" for a, n in mesh.shape.items())
 
 
 def _columns(rows: Sequence[tuple[str, ...]]) -> str:
