@@ -24,6 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import eqx_remat as er
+import zoo
 from eqx_remat.internal import compiled_report, format_flops
 
 
@@ -863,6 +864,39 @@ def test_v5e_mesh_of_data_and_fsdp_axes():
     for bad in (3, 0, True):
         with pytest.raises(ValueError, match="v5e_mesh.*fsdp"):
             er.v5e_mesh("v5e:2x4", fsdp=bad)
+
+
+@needs_libtpu
+@pytest.mark.heavy
+def test_flash_attention_is_traced_on_the_arguments_mesh():
+    """zoo's flash kernel runs under `shard_map` on the mesh it is traced on:
+    with the arguments on a `("data", "fsdp")` mesh of the target's chips,
+    `memory_report` and `roofline_seconds` trace on theirs, not the target's
+    one-axis mesh (whose axes lack "fsdp")."""
+    mesh = er.v5e_mesh("v5e", fsdp=2)
+    make = lambda: zoo.Transformer.llama(
+        vocab_size=256,
+        max_len=256,
+        d_model=256,
+        num_heads=2,
+        num_layers=2,
+        attention="flash",
+        key=jax.random.key(0),
+    )
+    model = zoo.shard(eqx.filter_eval_shape(make), mesh, fsdp=True, axis="fsdp")
+    tokens = S((4, 256), jnp.int32)
+    tokens = zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))
+
+    def loss(m, t):
+        out = jax.vmap(m, spmd_axis_name=("data", "fsdp"))(t)
+        return jnp.mean(out.astype(f32))
+
+    grad = lambda m, t: zoo.shard(
+        eqx.filter_grad(loss)(m, t), mesh, fsdp=True, axis="fsdp"
+    )
+    report = er.memory_report(grad, model, tokens, target="v5e")
+    assert report.flops > 0 and report.collective_bytes > 0
+    assert er.internal.roofline_seconds(grad, model, tokens, target="v5e") > 0
 
 
 @needs_libtpu

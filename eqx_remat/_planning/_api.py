@@ -195,7 +195,7 @@ def _run(
         meshes = [None] if shard is None else on.meshes()
         pairs = batch_ways(args, micro_batches, loss_chunks, in_axes)
         ways = [(k, c, mesh) for k, c in pairs for mesh in meshes]
-    with warnings.catch_warnings(), on.traced():
+    with warnings.catch_warnings(), on.placed(split_args(args)[0]).traced():
         # Said once, above; not again for every compile.
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         problem = Problem.of(fn, args, on)
@@ -306,7 +306,7 @@ def roofline_seconds(
     on = Target.of(target, "roofline_seconds")
     c = found[0]
     parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
-    with warnings.catch_warnings(), on.traced():
+    with warnings.catch_warnings(), on.placed(split_args(args)[0]).traced():
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         bench = Bench(on, False)
         problem = Problem.of(fn, args, on)
