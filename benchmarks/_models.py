@@ -375,12 +375,20 @@ PRESETS: dict[str, Preset] = {
         per_device=True,
         specs=("nothing",),
     ),
+    # Meshes on 8 host devices (mesh_sweep.py): weights (4.5 MiB) outweigh a
+    # layer's activations, so what the chips send each other shows.
+    "transformer-mesh": TransformerPreset(
+        batch=16, vocab=1024, seq=64, d_model=256, heads=4, layers=4
+    ),
     # Two stacks under one budget (plan_sweep.py): a narrow, deep encoder into a
     # wide, shallow decoder; activations dominate (None: ~90 MiB, weights ~11).
     "encoder-decoder": EncoderDecoderPreset(batch=512),
     # End-to-end smoke test (--quick).
     "transformer-tiny": TransformerPreset(
         batch=2, vocab=64, seq=16, d_model=32, heads=2, layers=2
+    ),
+    "transformer-mesh-tiny": TransformerPreset(
+        batch=8, vocab=64, seq=16, d_model=32, heads=2, layers=2
     ),
     "chain-tiny": ChainPreset(batch=2, width=8, layers=16),
     "chain-params-tiny": ChainPreset(batch=2, width=64, layers=8, specs=ALL),

@@ -71,6 +71,8 @@ SECTIONS = (
         "batch_sweep-v5e_2x4",
         section("batch_sweep"),
     ),
+    ("Meshes, CPU: 8 host devices", "mesh_sweep", section("mesh_sweep")),
+    ("Meshes, v5e: the seed setting", "mesh_sweep_v5e_2x4", section("mesh_sweep")),
 )
 
 

@@ -482,6 +482,7 @@ def _parsers() -> dict:
         compile_time,
         depth_scaling,
         maxtext_mfu,
+        mesh_sweep,
         plan_sweep,
         profile_step,
         report,
@@ -499,6 +500,7 @@ def _parsers() -> dict:
         "batch_sweep.py": batch_sweep._parser(),
         "profile_step.py": profile_step._parser(),
         "maxtext_mfu.py": maxtext_mfu._parser(),
+        "mesh_sweep.py": mesh_sweep._parser(),
         "train_lm.py": _TrainFlags(),
     }
 
