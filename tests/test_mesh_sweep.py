@@ -28,7 +28,8 @@ def test_quick_compiles_prices_times_and_plans(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     data = json.loads((tmp_path / "mesh_sweep_quick.json").read_text())
     rows = data["rows"]
-    assert [(r["data"], r["fsdp"]) for r in rows[::2]] == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    splits = [(r["data"], r["fsdp"]) for r in rows[::2]]
+    assert splits == [(1, 8), (2, 4), (4, 2), (8, 1)]
     assert [r["checkpoint"] for r in rows[:2]] == ["None", "nothing"]
     for r in rows:
         assert r["fits"] and r["measured_s"] > 0 and r["collective_bytes"] > 0
