@@ -229,30 +229,37 @@ def worker(args: Any, variants: Sequence[Variant]) -> dict:
 # TPU v5e, ahead of time.
 
 
-def compile_aot(v: Variant, target: str) -> dict[str, Any]:
-    """Per-chip memory of `v` compiled for `target` with
-    `eqx_remat.memory_report`. Programs that do not fit in a chip do not compile:
-    XLA says how much memory they would need (`eqx_remat.internal.needed_bytes`),
-    reported as `temp_bytes` with `fits: False`. `compile_s` includes counting
-    the FLOPs, which `memory_report` does too."""
-    fn, args = v.build()
-    row = v.row(target=target, device_kind="TPU v5 lite")
-    row["device_count"] = er.v5e_mesh(target).size
-    t0 = time.perf_counter()
+def compiled_aot(fn: Callable, args: tuple, target: str) -> dict[str, Any]:
+    """`fn(*args)` compiled for `target` (`eqx_remat.memory_report`): per-chip
+    memory, FLOPs, collectives, whether it fits a chip's `V5E_HBM`. A program
+    that does not fit a chip does not compile: XLA says how much memory it
+    would need (`eqx_remat.internal.needed_bytes`), kept as `temp_bytes` with
+    `fits: False` and `total_bytes: None`. The one compile of every script that
+    compiles ahead of time."""
     try:
         report = er.memory_report(fn, *args, target=target)
     except jax.errors.JaxRuntimeError as e:
         need = needed_bytes(str(e))
         if need is None:
             raise
-        row |= {"fits": False, "temp_bytes": need, "total_bytes": None}
-        row |= {
+        flops = _flops(er.count_flops(fn, *args))
+        return {"fits": False, "temp_bytes": need, "total_bytes": None} | {
+            "flops": flops,
+            "collective_bytes": None,
             "error": _format.first_line(e),
-            "flops": _flops(er.count_flops(fn, *args)),
         }
-    else:
-        row |= _report_fields(report)
-        row["fits"] = report.total_bytes <= V5E_HBM
+    fields = _report_fields(report)
+    return fields | {"fits": report.total_bytes <= V5E_HBM, "error": None}
+
+
+def compile_aot(v: Variant, target: str) -> dict[str, Any]:
+    """The row of `v` compiled for `target` (`compiled_aot`). `compile_s`
+    includes counting the FLOPs, which `memory_report` does too."""
+    fn, args = v.build()
+    row = v.row(target=target, device_kind="TPU v5 lite")
+    row["device_count"] = er.v5e_mesh(target).size
+    t0 = time.perf_counter()
+    row |= compiled_aot(fn, args, target)
     row["compile_s"] = time.perf_counter() - t0
     return row
 

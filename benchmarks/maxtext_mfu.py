@@ -65,7 +65,6 @@ from eqx_remat.internal import (
     collective_time,
     hardware,
     is_array_like,
-    needed_bytes,
 )
 
 
@@ -227,32 +226,6 @@ def _step(mesh: Any, model: zoo.Transformer, tokens: jax.Array) -> Any:
     return zoo.shard(eqx.filter_grad(_loss)(model, tokens), mesh, fsdp=True)
 
 
-def _compile(fn: Any, model: Any, tokens: Any, target: str) -> dict[str, Any]:
-    """Per-chip memory and the step's counted FLOPs (`memory_report`); where XLA
-    refuses the program, the memory it says it needs."""
-    try:
-        report = er.memory_report(fn, model, tokens, target=target)
-    except jax.errors.JaxRuntimeError as e:
-        need = needed_bytes(str(e))
-        if need is None:
-            raise
-        flops = er.count_flops(fn, model, tokens)
-        return {"fits": False, "temp_bytes": need, "total_bytes": None} | {
-            "flops": None if flops.dynamic_loops else int(flops),
-            "error": _format.first_line(e),
-            "collective_bytes": None,
-        }
-    flops = None if report.flops.dynamic_loops else int(report.flops)
-    return {
-        "fits": report.total_bytes <= _measure.V5E_HBM,
-        "temp_bytes": report.temp_bytes,
-        "total_bytes": report.total_bytes,
-        "flops": flops,
-        "error": None,
-        "collective_bytes": report.collective_bytes,
-    }
-
-
 def measure(name: str, c: Config, spec: str) -> Row:
     """`c` under the checkpoint `spec`: compiled for `c.topology`, priced by the
     roofline, beside what MaxText published (for its own policy only)."""
@@ -264,7 +237,7 @@ def measure(name: str, c: Config, spec: str) -> Row:
     fn = functools.partial(_step, mesh)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):  # the flash kernel finds its mesh in the context
-        compiled = _compile(fn, model, tokens, c.topology)
+        compiled = _measure.compiled_aot(fn, (model, tokens), c.topology)
         compile_s = time.perf_counter() - t0
         roofline = er.internal.roofline_seconds(fn, model, tokens, target=c.topology)
     leaves = jax.tree.leaves(eqx.filter(model, is_array_like))

@@ -144,24 +144,6 @@ def plan_free(name: str, preset: Any, target: str | None, rows: list[Row]) -> di
     }
 
 
-class _Refused(NamedTuple):
-    """A program XLA refused for a chip: what it says it needs."""
-
-    total_bytes: int
-    collective_bytes: None = None
-
-
-def _compiled(fn, model, tokens, target: str) -> Any:
-    """`memory_report` for `target`, or what XLA says a refused program needs."""
-    try:
-        return er.memory_report(fn, model, tokens, target=target)
-    except jax.errors.JaxRuntimeError as e:
-        need = er.internal.needed_bytes(str(e))
-        if need is None:
-            raise
-        return _Refused(need)
-
-
 def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
     """Every mesh under every checkpoint of `specs`: compiled, priced, and, on
     the device at hand, timed together."""
@@ -180,10 +162,15 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
             with jax.set_mesh(mesh):
                 flops = er.count_flops(fn, model, tokens)
                 if target:
-                    report = _compiled(fn, model, tokens, target)
+                    aot = _measure.compiled_aot(fn, (model, tokens), target)
+                    refused = aot["total_bytes"] is None  # XLA: what it needs
+                    total = aot["temp_bytes"] if refused else aot["total_bytes"]
+                    sent = aot["collective_bytes"]
                 else:
                     step = _timing.compile_step(fn, model, tokens, leaves=leaves)
                     report = step.report(int(flops))
+                    refused, total = False, report.total_bytes
+                    sent = report.collective_bytes
                     steps.append(step)
                 if spec not in rooflines:  # the same per chip on every mesh
                     rooflines[spec] = er.internal.roofline_seconds(
@@ -194,7 +181,6 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
             print(
                 f"  data {chips // k} x fsdp {k}, {spec}: {compile_s:.0f} s", flush=True
             )
-            sent = report.collective_bytes
             comm = None if sent is None else er.internal.collective_time(hw, sent)
             per_chip = None if flops.dynamic_loops else int(flops) / chips
             rows.append(
@@ -204,9 +190,8 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
                     data=chips // k,
                     fsdp=k,
                     checkpoint=er.checkpoint_label(c),
-                    total_bytes=report.total_bytes,
-                    fits=not isinstance(report, _Refused)
-                    and report.total_bytes <= (hw.capacity_bytes or math.inf),
+                    total_bytes=total,
+                    fits=not refused and total <= (hw.capacity_bytes or math.inf),
                     flops_per_chip=per_chip,
                     roofline_s=roofline,
                     collective_bytes=sent,

@@ -118,13 +118,17 @@ def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
         return mesh
     n, fsdp = mesh.size, check_int("v5e_mesh", "fsdp", fsdp, 1)
     if n % fsdp:
-        sizes = [k for k in range(1, n + 1) if n % k == 0]
         raise ValueError(
             f"v5e_mesh expected fsdp to divide the {n} chips of {name} (one of "
-            f"{sizes}). Got fsdp={fsdp}."
+            f"{divisors(n)[::-1]}). Got fsdp={fsdp}."
         )
     a, b = v5e_shape(name) or (0, 0)
     return slice_mesh(a, b, (n // fsdp, fsdp))
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of `n`, largest first: the FSDP degrees of `n` chips."""
+    return [k for k in range(n, 0, -1) if n % k == 0]
 
 
 def v5e_target(target: Any) -> tuple[str, Mesh]:
@@ -312,11 +316,12 @@ class Target:
     def meshes(self) -> list[Mesh]:
         """`mesh_splits` of this target."""
         n = self.chips
-        ks = [k for k in range(n, 0, -1) if n % k == 0]
         if self.name is not None:
-            return [v5e_mesh(self.name, fsdp=k) for k in ks]
+            return [v5e_mesh(self.name, fsdp=k) for k in divisors(n)]
         auto = (jax.sharding.AxisType.Auto,) * 2
-        return [jax.make_mesh((n // k, k), MESH_AXES, axis_types=auto) for k in ks]
+        return [
+            jax.make_mesh((n // k, k), MESH_AXES, axis_types=auto) for k in divisors(n)
+        ]
 
     def hardware(self) -> tuple[Hardware, bool]:
         """`(figures of one chip, known)`: a v5e target's from the table; the
