@@ -23,7 +23,13 @@ from ._evidence import Evidence
 from ._prices import Prices, Stack
 from ._report import FrontierPoint, PlanEntry
 from ._solve import Option, Predict, best_mix, linear, lower_hull
-from ._thresholds import MODEL_ERROR, MOST_UNIFORM_PLANS, SAME_PRICE, TIME_ERROR
+from ._thresholds import (
+    MODEL_ERROR,
+    MOST_UNIFORM_PLANS,
+    RIVALS,
+    SAME_PRICE,
+    TIME_ERROR,
+)
 
 
 class Part(NamedTuple):
@@ -471,7 +477,8 @@ def descend(m: CostModel, budget: float | int) -> tuple[int, Plan]:
 def contenders(m: CostModel) -> list[tuple[Option, float]]:
     """One stack's options that may be the fastest that fits, with their
     memory, lightest first: those that fit (or may, by `model_error`) and the
-    model cannot tell from the fastest (by `time_error` either way)."""
+    model cannot tell from the fastest (by `time_error` either way); of those,
+    the fastest and its `RIVALS` nearest, as a race runs."""
     ev, error = m.evidence, m.model_error()
     near = []
     for o in m.options():
@@ -486,7 +493,9 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
     # A model off by up to `e` either way cannot tell apart `(1 + e) / (1 - e)`.
     e, least = m.time_error(), min((t for t, _ in near), default=0.0)
     bar = least * (1 + e) / (1 - e) if e < 1 else math.inf
-    return sorted((x for t, x in near if t <= bar), key=lambda p: p[1])
+    nearest = sorted(((t, i) for i, (t, _) in enumerate(near) if t <= bar))
+    kept = [near[i][1] for _, i in nearest[: 1 + RIVALS]]
+    return sorted(kept, key=lambda p: p[1])
 
 
 def mix_predictor(m: CostModel, k: int = 0, plan: Plan | None = None) -> Predict:

@@ -114,14 +114,9 @@ class Evidence:
         )
 
     def raced(self, race: Raced, seconds: float) -> "Evidence":
-        """With `race`: each program's time is the race's where the race ran
-        at least as many rounds as timed it before."""
-        better = {
-            c: t
-            for c, t in zip(race.run, race.timings or ())
-            if (old := self.timings.get(c)) is None or t.rounds >= old.rounds
-        }
-        out = self.timed(better, seconds)
+        """With `race`: each program's time is the race's, which decides
+        between them (one clock, the same rounds), however few its rounds."""
+        out = self.timed(dict(zip(race.run, race.timings or ())), seconds)
         return dataclasses.replace(out, races=(*self.races, race))
 
     def with_price(self, c: Planned, price: Price) -> "Evidence":

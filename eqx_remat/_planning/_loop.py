@@ -284,7 +284,9 @@ def _say_start(bench: Bench, prices: Prices) -> None:
 
 def measure(m: CostModel, st: State) -> Request | State:
     """Compiled, then timed: each stack's lightest option and fewest FLOPs; of
-    one stack, the `contenders`; of several, every option of every stack."""
+    one stack, the `contenders` (and the fewest FLOPs only where a mix may hold
+    two layers of it: else it cannot be in the answer); of several, every
+    option of every stack."""
     ev, todo = m.evidence, []
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
@@ -293,6 +295,9 @@ def measure(m: CostModel, st: State) -> Request | State:
             (m.reference(k, lightest), None, _LIGHTEST),
             (m.reference(k, cheapest), None, _CHEAPEST),
         ]
+        two = (Part(lightest, cheapest, min(2, s.depth)),)
+        if len(m.stacks) == 1 and not _may_fit(m, two):
+            del todo[-1]
     if len(m.stacks) == 1:
         near = contenders(m)
         fastest = min(near, key=lambda p: p[0].time)[0] if near else None
@@ -311,6 +316,12 @@ def measure(m: CostModel, st: State) -> Request | State:
     run = dict.fromkeys(m.checkpoint(p) for p, _, _ in todo)
     run = [c for c in run if c not in ev.offered]
     return Time(tuple(run)) if run else st
+
+
+def _may_fit(m: CostModel, plan) -> bool:
+    """Whether `plan` may fit, by the model's error (unknown: it may)."""
+    predicted = m.predict(plan)
+    return predicted is None or predicted <= m.evidence.budget * (1 + m.model_error())
 
 
 _LIGHTEST = "the lightest option: the base memory of every prediction"
