@@ -864,6 +864,11 @@ def test_v5e_mesh_of_data_and_fsdp_axes():
     for bad in (3, 0, True):
         with pytest.raises(ValueError, match="v5e_mesh.*fsdp"):
             er.v5e_mesh("v5e:2x4", fsdp=bad)
+    # Every split of a 16x16 slice, 128 of which is no product of its physical
+    # axes (16 x 16): a physical axis is split, as MaxText allows.
+    meshes = er.internal.mesh_splits("v5e:16x16")
+    assert [m.shape["fsdp"] for m in meshes] == [256, 128, 64, 32, 16, 8, 4, 2, 1]
+    assert all(len(set(m.devices.flat)) == 256 for m in meshes)
 
 
 @needs_libtpu

@@ -158,13 +158,22 @@ def v5e_target(target: Any) -> tuple[str, Mesh]:
 @functools.lru_cache(maxsize=16)
 def slice_mesh(a: int, b: int, shape: tuple[int, ...] | None = None) -> Mesh:
     """The `a`x`b` slice's mesh: one axis, `"data"`, or, of `shape`
-    `(data, fsdp)`, two, laid out on the chips by `topologies.make_mesh`."""
-    from jax.experimental import topologies
+    `(data, fsdp)`, two, laid out on the chips by JAX's `create_device_mesh`
+    (as `topologies.make_mesh` does), splitting a physical axis where an axis
+    of `shape` is no product of them (`fsdp=128` of `16x16`: 16 = 2 x 8, as
+    MaxText's `allow_split_physical_axes`)."""
+    from jax.experimental import mesh_utils
 
-    topo = _topology(a, b)
-    if shape is None:
-        return topologies.make_mesh(topo, (len(topo.devices),), ("data",))
-    return topologies.make_mesh(topo, shape, MESH_AXES)
+    devices = list(_topology(a, b).devices)
+    axes = MESH_AXES if shape is not None else ("data",)
+    shape = shape if shape is not None else (len(devices),)
+    try:
+        grid = mesh_utils.create_device_mesh(shape, devices)
+    except NotImplementedError:  # no product of the physical axes: split one
+        grid = mesh_utils.create_device_mesh(
+            shape, devices, allow_split_physical_axes=True
+        )
+    return Mesh(grid, axes)
 
 
 @functools.lru_cache(maxsize=16)
