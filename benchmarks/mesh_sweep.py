@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
     specs = args.checkpoint or list(CHECKPOINTS["v5e" if target else None])
     console, t0 = _console.Console(), time.perf_counter()
     rows, plans = [], []
-    for name in names:
-        preset = _models.PRESETS[name]
+    # A per-chip batch (MaxText's `per_device_batch_size`) for every chip.
+    chips = er.v5e_mesh(target).size if target else jax.device_count()
+    presets = {n: _models.PRESETS[n].on(chips) for n in names}
+    for name, preset in presets.items():
         console.print(f"[bold]{name}[/] ({preset.describe()}), {specs} ...")
         mine = measure(name, preset, target, specs, args.repeats)
         rows += mine
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         plans.append(plan_free(name, preset, target, mine))
     data = {
         "meta": _results.meta(args, seconds=time.perf_counter() - t0, target=target),
-        "presets": {n: {"describe": _models.PRESETS[n].describe()} for n in names},
+        "presets": {n: {"describe": p.describe()} for n, p in presets.items()},
         "rows": [r._asdict() for r in rows],
         "spearman": ranking(rows),
         "plans": plans,
