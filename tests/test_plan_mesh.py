@@ -91,6 +91,31 @@ def test_on_the_device_at_hand_the_clock_chooses_the_mesh():
         check_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.heavy
+def test_a_mesh_the_solved_pick_does_not_fit_gets_a_lighter_option():
+    """At the budget of `"nothing"` under data parallelism (the parameters
+    whole on every chip), FSDP over every chip, solved first, picks a faster
+    option that does not fit data parallelism: that mesh is still listed, with
+    a lighter option that fits it."""
+    shard = _shard(MODEL, TOKENS)
+    meshes = CPU.meshes()
+
+    def memory(c, mesh):
+        step, args = shard(mesh)
+        return er.memory_report(step, *er.set_checkpoint(args, c)).total_bytes
+
+    budget = memory("nothing", meshes[-1])
+    bench = Bench(
+        CPU, True, cache=PlanCache(), clock=_fake_clock, warm=lambda programs: 0.0
+    )
+    r = plan_on(bench, GRAD, MODEL, TOKENS, budget_bytes=budget, shard=shard)
+    (solved,) = [b for b in r.batches if b.mesh is meshes[0]]
+    assert memory(solved.checkpoint, meshes[-1]) > budget  # it does not fit there
+    (dp,) = [b for b in r.batches if b.mesh is meshes[-1]]
+    assert dp.checkpoint != solved.checkpoint and dp.memory_bytes <= budget
+    assert all(b.memory_bytes <= budget for b in r.batches)
+
+
 @needs_libtpu
 @pytest.mark.heavy
 def test_ahead_of_time_a_mesh_is_priced_with_its_collectives():

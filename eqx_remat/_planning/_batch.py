@@ -349,35 +349,44 @@ def _try(
     bench: Bench, way: _Way, first: _Best, budget: int
 ) -> tuple[_Best | None, Evidence, _Best]:
     """`(best, evidence, first)`: `way`'s fastest fitting option among the
-    solved pick and up to `FASTER_TRIES` options faster than it where solved,
-    fastest first, whose memory, scaled as the pick's, fits; `way`'s
-    evidence; and `first` with the prices its evidence learnt."""
+    solved pick and up to `FASTER_TRIES` other options compiled where solved,
+    fastest first, whose memory, scaled as the pick's, fits (faster than the
+    pick, where it fits here; none where XLA refused it); `way`'s evidence;
+    and `first` with the prices its evidence learnt."""
     solved, model = first.evidence, models(bench, way.problem, None)
     before = solved.records[first.checkpoint].memory_bytes
     pick = compiled([(first.checkpoint, before)], "the solved combination's pick")
     st = loop(
         bench, way.problem, model, State(bench.start(way.problem, budget)), [pick]
     )
-    memory = st.evidence.records[first.checkpoint].memory_bytes
-    if memory is None or before is None:
+    record = st.evidence.records[first.checkpoint]
+    # Refused: XLA's figure, where it gives one, bounds the memory; no scale.
+    if record.report is None or before is None:
         return None, st.evidence, first
+    fits = st.evidence.fits(record)
     ok = [
         c for c, r in solved.records.items() if r.report is not None and not is_mix(c)
     ]
     prices = bench.prices(first.way.problem)
     solved, times = _times(bench, first.way.problem, solved, ok, prices)
     first = first._replace(evidence=solved)
-    faster = sorted(
-        (c for c in times if times[c][0] < first.time_s), key=lambda c: times[c][0]
+    ranked = sorted(
+        (c for c in times if c != first.checkpoint), key=lambda c: times[c][0]
     )
+    if fits:
+        ranked = [c for c in ranked if times[c][0] < first.time_s]
     scaled = [
-        (c, m * memory / before)
-        for c in faster
+        (c, m * record.report.total_bytes / before)
+        for c in ranked
         if (m := solved.records[c].memory_bytes)
     ]
     todo = [(c, m) for c, m in scaled if m <= st.evidence.budget][:FASTER_TRIES]
     fitting = lambda ev: [c for c, r in ev.records.items() if ev.fits(r)]
-    why = "faster than the pick where solved; may fit here"
+    why = (
+        "faster than the pick where solved; may fit here"
+        if fits
+        else "the pick does not fit here; the fastest option where solved that may"
+    )
     stages = [compiled(todo, why, until_fits=True), timing(fitting)]
     ev = loop(bench, way.problem, model, st, stages).evidence
     if not fitting(ev):

@@ -71,5 +71,7 @@ race on one clock: each way timed on a clock of its own, so every one of them
 races, not only those close to the fastest."""
 
 FASTER_TRIES = 2
-"""For each way after the one solved in full: at most this many options faster
-than its pick (where solved) are compiled there, beside the pick."""
+"""For each way after the one solved in full: at most this many options are
+compiled there beside its pick (faster than it where solved; where the pick
+does not fit there, the fastest that may): each way costs a few compiles, not a
+search of its own."""
