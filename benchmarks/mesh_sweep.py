@@ -141,6 +141,13 @@ def plan_free(name: str, preset: Any, target: str | None, rows: list[Row]) -> di
         "compiles": r.compiles,
         "seconds": time.perf_counter() - t0,
         "notes": list(r.notes),
+        # Ahead of time: the pick against FSDP over every chip (MaxText's
+        # default mesh) under each checkpoint of the grid, both estimated.
+        "vs_fsdp_all": {
+            row.checkpoint: row.serial_s / r.entry.time_s
+            for row in rows
+            if target and row.data == 1 and row.fits and row.serial_s is not None
+        },
     }
 
 
@@ -289,7 +296,13 @@ def summary(data: dict) -> list[str]:
             f"{_format.fmt_bytes(p['budget_bytes'], 1)}: data {p['data']} x fsdp "
             f"{p['fsdp']}, {p['checkpoint']}, {_format.fmt_bytes(p['memory_bytes'], 1)}"
             f", {_s(p['time_s'])} ({how}); {p['compiles']} compiles, "
-            f"{p['seconds']:.0f} s" + "".join(f"; note: {n}" for n in p["notes"][-1:])
+            f"{p['seconds']:.0f} s"
+            + "".join(
+                f"; estimated {x:.3f}x as fast as data 1 x fsdp {p['fsdp'] * p['data']}"
+                f" with {c}"
+                for c, x in p.get("vs_fsdp_all", {}).items()
+            )
+            + "".join(f"; note: {n}" for n in p["notes"][-1:])
         )
     rho = {m: x for m, x in data["spearman"].items() if x is not None}
     if rho:
