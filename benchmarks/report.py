@@ -73,6 +73,7 @@ SECTIONS = (
     ),
     ("Meshes, CPU: 8 host devices", "mesh_sweep", section("mesh_sweep")),
     ("Meshes, v5e: the seed setting", "mesh_sweep_v5e_2x4", section("mesh_sweep")),
+    ("Meshes, v5e: MaxText's 16B", "mesh_sweep_v5e_16x16", section("mesh_sweep")),
 )
 
 
