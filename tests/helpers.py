@@ -1,5 +1,9 @@
 import contextlib
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +11,28 @@ import numpy as np
 import pytest
 
 from eqx_remat._inspect._jaxpr import iter_eqns, open_jaxpr, sub_jaxprs
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(
+    script: str, *args: str, rc: int = 0, env: dict | None = None, timeout: int = 900
+) -> subprocess.CompletedProcess:
+    """`benchmarks/<script>` with `args`, run from the repository's root on the
+    CPU (or with `env`), its exit code checked against `rc` (the output's tail
+    said where it differs)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"} if env is None else env
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert proc.returncode == rc, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
 
 
 needs_libtpu = pytest.mark.skipif(

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import pytest
 import tyro
-from helpers import needs_libtpu
+from helpers import needs_libtpu, run_script as run
 
 import eqx_remat as er
 import zoo
@@ -42,20 +42,6 @@ from benchmarks.train import config
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 DEVICE_FIELDS = {"device_kind", "peak_bytes", "step_s", "mfu", "hfu"}
-
-
-def run(script: str, *args: str, rc: int = 0, env: dict | None = None):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"} if env is None else env
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert proc.returncode == rc, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
 
 
 def check_files(out: Path, stem: str) -> dict:

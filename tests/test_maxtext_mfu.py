@@ -5,18 +5,11 @@ on a tiny config (compiled for v5e, nothing timed)."""
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from helpers import needs_libtpu
+from helpers import needs_libtpu, run_script
 
 from benchmarks import maxtext_mfu as mm
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # MaxText's "16B" ... "128B": the names are the parameter counts, in billions.
@@ -87,21 +80,7 @@ def test_each_model_of_overlap_is_held_against_the_runs_unfitted():
 def test_quick_compiles_prices_and_writes(tmp_path):
     """The script's whole path on a tiny config on v5e:2x2: compiled (per-chip
     memory), priced by the roofline, MFU and HFU from it, JSON and CSV."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/maxtext_mfu.py",
-            "--quick",
-            "--out",
-            str(tmp_path),
-        ],
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_script("maxtext_mfu.py", "--quick", "--out", str(tmp_path), timeout=600)
     data = json.loads((tmp_path / "maxtext_mfu_quick.json").read_text())
     assert data["meta"]["command"] == "python benchmarks/maxtext_mfu.py --quick " + (
         f"--out {tmp_path}"

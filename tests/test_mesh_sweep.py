@@ -4,28 +4,14 @@ each estimate what its columns say, and `plan` with the mesh free."""
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import run_script
 
 
 @pytest.mark.heavy
 def test_quick_compiles_prices_times_and_plans(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/mesh_sweep.py", "--quick", "--out", str(tmp_path)],
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_script("mesh_sweep.py", "--quick", "--out", str(tmp_path))
     data = json.loads((tmp_path / "mesh_sweep_quick.json").read_text())
     rows = data["rows"]
     splits = [(r["data"], r["fsdp"]) for r in rows[::2]]
