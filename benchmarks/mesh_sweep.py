@@ -155,7 +155,6 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
     """Every mesh under every checkpoint of `specs`: compiled, priced, and, on
     the device at hand, timed together."""
     hw = er.internal.hardware(target)[0]
-    chips = er.v5e_mesh(target).size if target else jax.device_count()
     rows, steps, rooflines = [], [], {}
     on = shard_for(preset)
     for k, mesh in meshes(target):
@@ -167,17 +166,18 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
             model = er.set_checkpoint(params, c)
             t0 = time.perf_counter()
             with jax.set_mesh(mesh):
-                flops = er.count_flops(fn, model, tokens)
-                if target:
+                if target:  # `memory_report` counts the FLOPs too
                     aot = _measure.compiled_aot(fn, (model, tokens), target)
                     refused = aot["total_bytes"] is None  # XLA: what it needs
                     total = aot["temp_bytes"] if refused else aot["total_bytes"]
-                    sent = aot["collective_bytes"]
+                    sent, flops = aot["collective_bytes"], aot["flops"]
                 else:
+                    count = er.count_flops(fn, model, tokens)
                     step = _timing.compile_step(fn, model, tokens, leaves=leaves)
-                    report = step.report(int(flops))
+                    report = step.report(int(count))
                     refused, total = False, report.total_bytes
                     sent = report.collective_bytes
+                    flops = None if count.dynamic_loops else int(count)
                     steps.append(step)
                 if spec not in rooflines:  # the same per chip on every mesh
                     rooflines[spec] = er.internal.roofline_seconds(
@@ -185,16 +185,15 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
                     )
                 roofline = rooflines[spec]
             compile_s = time.perf_counter() - t0
-            print(
-                f"  data {chips // k} x fsdp {k}, {spec}: {compile_s:.0f} s", flush=True
-            )
+            data = mesh.size // k
+            print(f"  data {data} x fsdp {k}, {spec}: {compile_s:.0f} s", flush=True)
             comm = None if sent is None else er.internal.collective_time(hw, sent)
-            per_chip = None if flops.dynamic_loops else int(flops) / chips
+            per_chip = None if flops is None else flops / mesh.size
             rows.append(
                 Row(
                     preset=name,
                     target=target or jax.default_backend(),
-                    data=chips // k,
+                    data=data,
                     fsdp=k,
                     checkpoint=er.checkpoint_label(c),
                     total_bytes=total,
