@@ -291,13 +291,10 @@ def measure(m: CostModel, st: State) -> Request | State:
     for k, s in enumerate(m.stacks):  # the roofline's order: not moved by the clock
         lightest = min(s.options, key=lambda o: (o.bytes, o.time))
         cheapest = min(s.options, key=lambda o: (o.total_flops, o.bytes))
-        todo += [
-            (m.reference(k, lightest), None, _LIGHTEST),
-            (m.reference(k, cheapest), None, _CHEAPEST),
-        ]
+        todo.append((m.reference(k, lightest), None, _LIGHTEST))
         two = (Part(lightest, cheapest, min(2, s.depth)),)
-        if len(m.stacks) == 1 and not _may_fit(m, two):
-            del todo[-1]
+        if len(m.stacks) > 1 or _may_fit(m, two):
+            todo.append((m.reference(k, cheapest), None, _CHEAPEST))
     if len(m.stacks) == 1:
         near = contenders(m)
         fastest = min(near, key=lambda p: p[0].time)[0] if near else None
