@@ -55,7 +55,7 @@ class Compile(NamedTuple):
 
 
 class Time(NamedTuple):
-    """Run `checkpoints` (those that can run here) to time them."""
+    """Time those of `checkpoints` that can run here."""
 
     checkpoints: tuple[Planned, ...]
 
@@ -67,8 +67,7 @@ class Trace(NamedTuple):
 
 
 class Race(NamedTuple):
-    """Run `run` (the pick, then its rivals) round-robin on one clock, where
-    `go` or an earlier call raced them."""
+    """Race `run` (the pick, then its rivals), where `go` or an earlier call did."""
 
     run: tuple[Planned, ...]
     go: bool
@@ -88,14 +87,13 @@ class Swap(NamedTuple):
 
 
 class State(NamedTuple):
-    """The loop's state."""
+    """The loop's state: what compiles, clocks and tracing said (`evidence`);
+    the `pick` (`None`: not yet, or nothing fits) and its `swaps`; what a stage
+    set out to confirm when it started (`todo`)."""
 
-    # What compiles, clocks and tracing said.
     evidence: Evidence
-    # What the stages decided: the pick (`None`: not yet, or nothing fits).
     pick: FrontierPoint | None = None
     swaps: tuple[Swap, ...] = ()
-    # What a stage set out to confirm when it started (`cheaper`, `schedules`).
     todo: tuple = ()
 
 
@@ -147,21 +145,17 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
         return out
     if isinstance(request, Race):
         return _raced(bench, problem, ev, request)
-    c = request.checkpoint
+    c, predicted, why = request
     record, fresh_s = bench.compile(problem, c)
-    out = ev.compiled(record, fresh_s, request.predicted, bench.runnable(record))
+    out = ev.compiled(record, fresh_s, predicted, bench.runnable(record))
     what = "does not fit in one chip" if record.report is None else "compiled"
-    pred = (
-        ""
-        if request.predicted is None
-        else f" (predicted {format_size(request.predicted)})"
-    )
+    pred = "" if predicted is None else f" (predicted {format_size(predicted)})"
+    took = " (cached)" if fresh_s is None else f" ({fresh_s:.1f} s)"
     bench.say(
         f"{what}: {checkpoint_name(c)}: {format_memory(record)}{pred}, "
-        f"{'fits' if out.fits(record) else 'does not fit'}"
-        + (f" ({fresh_s:.1f} s)" if fresh_s is not None else " (cached)")
-        + (f"; why: {request.why}" if request.why else ""),
-        detail=not request.why,
+        f"{'fits' if out.fits(record) else 'does not fit'}{took}"
+        + (f"; why: {why}" if why else ""),
+        detail=not why,
     )
     return out
 
@@ -169,26 +163,20 @@ def answer(bench: Bench, problem: Problem, ev: Evidence, request: Request) -> Ev
 def _raced(bench: Bench, problem: Problem, ev: Evidence, request: Race) -> Evidence:
     """`ev` with the race of `request.run`, on the clock of `run[1]`'s timing."""
     run = request.run
-    timings, took = bench.race(
-        problem,
-        run,
-        lambda: [bench.program(problem, ev.records[c]) for c in run],
-        ev.left_s,
-        request.go,
-    )
+    programs = lambda: [bench.program(problem, ev.records[c]) for c in run]
+    timings, took = bench.race(problem, run, programs, ev.left_s, request.go)
     if timings is not None:
         pivot = ev.timings[run[1]].seconds
         timings = tuple(on_one_clock(timings, 1, pivot, by="faster_half"))
     out = ev.raced(Raced(run, timings), took)
     bench.keep(problem, {c: t for c, t in out.timings.items() if c in run})
+    how = "raced the pick"
     if timings is None:
-        timings, how = tuple(ev.timings[c] for c in run), "no time left to race"
-        how += " the pick (the plan's rounds decide)"
+        timings = tuple(ev.timings[c] for c in run)
+        how = "no time left to race the pick (the plan's rounds decide)"
     else:
-        how = "raced the pick"
-        bench.say(
-            f"raced {len(run)} programs in {timings[0].rounds} rounds; {spent(out)}"
-        )
+        n = timings[0].rounds
+        bench.say(f"raced {len(run)} programs in {n} rounds; {spent(out)}")
     k = min(range(1, len(run)), key=lambda i: timings[i].seconds)
     bench.say(
         f"{how}: {timings[0].seconds / timings[k].seconds:.3f}x the step time of "
@@ -243,26 +231,23 @@ def solve(bench: Bench, problem: Problem, asked: int) -> tuple[PlanResult, Evide
         bench.say(f"lower convex hull{of}: {hull}", detail=True)
     record = st.evidence.records[pick.checkpoint]
     chosen = entry(st.evidence, record, *m.time_s(pick.checkpoint, pick.time_s))
-    frontier = pareto(points(m) + [pick], _memory_time)
+    # By compiled memory (else predicted) and time.
+    key = lambda p: (
+        p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes,
+        p.time_s,
+    )
+    frontier = pareto(points(m) + [pick], key)
     result = finish(bench, st.evidence, chosen, (), frontier, prices, st.swaps)
     return result, st.evidence
 
 
-def _memory_time(p: FrontierPoint) -> tuple[int, float]:
-    """Compiled memory (else predicted) and time, for `pareto`."""
-    memory = p.predicted_bytes if p.compiled_bytes is None else p.compiled_bytes
-    return memory, p.time_s
-
-
 def _say_start(bench: Bench, prices: Prices) -> None:
     if len(prices.stacks) > 1:
-        bench.say(
-            f"{len(prices.stacks)} stacks: "
-            + ", ".join(
-                f"{s.path} ({s.depth} layers, {len(s.options)} options)"
-                for s in prices.stacks
-            )
+        each = (
+            f"{s.path} ({s.depth} layers, {len(s.options)} options)"
+            for s in prices.stacks
         )
+        bench.say(f"{len(prices.stacks)} stacks: " + ", ".join(each))
     else:
         bench.say(
             f"{len(prices.depths)} stack(s) of {'/'.join(map(str, prices.depths))} "

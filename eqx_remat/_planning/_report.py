@@ -281,22 +281,22 @@ def raise_nothing_fits(
         legend = [_wrap(line, "", "    ") for line in names.legend()]
         return "\n".join([_table(table, None, names), *legend])
 
-    listed = _fit([e.checkpoint for e in table], render)
+    head = f"No candidate fits in budget_bytes={format_bytes(budget)} [{target}]"
     measured = [e for e in table if e.report is not None]
     if not measured:
-        raise NothingFits(
-            f"No candidate fits in budget_bytes={format_bytes(budget)} "
-            f"[{target}]: XLA refused to compile every one of them "
-            "(RESOURCE_EXHAUSTED: larger than one device's memory).\n" + listed
+        why = (
+            ": XLA refused to compile every one of them (RESOURCE_EXHAUSTED: "
+            "larger than one device's memory)."
         )
-    best = min(measured, key=lambda e: e.memory_bytes or 0)
-    smallest = best.memory_bytes or 0  # compiled: never None
-    raise NothingFits(
-        f"No candidate fits in budget_bytes={format_bytes(budget)} "
-        f"[{target}]. Of the checkpoints compiled, the least memory is "
-        f"{format_bytes(smallest)} ({smallest} bytes), with "
-        f"checkpoint={checkpoint_name(best.checkpoint)}.\n" + listed
-    )
+    else:
+        best = min(measured, key=lambda e: e.memory_bytes or 0)
+        least = best.memory_bytes or 0  # compiled: never None
+        why = (
+            f". Of the checkpoints compiled, the least memory is "
+            f"{format_bytes(least)} ({least} bytes), with "
+            f"checkpoint={checkpoint_name(best.checkpoint)}."
+        )
+    raise NothingFits(head + why + "\n" + _fit([e.checkpoint for e in table], render))
 
 
 _COLUMNS = 100
@@ -359,16 +359,11 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) 
     base = min(e.flops for e in table) or 1
     rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
     for e in table:
+        star = chosen is not None and e.checkpoint == chosen.checkpoint
         rows.append(
-            (
-                "*" if chosen is not None and e.checkpoint == chosen.checkpoint else "",
-                names.short(e.checkpoint),
-                format_memory(e),
-                format_flops(e.flops),
-                f"{e.flops / base:.2f}x",
-                format_time(e.time_s) + ("" if e.measured else " (est.)"),
-                "yes" if e.fits else "no",
-            )
+            _row(star, names.short(e.checkpoint), format_memory(e))
+            + (format_flops(e.flops), f"{e.flops / base:.2f}x", _time(e))
+            + ("yes" if e.fits else "no",)
         )
     return _columns(rows)
 
@@ -378,45 +373,38 @@ def _frontier_table(
 ) -> str:
     rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
     for p in points:
+        compiled = "-" if p.compiled_bytes is None else format_size(p.compiled_bytes)
+        host = format_size(p.host_bytes) if p.host_bytes else "-"
         rows.append(
-            (
-                "*" if p.checkpoint == chosen else "",
-                names.short(p.checkpoint),
-                format_size(p.predicted_bytes),
-                "-" if p.compiled_bytes is None else format_size(p.compiled_bytes),
-                format_flops(p.flops),
-                format_size(p.host_bytes) if p.host_bytes else "-",
-                format_time(p.time_s) + ("" if p.measured else " (est.)"),
-            )
+            _row(p.checkpoint == chosen, names.short(p.checkpoint))
+            + (format_size(p.predicted_bytes), compiled, format_flops(p.flops))
+            + (host, _time(p))
         )
     return _columns(rows)
 
 
 def _batch_table(result: PlanResult, names: _Names) -> str:
     meshes = any(b.mesh is not None for b in result.batches)
-    rows: list[tuple[str, ...]] = [
-        ("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")
-        + (("mesh",) if meshes else ())
-    ]
+    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
+    rows[0] += ("mesh",) if meshes else ()
+    pick = (result.micro_batches, result.loss_chunk_size, result.checkpoint)
     for b in result.batches:
-        chosen = (b.micro_batches, b.loss_chunk_size, b.checkpoint, b.mesh) == (
-            result.micro_batches,
-            result.loss_chunk_size,
-            result.checkpoint,
-            result.mesh,
-        )
+        star = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == pick
         rows.append(
-            (
-                "*" if chosen else "",
-                str(b.micro_batches),
-                str(b.loss_chunk_size),
-                names.short(b.checkpoint),
-                format_size(b.memory_bytes),
-                format_time(b.time_s) + ("" if b.measured else " (est.)"),
-            )
+            _row(star and b.mesh == result.mesh, str(b.micro_batches))
+            + (str(b.loss_chunk_size), names.short(b.checkpoint))
+            + (format_size(b.memory_bytes), _time(b))
             + ((mesh_name(b.mesh),) if meshes else ())
         )
     return _columns(rows)
+
+
+def _row(chosen: bool, *cells: str) -> tuple[str, ...]:
+    return ("*" if chosen else "", *cells)
+
+
+def _time(x: PlanEntry | FrontierPoint | BatchOption) -> str:
+    return format_time(x.time_s) + ("" if x.measured else " (est.)")
 
 
 def mesh_name(mesh: Any) -> str:
