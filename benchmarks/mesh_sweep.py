@@ -171,12 +171,13 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
                     refused = aot["total_bytes"] is None  # XLA: what it needs
                     total = aot["temp_bytes"] if refused else aot["total_bytes"]
                     sent, flops = aot["collective_bytes"], aot["flops"]
+                    network = aot.get("network_bytes") or 0
                 else:
                     count = er.count_flops(fn, model, tokens)
                     step = _timing.compile_step(fn, model, tokens, leaves=leaves)
                     report = step.report(int(count))
                     refused, total = False, report.total_bytes
-                    sent = report.collective_bytes
+                    sent, network = report.collective_bytes, report.network_bytes
                     flops = None if count.dynamic_loops else int(count)
                     steps.append(step)
                 if spec not in rooflines:  # the same per chip on every mesh
@@ -187,7 +188,9 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
             compile_s = time.perf_counter() - t0
             data = mesh.size // k
             print(f"  data {data} x fsdp {k}, {spec}: {compile_s:.0f} s", flush=True)
-            comm = None if sent is None else er.internal.collective_time(hw, sent)
+            comm = (
+                None if sent is None else er.internal.collective_time(hw, sent, network)
+            )
             per_chip = None if flops is None else flops / mesh.size
             rows.append(
                 Row(

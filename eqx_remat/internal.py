@@ -34,6 +34,7 @@ from ._inspect._targets import (
     hardware as hardware,
     mesh_splits as mesh_splits,
     v5e_shape as v5e_shape,
+    v5e_slices as v5e_slices,
 )
 from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._api import roofline_seconds as roofline_seconds
@@ -77,5 +78,6 @@ __all__ = [
     "time_interleaved",
     "traceable",
     "v5e_shape",
+    "v5e_slices",
     "with_pallas_costs",
 ]

@@ -107,6 +107,49 @@ def test_a_condition_counting_to_a_bound_inclusive_runs_one_more_trip():
     )
 
 
+def test_between_slices_a_megascale_send_counts_over_the_slices():
+    """A program for several slices sends between them with `send`s to XLA's
+    Megascale runtime, one per collective (its kind in an attribute): counted
+    as `network`, over the slices, once per loop trip; `sent` keeps what stays
+    within a slice."""
+    attrs = (
+        "is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_"
+        'name="xla_megascale_runtime",_xla_megascale_transfer_type="{}"}'
+    )
+
+    def send(name, kind, shape):
+        return (
+            f"  %{name} = ({shape}, u32[], token[]) send(%x, %tok), channel_id=9, "
+            + attrs.replace("{}", kind)
+            + "\n"
+        )
+
+    # In the outer loop (6 trips): an all-reduce of 16 KiB; in the entry: an
+    # all-gather of a 1 KiB part and a reduce-scatter of 4 KiB.
+    program = PROGRAM.replace(
+        "  %w = (s32[], f32[16]) while(%p), condition=%inner_cond",
+        send("ar", "ALL_REDUCE", "f32[4,8,128]{2,1,0:T(8,128)}")
+        + "  %w = (s32[], f32[16]) while(%p), condition=%inner_cond",
+    ).replace(
+        "  ROOT %out = f32[16]{0} copy(%g)",
+        send("ag", "ALL_GATHER", "bf16[512]{0}")
+        + send("rs", "REDUCE_SCATTER", "f32[1024]{0}")
+        + "  ROOT %out = f32[16]{0} copy(%g)",
+    )
+    got = collectives(program, slices=4)
+    assert got.network == {
+        "all-gather": 3 * 1024,  # the 3 other slices' parts
+        "reduce-scatter": 3 * 1024,  # a quarter of 4 KiB to each of 3
+        "all-reduce": 6 * round(2 * 16384 * 3 / 4),
+        "all-to-all": 0,
+        "collective-permute": 0,
+    }
+    assert got.network_total == sum(got.network.values())
+    assert got.sent == collectives(PROGRAM).sent  # within a slice: unchanged
+    # One slice: nothing to send between slices (a ring of one).
+    assert collectives(program).network_total == 0
+
+
 # --- the zoo's Transformer, sharded over 8 CPU devices ------------------------------
 
 DEVICES = 8

@@ -571,6 +571,7 @@ def test_memory_report_str_and_dict():
         "flops",
         "target",
         "collective_bytes",
+        "network_bytes",
     }
 
 
@@ -869,6 +870,49 @@ def test_v5e_mesh_of_data_and_fsdp_axes():
     meshes = er.internal.mesh_splits("v5e:16x16")
     assert [m.shape["fsdp"] for m in meshes] == [256, 128, 64, 32, 16, 8, 4, 2, 1]
     assert all(len(set(m.devices.flat)) == 256 for m in meshes)
+
+
+@needs_libtpu
+def test_v5e_mesh_of_several_slices():
+    """`"Nxv5e:AxB"`: N slices, the data axis spanning them slice after slice
+    and FSDP within one; a gradient all-reduced over the data axis sends over
+    the data center network (`network_bytes`), which one slice never does."""
+    assert er.internal.v5e_slices("2xv5e:2x2") == 2
+    assert er.internal.v5e_slices("v5e:2x2") == 1
+    assert er.internal.v5e_shape("2xv5e:2x4") == (2, 4)
+    mesh = er.v5e_mesh("2xv5e:2x2")
+    assert dict(mesh.shape) == {"data": 8}
+    assert [d.slice_index for d in mesh.devices.flat] == [0] * 4 + [1] * 4
+    mesh = er.v5e_mesh("2xv5e:2x2", fsdp=4)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 4}
+    for i, row in enumerate(mesh.devices):
+        assert {d.slice_index for d in row} == {i}  # FSDP within a slice
+    meshes = er.internal.mesh_splits("2xv5e:2x2")
+    assert [dict(m.shape) for m in meshes] == [
+        {"data": 2, "fsdp": 4},
+        {"data": 4, "fsdp": 2},
+        {"data": 8, "fsdp": 1},
+    ]
+    with pytest.raises(ValueError, match="fsdp to divide the 4 chips of each slice"):
+        er.v5e_mesh("2xv5e:2x2", fsdp=8)
+    with pytest.raises(ValueError, match="N >= 1"):
+        er.v5e_mesh("0xv5e:2x2")
+
+    def grad(w, x):
+        return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+    def report(target):
+        m = er.v5e_mesh(target)
+        w = S((256, 256), f32, sharding=NamedSharding(m, P()))
+        x = S((64, 256), f32, sharding=NamedSharding(m, P("data")))
+        return er.memory_report(grad, w, x, target=target)
+
+    two, one = report("2xv5e:2x2"), report("v5e:2x4")
+    assert two.target == "2xv5e:2x2" and one.network_bytes == 0
+    # The 256 KiB gradient, or a slice's share of it, all-reduced between the
+    # two slices: each chip sends (2 - 1) / 2 of it twice.
+    assert 256 * 256 * 4 // 4 <= two.network_bytes <= 256 * 256 * 4
+    assert two.collective_bytes < one.collective_bytes  # less within a slice
 
 
 @needs_libtpu

@@ -153,6 +153,36 @@ def test_ahead_of_time_a_mesh_is_priced_with_its_collectives():
         assert any("as fast as data 1 x fsdp 4" in n for n in r.notes)
 
 
+@needs_libtpu
+@pytest.mark.heavy
+def test_on_several_slices_fsdp_stays_in_a_slice_and_the_network_is_priced():
+    """On two v5e:2x2 slices: FSDP over a slice's chips at most, the data axis
+    spanning the slices; a mesh's estimate adds what each chip sends other
+    slices, at its share of the data center network's rate."""
+    model = eqx.filter_eval_shape(lambda: MODEL)
+    tokens = jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype)
+    shard = _shard(model, tokens)
+    target = "2xv5e:2x2"
+    r = er.plan(
+        GRAD, model, tokens, budget_bytes="1GiB", target=target, shard=shard,
+        progress=False,
+    )  # fmt: skip
+    assert {tuple(_names(b.mesh).values()) for b in r.batches} == {
+        (2, 4),
+        (4, 2),
+        (8, 1),
+    }
+    hw = hardware(target)[0]
+    step, args = shard(r.mesh)
+    with jax.set_mesh(r.mesh):
+        roofline = er.internal.roofline_seconds(step, *r.apply(args), target=target)
+    report = r.entry.report
+    assert report.target == target and report.network_bytes > 0
+    comm = report.collective_bytes / hw.interconnect_bytes_per_s
+    comm += report.network_bytes / hw.network_bytes_per_s
+    assert r.entry.time_s == pytest.approx(roofline + comm, rel=1e-6)
+
+
 def test_bad_shard_is_named():
     # As users call it: the test suite's type-check hook would catch `3` first.
     plan = getattr(er.plan, "__wrapped__", er.plan)

@@ -1,9 +1,12 @@
 """Collectives in a compiled, partitioned program (`collectives`): the bytes each
 chip sends per step in all-gathers, reduce-scatters, all-reduces, all-to-alls
 and collective permutes, each counted once per trip of the loops around it, as
-`count_flops` counts FLOPs. Read from the program's text (`Compiled.as_text()`):
-XLA's SPMD partitioner adds the collectives while compiling, so no jaxpr has
-them."""
+`count_flops` counts FLOPs; and, of a program for several TPU slices, what it
+sends between them over the data center network. Read from the program's text
+(`Compiled.as_text()`): XLA's SPMD partitioner adds the collectives while
+compiling, so no jaxpr has them. Between slices, XLA's TPU compiler writes a
+collective as a `send` to its Megascale runtime (a host transfer naming the
+collective: `_xla_megascale_transfer_type="ALL_REDUCE"`), over the slices."""
 
 import math
 import re
@@ -28,6 +31,7 @@ _CALLEE = re.compile(
     r"=%?([\w.\-]+)"
 )
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="([A-Z_]+)"')
 
 
 class Collectives(NamedTuple):
@@ -43,23 +47,35 @@ class Collectives(NamedTuple):
       permute all of it.
     - `unknown_loops`: how many loops' trip counts could not be read from the
       program (their collectives are counted once per entry to the loop).
+    - `network`: of a program for several slices, bytes each chip sends chips
+      of other slices (over the data center network), by kind, as `sent`
+      counts them over the slices; `sent` is then what stays within a slice.
     """
 
     sent: dict[str, int]
     unknown_loops: int = 0
+    network: dict[str, int] = {}
 
     @property
     def total(self) -> int:
+        """Bytes sent within a slice."""
         return sum(self.sent.values())
 
+    @property
+    def network_total(self) -> int:
+        """Bytes sent to other slices."""
+        return sum(self.network.values())
 
-def collectives(hlo: str) -> Collectives:
-    """The collectives of a compiled program, from its text (`as_text()`)."""
+
+def collectives(hlo: str, slices: int = 1) -> Collectives:
+    """The collectives of a compiled program, from its text (`as_text()`), for
+    `slices` slices."""
     computations, entry = _computations(hlo)
     header = hlo.split("\n", 1)[0]
     partitions = re.search(r"num_partitions=(\d+)", header)
     everyone = int(partitions.group(1)) if partitions else 1
     sent = dict.fromkeys(KINDS, 0.0)
+    network = dict.fromkeys(KINDS, 0.0)
     unknown = 0
 
     def visit(name: str, times: int) -> None:
@@ -74,6 +90,14 @@ def collectives(hlo: str) -> Collectives:
                 sent[kind] += times * _sent(
                     kind, _bytes(result), _group(rest, everyone)
                 )
+            megascale = _MEGASCALE.search(rest) if op == "send" else None
+            if megascale is not None:
+                kind = megascale.group(1).lower().replace("_", "-")
+                kind = kind if kind in network else "collective-permute"
+                # The send's operand: the first array of its result tuple.
+                first = _ARRAY.search(result)
+                operand = 0.0 if first is None else _bytes(first.group(0))
+                network[kind] += times * _network_sent(kind, operand, slices)
             callees = dict(_CALLEE.findall(rest))
             if op == "while":
                 trips = _trips(rest, computations.get(callees.get("condition", "")))
@@ -88,7 +112,8 @@ def collectives(hlo: str) -> Collectives:
                     visit(callee.strip().lstrip("%"), times)
 
     visit(entry, 1)
-    return Collectives({k: int(round(v)) for k, v in sent.items()}, unknown)
+    whole = lambda d: {k: int(round(v)) for k, v in d.items()}
+    return Collectives(whole(sent), unknown, whole(network))
 
 
 def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
@@ -156,6 +181,16 @@ def _sent(kind: str, result: float, n: int) -> float:
         return (n - 1) * result
     share = (n - 1) / n * result
     return 2 * share if kind == "all-reduce" else share
+
+
+def _network_sent(kind: str, operand: float, n: int) -> float:
+    """Bytes one chip sends other slices for a collective over `n` slices
+    whose operand (the chip's part) is `operand` bytes, as `_sent` counts."""
+    if kind == "all-gather":  # the operand is the result's `1 / n`
+        return _sent(kind, n * operand, n)
+    if kind == "reduce-scatter":  # the operand is the whole
+        return _sent(kind, operand / n, n)
+    return _sent(kind, operand, n)
 
 
 def _trips(rest: str, condition: list[str] | None) -> int | None:

@@ -15,6 +15,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ._flops import FlopCount
+
 
 class Hardware(NamedTuple):
     """What one chip of a target can do: the figures [`eqx_remat.plan`][]'s
@@ -278,11 +280,17 @@ def device_hardware() -> tuple[Hardware, bool]:
     return HARDWARE[_FALLBACK.get(platform, "gpu")], False
 
 
-def collective_time(hw: Hardware, sent: float | int) -> float | None:
+def collective_time(
+    hw: Hardware, sent: float | int, network: float | int = 0
+) -> float | None:
     """The seconds one chip takes to send `sent` bytes to the other chips of
-    its slice at its interconnect's rate (`None` where that is unknown)."""
-    rate = hw.interconnect_bytes_per_s
-    return None if rate is None else max(sent, 0) / rate
+    its slice at its interconnect's rate, then `network` bytes to chips of
+    other slices at the data center network's (`None` where a rate it needs
+    is unknown)."""
+    rate, dcn = hw.interconnect_bytes_per_s, hw.network_bytes_per_s
+    if rate is None or (network > 0 and dcn is None):
+        return None
+    return max(sent, 0) / rate + (network / dcn if dcn and network > 0 else 0.0)
 
 
 def roofline_time(
@@ -294,3 +302,12 @@ def roofline_time(
     forward pass and back in the backward pass. Offloading is never free."""
     link = 0.0 if host_bytes <= 0 else 2 * host_bytes / (hw.host_bytes_per_s or 1.0)
     return max(flops, 0.0) / hw.peak_flops + moved / hw.memory_bytes_per_s + link
+
+
+def bytes_moved(flops: FlopCount, saved: int) -> int:
+    """The bytes a function moves through device memory, as the roofline
+    counts them: what it `saved` (per trip) three times (JAX's scan zero-fills
+    each stacked buffer, the forward pass writes it, the backward pass reads
+    it: issue 28's profile), and its matrix products' operands and results
+    (`FlopCount.dot_bytes`). Elementwise work is taken to be fused."""
+    return 3 * saved + flops.dot_bytes

@@ -23,7 +23,7 @@ from ._offload import (
     policy_name,
     saving_on_device,
 )
-from ._targets import Target
+from ._targets import Target, v5e_slices
 
 
 class ReplicatedArgumentsWarning(UserWarning):
@@ -59,7 +59,11 @@ class MemoryReport(NamedTuple):
       in the all-gathers, reduce-scatters, all-reduces, all-to-alls and
       collective permutes that XLA's partitioner added, each once per trip of
       the loops around it (`0` on one device); by kind:
-      [`eqx_remat.internal.collectives`][].
+      [`eqx_remat.internal.collectives`][]. Of several slices
+      (`"Nxv5e:AxB"`), those within a slice.
+    - `network_bytes`: of several slices, the bytes each chip sends chips of
+      other slices in one step, over the data center network (`0` for one
+      slice).
     """
 
     temp_bytes: int
@@ -69,6 +73,7 @@ class MemoryReport(NamedTuple):
     flops: int
     target: str
     collective_bytes: int = 0
+    network_bytes: int = 0
 
     def __str__(self) -> str:
         return (
@@ -164,8 +169,10 @@ def memory_report(
       the output are dropped.
     - `target`: `None` for the default backend (or its platform name, `"cpu"`,
       `"gpu"` or `"tpu"`, as [`eqx_remat.MemoryReport`][]`.target` names it), `"v5e"`
-      for a TPU v5e 2x2 slice (4 chips), or `"v5e:AxB"` for another slice shape
-      TPU v5e comes in (1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16).
+      for a TPU v5e 2x2 slice (4 chips), `"v5e:AxB"` for another slice shape
+      TPU v5e comes in (1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16), or
+      `"Nxv5e:AxB"` for `N` such slices joined by the data center network
+      (multislice, e.g. `"2xv5e:16x16"`: `network_bytes` says what crosses it).
     - `compiler_options`: XLA options passed to `.compile(...)`.
 
     **Returns:**
@@ -311,6 +318,7 @@ def compiled_report(
     `target` as given: for callers that compile to run the program too (the
     benchmarks), so that it is compiled once."""
     m = compiled.memory_analysis()
+    sent = collectives(compiled.as_text() or "", v5e_slices(target))
     if m is None:
         raise ValueError(
             "compiled_report expected a program whose memory_analysis() gives "
@@ -324,7 +332,8 @@ def compiled_report(
         host_temp_bytes=int(getattr(m, "host_temp_size_in_bytes", 0)),
         flops=flops,
         target=target,
-        collective_bytes=collectives(compiled.as_text() or "").total,
+        collective_bytes=sent.total,
+        network_bytes=sent.network_total,
     )
 
 

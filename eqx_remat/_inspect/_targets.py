@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import glob
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -27,11 +28,12 @@ MESH_AXES = ("data", "fsdp")
 
 VALID_TARGETS = (
     'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
-    'reports name it), "v5e" (TPU v5e 2x2, 4 chips) or "v5e:AxB" (e.g. "v5e:2x4", '
-    '"v5e:4x4")'
+    'reports name it), "v5e" (TPU v5e 2x2, 4 chips), "v5e:AxB" (e.g. "v5e:2x4", '
+    '"v5e:4x4") or "Nxv5e:AxB" (N such slices joined by the data center network, '
+    'e.g. "2xv5e:16x16")'
 )
 
-_V5E = re.compile(r"v5e(?::(\d+)x(\d+))?")
+_V5E = re.compile(r"(?:(\d+)x)?v5e(?::(\d+)x(\d+))?")
 
 # The slice shapes TPU v5e comes in (Cloud TPU's "TPU v5e" page: "v5e supports
 # the following 2D slice shapes", with no custom topologies): libtpu describes
@@ -57,9 +59,16 @@ def v5e_shape(target: Any) -> tuple[int, int] | None:
     match = _V5E.fullmatch(target) if isinstance(target, str) else None
     if match is None:
         return None
-    if match.group(1) is None:
+    if match.group(2) is None:
         return 2, 2
-    return int(match.group(1)), int(match.group(2))
+    return int(match.group(2)), int(match.group(3))
+
+
+def v5e_slices(target: Any) -> int:
+    """How many slices a TPU v5e target names: `N` for `"Nxv5e:AxB"`, else 1
+    (any other value too)."""
+    match = _V5E.fullmatch(target) if isinstance(target, str) else None
+    return 1 if match is None or match.group(1) is None else int(match.group(1))
 
 
 TPU_EXTRA_HINT = (
@@ -96,12 +105,16 @@ def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
     TPU v5e chips of a topology description: nothing can run on them, only
     compile; each mesh is built once.
 
+    Of several slices (`"Nxv5e:AxB"`), the `"data"` axis spans them, slice
+    after slice, as MaxText's `dcn_data_parallelism` joins slices: FSDP stays
+    within a slice, and what crosses the data center network is the data
+    parallelism's (the gradients' all-reduce).
+
     **Arguments:**
 
-    - `target`: `"v5e"` (2x2, 4 chips) or `"v5e:AxB"`.
+    - `target`: `"v5e"` (2x2, 4 chips), `"v5e:AxB"` or `"Nxv5e:AxB"`.
     - `fsdp`: `None` (the default) for one axis; else an int `>= 1` that
-      divides the slice's chips: the size of the `"fsdp"` axis. (Keyword
-      only.)
+      divides a slice's chips: the size of the `"fsdp"` axis. (Keyword only.)
 
     **Returns:**
 
@@ -111,19 +124,20 @@ def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
     **Raises:**
 
     `ValueError` for an unknown target, or an `fsdp` that is not an int `>= 1`
-    dividing the chips.
+    dividing a slice's chips.
     """
     name, mesh = v5e_target(target)
     if fsdp is None:
         return mesh
-    n, fsdp = mesh.size, check_int("v5e_mesh", "fsdp", fsdp, 1)
+    slices, (a, b) = v5e_slices(name), v5e_shape(name) or (0, 0)
+    n, fsdp = a * b, check_int("v5e_mesh", "fsdp", fsdp, 1)
     if n % fsdp:
+        each = " of each slice" if slices > 1 else ""
         raise ValueError(
-            f"v5e_mesh expected fsdp to divide the {n} chips of {name} (one of "
-            f"{divisors(n)[::-1]}). Got fsdp={fsdp}."
+            f"v5e_mesh expected fsdp to divide the {n} chips{each} of {name} (one "
+            f"of {divisors(n)[::-1]}). Got fsdp={fsdp}."
         )
-    a, b = v5e_shape(name) or (0, 0)
-    return slice_mesh(a, b, (n // fsdp, fsdp))
+    return slice_mesh(a, b, (slices * n // fsdp, fsdp), slices)
 
 
 def divisors(n: int) -> list[int]:
@@ -147,37 +161,56 @@ def v5e_target(target: Any) -> tuple[str, Mesh]:
             f"Unknown target {target!r}: TPU v5e comes in slices of {slices}. "
             f"It needs to be one of {VALID_TARGETS}."
         )
+    n = v5e_slices(target)
+    if n < 1:
+        raise ValueError(
+            f"Unknown target {target!r}: N slices of Nxv5e:AxB need N >= 1. "
+            f"It needs to be one of {VALID_TARGETS}."
+        )
     if not installed("libtpu"):
         raise ImportError(
             f"memory_report(target={target!r}): libtpu is not installed. "
             + TPU_EXTRA_HINT
         )
-    return f"v5e:{a}x{b}", slice_mesh(a, b)
+    name = f"v5e:{a}x{b}" if n == 1 else f"{n}xv5e:{a}x{b}"
+    return name, slice_mesh(a, b, None, n)
 
 
 @functools.lru_cache(maxsize=16)
-def slice_mesh(a: int, b: int, shape: tuple[int, ...] | None = None) -> Mesh:
-    """The `a`x`b` slice's mesh: one axis, `"data"`, or, of `shape`
-    `(data, fsdp)`, two, laid out on the chips by JAX's `create_device_mesh`
-    (as `topologies.make_mesh` does), splitting a physical axis where an axis
-    of `shape` is no product of them (`fsdp=128` of `16x16`: 16 = 2 x 8, as
-    MaxText's `allow_split_physical_axes`)."""
+def slice_mesh(
+    a: int, b: int, shape: tuple[int, ...] | None = None, slices: int = 1
+) -> Mesh:
+    """The mesh of `slices` `a`x`b` slices: one axis, `"data"`, or, of `shape`
+    `(data, fsdp)`, two, laid out on each slice's chips by JAX's
+    `create_device_mesh` (as `topologies.make_mesh` does), splitting a
+    physical axis where an axis of `shape` is no product of them (`fsdp=128`
+    of `16x16`: 16 = 2 x 8, as MaxText's `allow_split_physical_axes`), the
+    slices one after another along `"data"` (`create_hybrid_device_mesh`)."""
     from jax.experimental import mesh_utils
 
-    devices = list(_topology(a, b).devices)
+    devices = list(_topology(a, b, slices).devices)
     axes = MESH_AXES if shape is not None else ("data",)
     shape = shape if shape is not None else (len(devices),)
-    try:
-        grid = mesh_utils.create_device_mesh(shape, devices)
-    except NotImplementedError:  # no product of the physical axes: split one
-        grid = mesh_utils.create_device_mesh(
-            shape, devices, allow_split_physical_axes=True
+    # Within a slice: the data axis a slice's share of it.
+    each, across = (shape[0] // slices, *shape[1:]), (slices, *[1] * (len(shape) - 1))
+
+    def grid(split: bool) -> Any:
+        if slices == 1:
+            return mesh_utils.create_device_mesh(
+                shape, devices, allow_split_physical_axes=split
+            )
+        return mesh_utils.create_hybrid_device_mesh(
+            each, across, devices, allow_split_physical_axes=split
         )
-    return Mesh(grid, axes)
+
+    try:
+        return Mesh(grid(False), axes)
+    except NotImplementedError:  # no product of the physical axes: split one
+        return Mesh(grid(True), axes)
 
 
 @functools.lru_cache(maxsize=16)
-def _topology(a: int, b: int) -> Any:
+def _topology(a: int, b: int, slices: int = 1) -> Any:
     from jax.experimental import topologies
 
     # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
@@ -190,7 +223,7 @@ def _topology(a: int, b: int) -> Any:
                 topology_name=f"v5e:{a}x{b}",
                 chip_config_name="default",
                 chips_per_host_bounds=per_host,
-                num_slices=1,
+                num_slices=slices,
                 wrap=[False, False, False],
             )
         except Exception as e:  # libtpu's errors are JaxRuntimeErrors
@@ -278,7 +311,7 @@ class Target:
     (`Target.of(target)`).
 
     - `name`: `None` for the device at hand (the default backend), else a TPU
-      v5e slice by its canonical name (`"v5e:2x4"`).
+      v5e slice, or several, by its canonical name (`"v5e:2x4"`, `"2xv5e:16x16"`).
     - `mesh`: the slice's mesh (one axis, `"data"`), `None` for the device at
       hand.
     - `figures`: the chips' [`eqx_remat.internal.Hardware`][] where given (a
@@ -325,8 +358,9 @@ class Target:
     def meshes(self) -> list[Mesh]:
         """`mesh_splits` of this target."""
         n = self.chips
-        if self.name is not None:
-            return [v5e_mesh(self.name, fsdp=k) for k in divisors(n)]
+        if self.name is not None:  # FSDP within a slice
+            per = n // v5e_slices(self.name)
+            return [v5e_mesh(self.name, fsdp=k) for k in divisors(per)]
         auto = (jax.sharding.AxisType.Auto,) * 2
         return [
             jax.make_mesh((n // k, k), MESH_AXES, axis_types=auto) for k in divisors(n)
@@ -354,13 +388,16 @@ class Target:
 def mesh_splits(target: str | None = None) -> list[Mesh]:
     """Every split of `target`'s chips between data parallelism and FSDP, as
     [`eqx_remat.plan`][]`(..., shard=...)` plans them: meshes of axes
-    `("data", "fsdp")`, FSDP over every chip first, data parallelism last.
+    `("data", "fsdp")`, FSDP over every chip first, data parallelism last (of
+    several slices, `"Nxv5e:AxB"`: FSDP over every chip of a slice first, the
+    data axis spanning the slices).
 
     **Arguments:**
 
     - `target`: `None` for the device at hand (its devices: a CPU's host
       devices, `XLA_FLAGS=--xla_force_host_platform_device_count=8`), or
-      `"v5e"` / `"v5e:AxB"` ([`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`).
+      `"v5e"` / `"v5e:AxB"` / `"Nxv5e:AxB"`
+      ([`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`).
 
     ```python
     import eqx_remat
@@ -391,3 +428,20 @@ def hardware(target: str | None) -> tuple[Hardware, bool]:
 
 
 describe_no_slice()
+
+
+def share_per_chip(args: tuple, chips: int) -> float:
+    """The part of the activations one chip holds: `1 / k` when an argument
+    (the batch) is split `k` ways along its first axis, else 1 (everything
+    replicated)."""
+    ways = 1
+    for x in jax.tree.leaves(args):
+        sharding = getattr(x, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        if not isinstance(x, jax.ShapeDtypeStruct) or sharding is None or not spec:
+            continue
+        first = spec[0]
+        axes = (first,) if isinstance(first, str) else tuple(first or ())
+        k = math.prod(sharding.mesh.shape[a] for a in axes)
+        ways = max(ways, k)
+    return 1.0 / min(ways, max(chips, 1))

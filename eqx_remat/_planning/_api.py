@@ -151,22 +151,17 @@ def plan(
     (`RESOURCE_EXHAUSTED`) is not an error: it is recorded as not fitting,
     with XLA's figure of what it needed.
     """
+    budget, candidates = _check(
+        args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes, shard
+    )
     if progress not in (True, False, "verbose"):
         raise ValueError(
             f"plan expected progress to be True, False or 'verbose'. Got {progress!r}."
         )
     on = Target.of(target, "plan")
     bench = Bench(on, _measuring(measure, on.name), say=Progress(progress))
-    return plan_on(
-        bench,
-        fn,
-        *args,
-        budget_bytes=budget_bytes,
-        candidates=candidates,
-        micro_batches=micro_batches,
-        loss_chunks=loss_chunks,
-        in_axes=in_axes,
-        shard=shard,
+    return _run(
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
     )
 
 
@@ -185,6 +180,14 @@ def plan_on(
     budget, candidates = _check(
         args, budget_bytes, candidates, micro_batches, loss_chunks, in_axes, shard
     )
+    return _run(
+        bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
+    )
+
+
+def _run(
+    bench, fn, args, budget, candidates, micro_batches, loss_chunks, in_axes, shard
+):
     on, ways = bench.target, None
     if on.mesh is not None and shard is None:
         warn_replicated("plan", on.label, on.mesh, split_args(args)[0])

@@ -215,7 +215,8 @@ def _sent(bench: Bench, best: "_Best") -> "_Best":
     report = best.evidence.records[best.checkpoint].report
     if best.measured or best.way.mesh is None or report is None:
         return best
-    seconds = collective_time(bench.hardware, report.collective_bytes)
+    sent = report.collective_bytes, report.network_bytes
+    seconds = collective_time(bench.hardware, *sent)
     return best if seconds is None else best._replace(time_s=best.time_s + seconds)
 
 

@@ -19,7 +19,7 @@ from .._inspect._clock import (
     warm_up,
 )
 from .._inspect._memory import unpaid_offload
-from .._inspect._targets import Target
+from .._inspect._targets import Target, share_per_chip
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
 from . import _cache
@@ -28,7 +28,7 @@ from ._compiled import Compiled, Program, compile_checkpoint
 from ._evidence import Evidence, is_mix
 from ._prices import Prices, price_function
 from ._report import Progress
-from ._solve import Price, price, share_per_chip, stack_depths, stacks_of
+from ._solve import Price, price, stack_depths, stacks_of
 from ._thresholds import RACE_ROUNDS, RULED_OUT, TIME_ROUNDS
 
 

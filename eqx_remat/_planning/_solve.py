@@ -6,7 +6,6 @@ neighbours on the lower convex hull of `(bytes, time)` (why, and how whole
 layers are chosen: the tutorial *Fit a model in a budget*, step 3)."""
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -14,7 +13,8 @@ import jax
 import numpy as np
 
 from .._combinators import stacking_lists
-from .._inspect._flops import FlopCount, count_flops
+from .._inspect._flops import count_flops
+from .._inspect._hardware import bytes_moved
 from .._inspect._jaxpr import checkpoint_names, saved_across
 from .._schedules._checkpoint import (
     Checkpoint,
@@ -134,15 +134,6 @@ def price(
     return Price(device, host, int(flops), moved, tuple(checkpoint_names(jaxpr)))
 
 
-def bytes_moved(flops: FlopCount, saved: int) -> int:
-    """The bytes a function moves through device memory, as the roofline
-    counts them: what it `saved` (per trip) three times (JAX's scan zero-fills
-    each stacked buffer, the forward pass writes it, the backward pass reads
-    it: issue 28's profile), and its matrix products' operands and results
-    (`FlopCount.dot_bytes`). Elementwise work is taken to be fused."""
-    return 3 * saved + flops.dot_bytes
-
-
 # --- the hull and the mix -------------------------------------------------------
 
 
@@ -188,23 +179,6 @@ def linear(base: Callable[[Option], float], depth: int) -> Predict:
         )
 
     return predict
-
-
-def share_per_chip(args: tuple, chips: int) -> float:
-    """The part of the activations one chip holds: `1 / k` when an argument
-    (the batch) is split `k` ways along its first axis, else 1 (everything
-    replicated)."""
-    ways = 1
-    for x in jax.tree.leaves(args):
-        sharding = getattr(x, "sharding", None)
-        spec = getattr(sharding, "spec", None)
-        if not isinstance(x, jax.ShapeDtypeStruct) or sharding is None or not spec:
-            continue
-        first = spec[0]
-        axes = (first,) if isinstance(first, str) else tuple(first or ())
-        k = math.prod(sharding.mesh.shape[a] for a in axes)
-        ways = max(ways, k)
-    return 1.0 / min(ways, max(chips, 1))
 
 
 def pareto(
