@@ -24,16 +24,28 @@ batch, causal attention counted in full, no recomputation. HFU: the FLOPs the
 step executes (`eqx_remat.count_flops`, recomputation included). The ratio
 published / predicted says how far the roofline is from a run.
 
+MaxText publishes the same four models on 2 to 32 v5e-256 slices joined by the
+data center network (DCN) too (its v5e README's table, from
+`MaxText/configs/v5e/*.sh`: the same settings, the slices data parallel,
+`dcn_data_parallelism`): each is compiled for `Nxv5e:16x16`, the data axis
+spanning the slices and FSDP within each (`eqx_remat.v5e_mesh(target,
+fsdp=256)`). The 128B runs were measured with `ici_fsdp_parallelism=16
+ici_tensor_parallelism=16` (tensor parallelism, which the zoo does not have):
+here FSDP over the slice's 256 chips, a stand-in that each row says it is.
+
 The roofline counts nothing that crosses chips. Beside it: the bytes each chip
 sends per step in the compiled program's collectives
-(`MemoryReport.collective_bytes`, loop trip counts included), at one
-direction of a v5e chip's published ICI bandwidth (200 GB/s), under two stated
-models of overlap, neither fitted: *serial* (the step is the roofline's time
-plus the collectives') and *overlapped* (the larger of the two: XLA schedules
-collectives asynchronously on TPU, beside the compute).
+(`MemoryReport.collective_bytes`, loop trip counts included) at one direction
+of a v5e chip's published ICI bandwidth (200 GB/s), and what it sends other
+slices (`MemoryReport.network_bytes`) at a chip's share of its host's DCN
+(3.125 GB/s), under two stated models of overlap, neither fitted: *serial* (the
+step is the roofline's time plus the collectives') and *overlapped* (the larger
+of the two: XLA schedules collectives asynchronously on TPU, beside the
+compute).
 
-    python benchmarks/maxtext_mfu.py                  # 16b 32b 64b 128b, v5e:16x16
-    python benchmarks/maxtext_mfu.py --preset 16b 32b
+    python benchmarks/maxtext_mfu.py                  # every run, 1 to 32 slices
+    python benchmarks/maxtext_mfu.py --preset 16b 32b # one slice each
+    python benchmarks/maxtext_mfu.py --preset 16b-2x  # 16b on 2 slices
     python benchmarks/maxtext_mfu.py --quick          # one tiny model on v5e:2x2
 """
 
@@ -71,8 +83,13 @@ from eqx_remat.internal import (
 SOURCE = (
     "github.com/google/maxtext 9bc243c (2023-10-27), README.md 'TPU v5e' and "
     "MaxText/configs/largest_job/*.sh + base.yml (still the table of "
-    "AI-Hypercomputer/maxtext src/maxtext/configs/tpu/v5e/README.md)"
+    "AI-Hypercomputer/maxtext src/maxtext/configs/tpu/v5e/README.md); 2 to 32 "
+    "slices: that table (AI-Hypercomputer/maxtext e64f681, "
+    "MaxText/configs/v5e/README.md and v5e/*.sh)"
 )
+
+
+_TENSOR = "ici_fsdp_parallelism=16 ici_tensor_parallelism=16 (tensor parallelism)"
 
 
 class Config(NamedTuple):
@@ -92,6 +109,14 @@ class Config(NamedTuple):
     # base_num_decoder_layers; head_dim
     base: tuple[int, int, int, int] = (2560, 8, 8192, 16)
     head_dim: int = 256
+    slices: int = 1  # v5e slices, data parallel over the DCN
+    # The published run's sharding where this one's differs (`None`: the same).
+    published_sharding: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What it is compiled for: `topology`, on `slices` slices."""
+        return self.topology if self.slices == 1 else f"{self.slices}x{self.topology}"
 
 
 class Dims(NamedTuple):
@@ -108,7 +133,23 @@ CONFIGS = {
     "64b": Config(64, 2, 0.5990, 118),
     # MaxText ran 128b with ici_fsdp_parallelism=16 ici_tensor_parallelism=16;
     # here FSDP over all 256 chips.
-    "128b": Config(128, 1, 0.5606, 110),
+    "128b": Config(128, 1, 0.5606, 110, published_sharding=_TENSOR),
+}
+# MaxText's v5e table: (slices, MFU, TFLOP/s per chip) on 2 to 32 v5e-256.
+MULTISLICE = {
+    "16b": ((2, 0.5937, 117), (4, 0.5914, 117), (8, 0.5827, 115), (16, 0.5656, 111),
+            (32, 0.5465, 108)),
+    "32b": ((2, 0.6481, 128), (4, 0.6410, 126), (8, 0.6367, 125), (16, 0.6226, 123),
+            (32, 0.6040, 119)),
+    "64b": ((2, 0.5666, 112), (4, 0.5585, 110), (8, 0.5496, 108), (16, 0.5329, 105),
+            (32, 0.5018, 99)),
+    "128b": ((2, 0.5582, 110), (4, 0.5493, 108), (8, 0.5293, 104), (16, 0.5086, 100),
+             (32, 0.4625, 91)),
+}  # fmt: skip
+CONFIGS |= {
+    f"{n}-{k}x": CONFIGS[n]._replace(slices=k, published_mfu=mfu, published_tflops=t)
+    for n, runs in MULTISLICE.items()
+    for k, mfu, t in runs
 }
 QUICK = {
     "tiny": Config(
@@ -175,10 +216,13 @@ class Row(NamedTuple):
     fits: bool
     compile_s: float
     error: str | None
-    # What each chip sends per step in collectives (None: not compiled), and
-    # the seconds that takes at the chip's ICI bandwidth (an estimate).
+    # What each chip sends per step in collectives within its slice and to
+    # other slices (None: not compiled), and the seconds that takes at the
+    # chip's ICI and DCN bandwidth (an estimate).
     collective_bytes: int | None = None
+    network_bytes: int | None = None
     collective_s: float | None = None
+    published_sharding: str | None = None  # where the published run's differs
     serial_mfu: float | None = None  # step = roofline + collectives
     overlapped_mfu: float | None = None  # step = max(roofline, collectives)
 
@@ -216,30 +260,37 @@ def describe(c: Config) -> str:
     )
 
 
+_AXES = ("data", "fsdp")
+
+
 def _loss(model: zoo.Transformer, tokens: jax.Array) -> jax.Array:
-    # The flash kernel runs per chip: the vmap's batch axis is the mesh's "data".
-    return _models.cross_entropy(jax.vmap(model, spmd_axis_name="data")(tokens), tokens)
+    # The flash kernel runs per chip: the vmap's batch axis is the mesh's.
+    return _models.cross_entropy(jax.vmap(model, spmd_axis_name=_AXES)(tokens), tokens)
 
 
 def _step(mesh: Any, model: zoo.Transformer, tokens: jax.Array) -> Any:
     """The gradient of the loss, kept sharded like the parameters (FSDP)."""
-    return zoo.shard(eqx.filter_grad(_loss)(model, tokens), mesh, fsdp=True)
+    grads = eqx.filter_grad(_loss)(model, tokens)
+    return zoo.shard(grads, mesh, fsdp=True, axis="fsdp")
 
 
 def measure(name: str, c: Config, spec: str) -> Row:
-    """`c` under the checkpoint `spec`: compiled for `c.topology`, priced by the
+    """`c` under the checkpoint `spec`: compiled for `c.target`, priced by the
     roofline, beside what MaxText published (for its own policy only)."""
     checkpoint = er.parse_checkpoint(spec, dims(c).layers)
-    mesh = er.v5e_mesh(c.topology)
-    model = zoo.shard(make(c, checkpoint), mesh, fsdp=True)
+    # FSDP over a slice's chips, data parallel over the slices (MaxText's
+    # ici_fsdp_parallelism=-1, dcn_data_parallelism=-1).
+    per_slice = er.v5e_mesh(c.topology).size
+    mesh = er.v5e_mesh(c.target, fsdp=per_slice)
+    model = zoo.shard(make(c, checkpoint), mesh, fsdp=True, axis="fsdp")
     batch = jax.ShapeDtypeStruct((c.per_device_batch * mesh.size, c.seq), jnp.int32)
-    tokens = _measure.place_batch(batch, mesh)
+    tokens = zoo.shard_batch(batch, mesh, axis=_AXES)
     fn = functools.partial(_step, mesh)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):  # the flash kernel finds its mesh in the context
-        compiled = _measure.compiled_aot(fn, (model, tokens), c.topology)
+        compiled = _measure.compiled_aot(fn, (model, tokens), c.target)
         compile_s = time.perf_counter() - t0
-        roofline = er.internal.roofline_seconds(fn, model, tokens, target=c.topology)
+        roofline = er.internal.roofline_seconds(fn, model, tokens, target=c.target)
     leaves = jax.tree.leaves(eqx.filter(model, is_array_like))
     params = sum(x.size for x in leaves)
     hw = hardware(c.topology)[0]
@@ -247,15 +298,15 @@ def measure(name: str, c: Config, spec: str) -> Row:
     flops = model_flops(params, dims(c), c.per_device_batch, c.seq)
     counted = None if compiled["flops"] is None else compiled["flops"] / mesh.size
     mfu = flops / (roofline * peak)
-    sent = compiled["collective_bytes"]
-    comm = None if sent is None else collective_time(hw, sent)
+    sent, network = compiled["collective_bytes"], compiled.get("network_bytes")
+    comm = None if sent is None else collective_time(hw, sent, network or 0)
     own = spec == c.checkpoint
     published = c.published_mfu if own else None
     return Row(
         config=name,
         checkpoint=er.checkpoint_label(checkpoint),
         remat_policy=c.remat_policy if own else None,
-        target=c.topology,
+        target=c.target,
         chips=mesh.size,
         params=params,
         maxtext_params=maxtext_params(dims(c), c.vocab),
@@ -274,20 +325,26 @@ def measure(name: str, c: Config, spec: str) -> Row:
         compile_s=compile_s,
         error=compiled["error"],
         collective_bytes=sent,
+        network_bytes=network,
         collective_s=comm,
         serial_mfu=None if comm is None else flops / ((roofline + comm) * peak),
         overlapped_mfu=None if comm is None else flops / (max(roofline, comm) * peak),
+        published_sharding=c.published_sharding,
     )
 
 
 def factor(rows: list[Row]) -> dict[str, Any]:
     """The one figure taken from the comparison: the median of published over
-    predicted MFU (`None` where nothing published was measured), and how the
-    roofline ranks the runs against how they measured (Spearman; not fitted)."""
+    predicted MFU on one slice (`None` where nothing published was measured),
+    and how the roofline ranks the runs against how they measured (Spearman;
+    not fitted): with the collectives, over every run and over those compiled
+    with their published sharding (`same_sharding`)."""
     mine = [r for r in rows if r.ratio is not None]
-    ratios = {r.config: r.ratio for r in mine}
-    predicted = [r.predicted_mfu for r in mine]
-    published = [r.published_mfu for r in mine]
+    one = [r for r in mine if er.internal.v5e_slices(r.target) == 1]
+    ratios = {r.config: r.ratio for r in one}
+    predicted = [r.predicted_mfu for r in one]
+    published = [r.published_mfu for r in one]
+    same = [r.published_sharding is None for r in mine]
     overlap = {}
     for model in ("serial", "overlapped"):
         est = {r.config: getattr(r, f"{model}_mfu") for r in mine}
@@ -295,11 +352,19 @@ def factor(rows: list[Row]) -> dict[str, Any]:
             continue
         each = {n: r.published_mfu / est[n] for n, r in zip(est, mine)}
         mid = statistics.median(each.values())
+        pairs = [(est[r.config], r.published_mfu) for r in mine]
+        kept = [p for p, ok in zip(pairs, same) if ok]
         overlap[model] = {
             "ratios": each,
             "median": mid,
-            "most_off": max(abs(x / mid - 1) for x in each.values()),
-            "spearman": _targets.spearman(list(est.values()), published),
+            "most_off": _most_off(list(each.values())),
+            "spearman": _targets.spearman(*zip(*pairs)),
+            "same_sharding": {
+                "runs": len(kept),
+                "spearman": _targets.spearman(*zip(*kept)) if kept else None,
+                "most_off": _most_off([p / e for e, p in kept]),
+            },
+            "one_slice": _targets.spearman([est[r.config] for r in one], published),
         }
     return {
         "name": "measured fraction of the roofline: median of published / "
@@ -310,6 +375,14 @@ def factor(rows: list[Row]) -> dict[str, Any]:
         "source": SOURCE,
         "collectives": overlap,
     }
+
+
+def _most_off(ratios: list[float]) -> float | None:
+    """How far the furthest of `ratios` is from their median."""
+    if not ratios:
+        return None
+    mid = statistics.median(ratios)
+    return max(abs(x / mid - 1) for x in ratios)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -336,7 +409,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         c = configs[name]
         for spec in args.checkpoint or [c.checkpoint]:
-            console.print(f"[bold]{name}[/] ({describe(c)}), {spec}, {c.topology} ...")
+            console.print(f"[bold]{name}[/] ({describe(c)}), {spec}, {c.target} ...")
             rows.append(measure(name, c, spec))
             r = rows[-1]
             console.print(
@@ -344,7 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{_format.fmt_pct(r.predicted_mfu)}, published "
                 f"{_format.fmt_pct(r.published_mfu)}; compiled in {r.compile_s:.0f} s"
             )
-    topology = ", ".join(sorted({configs[n].topology for n in names}))
+    topology = ", ".join(dict.fromkeys(configs[n].target for n in names))
     data = {
         "meta": _results.meta(
             args, seconds=time.perf_counter() - t0, target=topology, source=SOURCE
@@ -352,9 +425,9 @@ def main(argv: list[str] | None = None) -> dict:
         "presets": {
             n: {
                 "describe": describe(configs[n]),
-                "topology": configs[n].topology,
                 "dims": dims(configs[n])._asdict(),
                 **configs[n]._asdict(),
+                "topology": configs[n].target,
             }
             for n in names
         },
@@ -415,9 +488,15 @@ COLUMNS: list[_table.Column[Row]] = [
         "bytes each chip sends per step in collectives (compiled, loops counted)",
     ),
     C(
+        "to slices",
+        lambda r: _format.fmt_bytes(r.network_bytes, 1),
+        "bytes each chip sends other slices per step, over the DCN",
+    ),
+    C(
         "collectives",
         lambda r: _seconds(r.collective_s),
-        "their time at one direction of the chip's ICI bandwidth (an estimate)",
+        "their time at one direction of the chip's ICI bandwidth, and its share "
+        "of the DCN's (an estimate)",
     ),
     C(
         "est. MFU, serial",
@@ -460,6 +539,19 @@ def show(console: _console.Console, data: dict, where: str) -> None:
             f"published / estimated MFU "
             + ", ".join(f"{n} {x:.2f}" for n, x in m["ratios"].items())
             + f" (median {m['median']:.2f}, the furthest {m['most_off']:.0%} from it)."
+        )
+        same = m.get("same_sharding")
+        if same and same["spearman"] is not None:
+            console.print(
+                f"  Of the {same['runs']} runs compiled with their published "
+                f"sharding: Spearman {same['spearman']:.2f}, the furthest "
+                f"{same['most_off']:.0%} from their median."
+            )
+    stand_ins = {r.config: r.published_sharding for r in rows if r.published_sharding}
+    if stand_ins:
+        console.print(
+            "Compiled with FSDP over a slice's chips where the published run had "
+            f"{next(iter(stand_ins.values()))}: " + ", ".join(stand_ins) + "."
         )
 
 

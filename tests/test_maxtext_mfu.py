@@ -9,16 +9,28 @@ import math
 import pytest
 from helpers import needs_libtpu, run_script
 
+import eqx_remat as er
 from benchmarks import maxtext_mfu as mm
 
 
-# MaxText's "16B" ... "128B": the names are the parameter counts, in billions.
+# MaxText's "16B" ... "128B": the names are the parameter counts, in billions
+# (then, on several slices, "-2x" ... "-32x").
 @pytest.mark.parametrize("name", list(mm.CONFIGS))
 def test_configs_are_maxtexts_models(name):
     c = mm.CONFIGS[name]
     d = mm.dims(c)
     billions = mm.maxtext_params(d, c.vocab) / 1e9
-    assert abs(billions / int(name[:-1]) - 1) < 0.03, (name, billions)
+    size, _, slices = name.partition("-")
+    assert abs(billions / int(size[:-1]) - 1) < 0.03, (name, billions)
+    assert c.slices == (int(slices[:-1]) if slices else 1)
+    assert c.target == (f"{slices}v5e:16x16" if slices else "v5e:16x16")
+    assert er.internal.v5e_slices(c.target) == c.slices
+    # The same model on every count of slices; only what was measured differs.
+    one = mm.CONFIGS[size]
+    assert c._replace(slices=1, published_mfu=None, published_tflops=None) == (
+        one._replace(published_mfu=None, published_tflops=None)
+    )
+    assert (c.published_sharding is None) == (size != "128b")
     # The published TFLOP/s per chip is the MFU of 197 TFLOP/s, to its rounding.
     assert abs(c.published_tflops / 197 - c.published_mfu) < 0.005
     assert (c.remat_policy, c.checkpoint, c.topology) == (
@@ -74,6 +86,16 @@ def test_each_model_of_overlap_is_held_against_the_runs_unfitted():
     assert f["serial"]["most_off"] == pytest.approx(0.2)
     assert f["overlapped"]["spearman"] == pytest.approx(1.0)
     assert f["overlapped"]["ratios"]["c"] == 2.0
+    assert f["overlapped"]["same_sharding"]["runs"] == 3
+    assert f["overlapped"]["one_slice"] == pytest.approx(1.0)
+    # A run compiled with another sharding than its published one is left out
+    # of the second ranking, and the one factor is of one slice's runs.
+    rows[2] = rows[2]._replace(published_sharding="tensor", target="2xv5e:16x16")
+    f = mm.factor(rows)
+    same = f["collectives"]["overlapped"]["same_sharding"]
+    assert same["runs"] == 2 and same["spearman"] is None  # too few to rank
+    assert same["most_off"] == pytest.approx(0.125 / 1.125)  # 1.0 and 1.25
+    assert list(f["ratios"]) == ["a", "b"]
 
 
 @needs_libtpu
