@@ -125,7 +125,7 @@ def plan_free(name: str, preset: Any, target: str | None, rows: list[Row]) -> di
     pick, and how long it took."""
     budget = _measure.V5E_HBM if target else max(r.total_bytes or 0 for r in rows)
     on = shard_for(preset)
-    mesh = meshes(target)[0][1]
+    fsdp, mesh = meshes(target)[0]  # FSDP over every chip (of a slice)
     fn, args = on(mesh)
     t0 = time.perf_counter()
     r = er.plan(fn, *args, budget_bytes=budget, target=target, shard=on)
@@ -141,12 +141,14 @@ def plan_free(name: str, preset: Any, target: str | None, rows: list[Row]) -> di
         "compiles": r.compiles,
         "seconds": time.perf_counter() - t0,
         "notes": list(r.notes),
-        # Ahead of time: the pick against FSDP over every chip (MaxText's
-        # default mesh) under each checkpoint of the grid, both estimated.
+        # Ahead of time: the pick against FSDP over every chip of a slice, data
+        # parallel across slices (MaxText's default mesh), under each
+        # checkpoint of the grid, both estimated.
+        "fsdp_all": [mesh.size // fsdp, fsdp],
         "vs_fsdp_all": {
             row.checkpoint: row.serial_s / r.entry.time_s
             for row in rows
-            if target and row.data == 1 and row.fits and row.serial_s is not None
+            if target and row.fsdp == fsdp and row.fits and row.serial_s is not None
         },
     }
 
@@ -300,8 +302,8 @@ def summary(data: dict) -> list[str]:
             f", {_s(p['time_s'])} ({how}); {p['compiles']} compiles, "
             f"{p['seconds']:.0f} s"
             + "".join(
-                f"; estimated {x:.3f}x as fast as data 1 x fsdp {p['fsdp'] * p['data']}"
-                f" with {c}"
+                f"; estimated {x:.3f}x as fast as data {d} x fsdp {f} with {c}"
+                for d, f in [p.get("fsdp_all", (1, p["fsdp"] * p["data"]))]
                 for c, x in p.get("vs_fsdp_all", {}).items()
             )
             + "".join(f"; note: {n}" for n in p["notes"][-1:])

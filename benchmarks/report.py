@@ -18,7 +18,7 @@ from benchmarks import _format, _results
 
 def provenance(data: dict) -> str:
     m = data["meta"]
-    aot = str(m.get("target") or "").startswith("v5e")
+    aot = "v5e" in str(m.get("target") or "")  # "v5e:AxB", "Nxv5e:AxB"
     target = f", compiled for TPU {m['target']}, not run" if aot else ""
     return (
         f"`{m['command']}` — {m['device']}{target}, {m['cpu_count']}-core host, "
@@ -74,6 +74,11 @@ SECTIONS = (
     ("Meshes, CPU: 8 host devices", "mesh_sweep", section("mesh_sweep")),
     ("Meshes, v5e: the seed setting", "mesh_sweep_v5e_2x4", section("mesh_sweep")),
     ("Meshes, v5e: MaxText's 16B", "mesh_sweep_v5e_16x16", section("mesh_sweep")),
+    (
+        "Meshes, two v5e slices: MaxText's 16B",
+        "mesh_sweep_2xv5e_16x16",
+        section("mesh_sweep"),
+    ),
 )
 
 
