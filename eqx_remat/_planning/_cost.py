@@ -272,6 +272,12 @@ class CostModel:
         base = self.base(plan)
         return None if base is None else max(base + self.saved(plan), 0.0)
 
+    def within(self, predicted: float | None, error: float | None = None) -> bool:
+        """Whether memory `predicted` may fit: at most `error` (by default
+        `model_error`) over the budget; an unknown one (`None`) may."""
+        e = self.model_error() if error is None else error
+        return predicted is None or predicted <= self.evidence.budget * (1 + e)
+
     def model_error(self) -> float:
         """How far the memory may be off: the most it was for a compiled
         uniform plan, at least `MODEL_ERROR`."""
@@ -325,7 +331,7 @@ def may_fit(
         predicted = m.predict(plan)
         if m.checkpoint(plan) in m.evidence.records or predicted is None:
             continue
-        if predicted <= m.evidence.budget * (1 + error):
+        if m.within(predicted, error):
             near.append((plan, predicted))
     return sorted(near, key=lambda p: p[1])
 
@@ -479,8 +485,7 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
     memory, lightest first: those that fit (or may, by `model_error`) and the
     model cannot tell from the fastest (by `time_error` either way); of those,
     the fastest and its `RIVALS` nearest, as a race runs."""
-    ev, error = m.evidence, m.model_error()
-    near = []
+    ev, near = m.evidence, []
     for o in m.options():
         record = ev.records.get(o.checkpoint)
         if record is not None:
@@ -488,7 +493,7 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
                 near.append((o.time, (o, float(record.memory_bytes or 0))))
             continue
         predicted = m.predict((Part(o, o, 0),))
-        if predicted is not None and predicted <= ev.budget * (1 + error):
+        if predicted is not None and m.within(predicted):
             near.append((o.time, (o, predicted)))
     # A model off by up to `e` either way cannot tell apart `(1 + e) / (1 - e)`.
     e, least = m.time_error(), min((t for t, _ in near), default=0.0)

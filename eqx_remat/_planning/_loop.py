@@ -278,7 +278,7 @@ def measure(m: CostModel, st: State) -> Request | State:
         cheapest = min(s.options, key=lambda o: (o.total_flops, o.bytes))
         todo.append((m.reference(k, lightest), None, _LIGHTEST))
         two = (Part(lightest, cheapest, min(2, s.depth)),)
-        if len(m.stacks) > 1 or _may_fit(m, two):
+        if len(m.stacks) > 1 or m.within(m.predict(two)):
             todo.append((m.reference(k, cheapest), None, _CHEAPEST))
     if len(m.stacks) == 1:
         near = contenders(m)
@@ -298,12 +298,6 @@ def measure(m: CostModel, st: State) -> Request | State:
     run = dict.fromkeys(m.checkpoint(p) for p, _, _ in todo)
     run = [c for c in run if c not in ev.offered]
     return Time(tuple(run)) if run else st
-
-
-def _may_fit(m: CostModel, plan) -> bool:
-    """Whether `plan` may fit, by the model's error (unknown: it may)."""
-    predicted = m.predict(plan)
-    return predicted is None or predicted <= m.evidence.budget * (1 + m.model_error())
 
 
 _LIGHTEST = "the lightest option: the base memory of every prediction"
