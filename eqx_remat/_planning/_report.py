@@ -357,7 +357,9 @@ def _wrap(text: str, indent: str, subsequent: str) -> str:
 
 def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) -> str:
     base = min(e.flops for e in table) or 1
-    rows = [("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")]
+    rows: list[tuple[str, ...]] = [
+        ("", "checkpoint", "memory", "FLOPs", "vs fewest", "time", "fits")
+    ]
     for e in table:
         star = chosen is not None and e.checkpoint == chosen.checkpoint
         rows.append(
@@ -371,7 +373,9 @@ def _table(table: Sequence[PlanEntry], chosen: PlanEntry | None, names: _Names) 
 def _frontier_table(
     points: Sequence[FrontierPoint], chosen: Planned, names: _Names
 ) -> str:
-    rows = [("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")]
+    rows: list[tuple[str, ...]] = [
+        ("", "checkpoint", "predicted", "compiled", "FLOPs", "host", "time")
+    ]
     for p in points:
         compiled = "-" if p.compiled_bytes is None else format_size(p.compiled_bytes)
         host = format_size(p.host_bytes) if p.host_bytes else "-"
@@ -385,8 +389,8 @@ def _frontier_table(
 
 def _batch_table(result: PlanResult, names: _Names) -> str:
     meshes = any(b.mesh is not None for b in result.batches)
-    rows = [("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")]
-    rows[0] += ("mesh",) if meshes else ()
+    head = ("", "micro-batches", "loss chunk", "checkpoint", "compiled", "time")
+    rows: list[tuple[str, ...]] = [head + (("mesh",) if meshes else ())]
     pick = (result.micro_batches, result.loss_chunk_size, result.checkpoint)
     for b in result.batches:
         star = (b.micro_batches, b.loss_chunk_size, b.checkpoint) == pick
