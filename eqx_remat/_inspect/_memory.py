@@ -318,13 +318,13 @@ def compiled_report(
     `target` as given: for callers that compile to run the program too (the
     benchmarks), so that it is compiled once."""
     m = compiled.memory_analysis()
-    sent = collectives(compiled.as_text() or "", v5e_slices(target))
     if m is None:
         raise ValueError(
             "compiled_report expected a program whose memory_analysis() gives "
             f"its sizes. Got one compiled for {jax.default_backend()}, whose "
             "memory_analysis() is None."
         )
+    sent = collectives(compiled.as_text() or "", v5e_slices(target))
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),
         argument_bytes=int(m.argument_size_in_bytes),

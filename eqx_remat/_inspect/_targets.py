@@ -56,19 +56,25 @@ def v5e_shape(target: Any) -> tuple[int, int] | None:
     (2, 4) None
     ```
     """
-    match = _V5E.fullmatch(target) if isinstance(target, str) else None
-    if match is None:
-        return None
-    if match.group(2) is None:
-        return 2, 2
-    return int(match.group(2)), int(match.group(3))
+    parts = _v5e_parts(target)
+    return None if parts is None else parts[1:]
 
 
 def v5e_slices(target: Any) -> int:
     """How many slices a TPU v5e target names: `N` for `"Nxv5e:AxB"`, else 1
     (any other value too)."""
+    parts = _v5e_parts(target)
+    return 1 if parts is None else parts[0]
+
+
+def _v5e_parts(target: Any) -> tuple[int, int, int] | None:
+    """`(N, A, B)` of `"Nxv5e:AxB"` (`N` 1 and `AxB` 2x2 where left out), or
+    `None` for any value that is not a TPU v5e target's name: the one parser."""
     match = _V5E.fullmatch(target) if isinstance(target, str) else None
-    return 1 if match is None or match.group(1) is None else int(match.group(1))
+    if match is None:
+        return None
+    n, a, b = match.groups()
+    return int(n or 1), int(a or 2), int(b or 2)
 
 
 TPU_EXTRA_HINT = (

@@ -485,7 +485,7 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
     memory, lightest first: those that fit (or may, by `model_error`) and the
     model cannot tell from the fastest (by `time_error` either way); of those,
     the fastest and its `RIVALS` nearest, as a race runs."""
-    ev, near = m.evidence, []
+    ev, error, near = m.evidence, m.model_error(), []
     for o in m.options():
         record = ev.records.get(o.checkpoint)
         if record is not None:
@@ -493,7 +493,7 @@ def contenders(m: CostModel) -> list[tuple[Option, float]]:
                 near.append((o.time, (o, float(record.memory_bytes or 0))))
             continue
         predicted = m.predict((Part(o, o, 0),))
-        if predicted is not None and m.within(predicted):
+        if predicted is not None and m.within(predicted, error):
             near.append((o.time, (o, predicted)))
     # A model off by up to `e` either way cannot tell apart `(1 + e) / (1 - e)`.
     e, least = m.time_error(), min((t for t, _ in near), default=0.0)
