@@ -1516,3 +1516,37 @@ def test_the_roofline_is_one_estimate_whichever_way_plan_is_asked(fresh):
     want = (2 * by["nothing"] + 2 * by["dots"]) / 4
     got = roofline_seconds(TINY_GRAD, *er.set_checkpoint((TINY, TOKENS), mix))
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_ahead_of_time_a_plan_is_priced_with_what_its_chips_send():
+    # Ahead of time (`collectives`), a compiled plan's estimate adds its own
+    # collectives at the chip's interconnect rate; a plan not compiled, the
+    # compiled uniform plans' interpolated in the FLOPs recomputation adds (it
+    # gathers weights again). On the clock (no `collectives`) nothing is added.
+    hw = _CPU._replace(interconnect_bytes_per_s=1e9)
+    opts = [
+        seam.Option(c, b, 0.0, f, t, 0)
+        for c, b, f, t in ((None, 8.0, 0.0, 1.0), ("dots", 4.0, 2.0, 1.5))
+    ]
+    opts.append(seam.Option("nothing", 1.0, 0.0, 6.0, 2.0, 0))
+    base = seam.Option("nothing", 0.0, 0.0, 0.0, 0.0, 0)
+    prices = seam.Prices((seam.Stack(".c", 4, tuple(opts)),), (4,), (), base, ())
+    none, dots, nothing = (_uniform(o) for o in opts)
+
+    def record(c, sent):
+        report = er.MemoryReport(10, 0, 0, 0, 0, "v5e:2x2", collective_bytes=sent)
+        return Compiled(c, report, None, 0, 0.0)
+
+    ev = Evidence(2**40)
+    for c, sent in ((None, 10**9), ("nothing", 3 * 10**9)):
+        ev = ev.compiled(record(c, sent), 0.0, None)
+    ahead = CostModel(prices, ev, hw, collectives=True)
+    clock = CostModel(prices, ev, hw)
+    for plan, sent in ((none, 1.0), (nothing, 3.0), (dots, 1.0 + 2.0 * 8 / 24)):
+        assert ahead.sent(ahead.checkpoint(plan)) == pytest.approx(sent)
+        assert ahead.time(plan)[0] == pytest.approx(clock.time(plan)[0] + sent)
+        assert clock.sent(clock.checkpoint(plan)) == 0.0
+    assert ahead.roofline("nothing") == pytest.approx(4 * 2.0 + 3.0)
+    mix = er.ranges((3, None), (1, "nothing"))
+    added = 1 * 6.0  # one layer of "nothing"
+    assert ahead.sent(mix) == pytest.approx(1.0 + 2.0 * added / 24)

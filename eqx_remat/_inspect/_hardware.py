@@ -65,14 +65,17 @@ class Hardware(NamedTuple):
         where known, else `memory_bytes`."""
         return self.memory_bytes if self.usable_bytes is None else self.usable_bytes
 
-    def estimate_note(self) -> str:
-        """How an estimate on this chip compares with published runs: what
-        every estimated time and rate is printed with."""
+    def estimate_note(self, collectives: bool = False) -> str:
+        """How an estimate on this chip is made (with `collectives`: plus what
+        the chips send each other) and how it compares with published runs:
+        what every estimated time and rate is printed with."""
+        how = "roofline"
+        if collectives:
+            how = "roofline, then the collectives at the interconnect's rate"
         if self.measured_fraction is None:
-            return "roofline"
-        return (
-            f"roofline; {self.measured_source} reach {self.measured_fraction:.2f} of it"
-        )
+            return how
+        of = "of the roofline alone" if collectives else "of it"
+        return f"{how}; {self.measured_source} reach {self.measured_fraction:.2f} {of}"
 
 
 _GIB = 2**30

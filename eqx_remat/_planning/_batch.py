@@ -6,8 +6,8 @@ planner's one loop (told once, in the tutorial *Fit a batch, not just a model*,
 (`_solve_first`), each later way is tried with its pick (`_try`), and the best
 of each way race (`_race_bests`). Every time is per global batch. With
 `shard`, a way is on a mesh too (every split of the chips between data
-parallelism and FSDP): ahead of time, each way's estimate adds what its chips
-send each other (`_sent`)."""
+parallelism and FSDP): ahead of time, each estimate adds what its chips send
+each other (`CostModel.sent`)."""
 
 import dataclasses
 import functools
@@ -19,7 +19,6 @@ import jax
 
 from .._accumulate import accumulate, check_split
 from .._inspect._clock import on_one_clock
-from .._inspect._hardware import collective_time
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
 from .._schedules._uniform import recursive
@@ -168,8 +167,6 @@ def plan_batches(
         else:
             bests.append(best)
     bests[0] = first
-    if not measuring:
-        bests = [_sent(bench, b) for b in bests]
     bests.sort(key=lambda b: b.time_s)
     # The roofline does not see what a smaller micro-batch costs a chip (a
     # matmul too small to keep it busy): within `CLOSE_WAYS` of the least
@@ -205,19 +202,6 @@ def shard_on(shard: Any, mesh: Any) -> tuple:
             return fn(*args)
 
     return on_mesh, tuple(args)
-
-
-def _sent(bench: Bench, best: "_Best") -> "_Best":
-    """`best` with, where it was estimated on a mesh, what its chips send each
-    other added to its time: the collectives of its compiled program at the
-    chip's interconnect rate, after its compute (not overlapped: the model
-    that ranks MaxText's published runs, `benchmarks/maxtext_mfu.py`)."""
-    report = best.evidence.records[best.checkpoint].report
-    if best.measured or best.way.mesh is None or report is None:
-        return best
-    sent = report.collective_bytes, report.network_bytes
-    seconds = collective_time(bench.hardware, *sent)
-    return best if seconds is None else best._replace(time_s=best.time_s + seconds)
 
 
 def _batch_result(bench, result, pick, bests, tried, in_axes, first) -> PlanResult:

@@ -2,7 +2,8 @@
 of `k >= 1` stacks, from `Prices` and `Evidence`. Memory: compiled, else a base
 learnt from compiled uniform plans plus what each layer keeps, a mix corrected
 by compiled mixes (`mix_predictor`). Time: measured, else each layer's
-(measured, else the roofline's scaled to the clock). The solver: `best_plan`."""
+(measured, else the roofline's scaled to the clock), plus, ahead of time, what
+the chips send each other (`sent`). The solver: `best_plan`."""
 
 import dataclasses
 import itertools
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._inspect._clock import Timing
-from .._inspect._hardware import Hardware, roofline_time
+from .._inspect._hardware import Hardware, collective_time, roofline_time
 from .._schedules._checkpoint import Checkpoint, PerStack, Planned
 from .._schedules._engine import Schedule
 from .._schedules._ranges import ranges
@@ -49,12 +50,14 @@ Plan = tuple[Part, ...]
 class CostModel:
     """Memory and time of plans of one function's stacks (`prices`: `None`
     where not priced), on one chip of `hardware` holding `share` of the
-    activations."""
+    activations; with `collectives` (ahead of time), an estimate adds what the
+    chip sends the others (`sent`)."""
 
     prices: Prices | None
     evidence: Evidence
     hardware: Hardware
     share: float = 1.0
+    collectives: bool = False
 
     @property
     def stacks(self) -> tuple[Stack, ...]:
@@ -186,7 +189,7 @@ class CostModel:
         if t is not None:
             return t.seconds, True
         scale = self.scale()
-        seconds = self.base_time()
+        seconds = self.base_time() + self.sent(self.checkpoint(plan))
         for k, (s, (light, heavy, n)) in enumerate(zip(self.stacks, plan)):
             seconds += (s.depth - n) * self.layer_time(k, light, scale)
             seconds += n * self.layer_time(k, heavy, scale)
@@ -213,17 +216,51 @@ class CostModel:
         return isinstance(c, ranges) and all(self.can_price(p) for _, p in c.parts)
 
     def roofline(self, c: Planned) -> float:
-        """The roofline's step time of `c`, scaled: a plan's from its options,
-        else from tracing `c` (a mix: its parts', weighted by their layers)."""
+        """The roofline's step time of `c`, scaled, and what it `sent`."""
+        return self._compute(c) + self.sent(c)
+
+    def _compute(self, c: Planned) -> float:
+        """The roofline's time of `c`'s compute, scaled: a plan's from its
+        options, else from tracing `c` (a mix: its parts', weighted by their
+        layers)."""
         plan = self.plan(c)
         if plan is not None:
             return self.scale() * self.priced(plan)
         if isinstance(c, ranges) and c not in self.evidence.priced:
             depth = sum(n for n, _ in c.parts)
-            return sum(n * self.roofline(part) for n, part in c.parts) / depth
+            return sum(n * self._compute(part) for n, part in c.parts) / depth
         p, s = self.evidence.priced[c], self.share
         hw = self.hardware
         return self.scale() * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
+
+    def sent(self, c: Planned, flops: float | int | None = None) -> float:
+        """Ahead of time (`collectives`), the seconds one chip takes to send
+        what `c`'s collectives send, after its compute (not overlapped: the
+        model held against MaxText's runs, `benchmarks/maxtext_mfu.py`):
+        compiled, its own; else the compiled uniform plans', interpolated in
+        the FLOPs recomputation adds (`flops`: `c`'s, where `c` is not a plan),
+        as recomputing a layer gathers its weights again. 0 on the clock, on
+        one chip and before a compile."""
+        if not self.collectives:
+            return 0.0
+        records, hw = self.evidence.records, self.hardware
+
+        def seconds(r: Compiled) -> float:
+            if r.report is None:
+                return 0.0
+            sent = r.report.collective_bytes, r.report.network_bytes
+            return collective_time(hw, *sent) or 0.0
+
+        if c in records:
+            return seconds(records[c])
+        plan = self.plan(c)
+        x = flops if plan is None else self.saved(plan, "flops")
+        known = [
+            (float(self.saved(q, "flops")), seconds(r))
+            for k, r in records.items()
+            if r.report is not None and (q := self.uniform_plan(k)) is not None
+        ]
+        return 0.0 if x is None else interpolate(known, float(x)) or 0.0
 
     def schedule_time(self, c: Planned, flops: int) -> float:
         """A schedule's time: its inner policy's (or `"nothing"`'s) measured
@@ -234,7 +271,11 @@ class CostModel:
             record = self.evidence.records.get(inner)
             if t is not None and record is not None and record.flops > 0:
                 return t.seconds * flops / record.flops
-        return self.roofline(c)
+        if c in self.evidence.records or self.prices is None:
+            return self.roofline(c)
+        none = self.prices.option(None)
+        added = None if none is None else flops - none.total_flops
+        return self._compute(c) + self.sent(c, added)
 
     def needs_price(self, c: Schedule, flops: int) -> bool:
         """Whether `schedule_time(c, flops)` needs `c` priced first."""

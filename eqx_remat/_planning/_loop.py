@@ -14,6 +14,7 @@ from .._inspect._clock import on_one_clock
 from .._schedules._checkpoint import Planned, checkpoint_name
 from .._util import format_bytes, format_size, format_time
 from ._bench import Bench, Problem
+from ._compiled import Compiled
 from ._cost import (
     CostModel,
     Part,
@@ -434,7 +435,7 @@ def cheapest_compiled(m: CostModel, pick: FrontierPoint) -> FrontierPoint:
         if c == pick.checkpoint:
             continue
         plan = m.plan(c)
-        estimate = m.schedule_time(c, r.flops) if plan is None else m.priced(plan)
+        estimate = m.schedule_time(c, r.flops) if plan is None else m.time(plan)[0]
         seconds, _ = m.time_s(c, estimate)
         fitting.append((seconds, i, c, estimate))
     if not fitting or min(fitting)[0] >= pick.time_s:
@@ -598,9 +599,14 @@ def timing(cs: Callable[[Evidence], Sequence[Planned]]) -> Stage:
 def models(
     bench: Bench, problem: Problem, prices: Prices | None
 ) -> Callable[[Evidence], CostModel]:
-    """`problem`'s cost model on `bench`'s hardware, for any evidence."""
+    """`problem`'s cost model on `bench`'s hardware, for any evidence; ahead of
+    time, with the collectives (on the clock, they are in what it measures)."""
     return functools.partial(
-        CostModel, prices, hardware=bench.hardware, share=problem.share
+        CostModel,
+        prices,
+        hardware=bench.hardware,
+        share=problem.share,
+        collectives=not bench.measure,
     )
 
 
@@ -671,8 +677,16 @@ def finish(
         ev.compiles,
         seconds,
         ev.timed_s,
-        estimate=bench.hardware.estimate_note(),
+        estimate=bench.hardware.estimate_note(
+            not bench.measure and any(map(_sends, ev.records.values()))
+        ),
     )
+
+
+def _sends(record: Compiled) -> bool:
+    """Whether `record`'s chips send each other anything."""
+    r = record.report
+    return r is not None and r.collective_bytes + r.network_bytes > 0
 
 
 def notes(
