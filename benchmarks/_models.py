@@ -375,6 +375,23 @@ PRESETS: dict[str, Preset] = {
         per_device=True,
         specs=("nothing",),
     ),
+    # ... and its 32B and 64B (configs/v5e/32b.sh, 64b.sh: global_parameter_scale
+    # 32 and 64 over base.yml's dims, per_device_batch_size 4 and 2, remat
+    # full): d_model 8192 = MaxText's 64 heads of 128, MLP 28672, 32 and 64 layers.
+    **{
+        f"maxtext-{size}b": seed(
+            block="llama",
+            attention="flash",
+            d_model=8192,
+            layers=layers,
+            d_ff=28672,
+            kv_heads=64,
+            batch=batch,
+            per_device=True,
+            specs=("nothing",),
+        )
+        for size, layers, batch in ((32, 32, 4), (64, 64, 2))
+    },
     # Meshes on 8 host devices (mesh_sweep.py): weights (4.5 MiB) outweigh a
     # layer's activations, so what the chips send each other shows.
     "transformer-mesh": TransformerPreset(

@@ -82,6 +82,7 @@ class Row(NamedTuple):
     overlapped_s: float | None
     measured_s: float | None
     compile_s: float
+    network_bytes: int | None = None  # of several slices: to the others
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -211,6 +212,7 @@ def measure(name: str, preset: Any, target: str | None, specs, repeats: int):
                     overlapped_s=None if comm is None else max(roofline, comm),
                     measured_s=None,
                     compile_s=compile_s,
+                    network_bytes=network,
                 )
             )
     if not target:
@@ -282,6 +284,11 @@ COLUMNS: list[_table.Column[Row]] = [
         "sent/chip",
         lambda r: _format.fmt_bytes(r.collective_bytes, 1),
         "bytes one chip sends per step in collectives (compiled, loops counted)",
+    ),
+    C(
+        "to other slices",
+        lambda r: _format.fmt_bytes(r.network_bytes or None, 1),
+        "of those, the bytes sent to chips of other slices (over the DCN)",
     ),
     C("collectives", lambda r: _s(r.collective_s), "their time (an estimate)"),
     C("serial", lambda r: _s(r.serial_s), "roofline + collectives"),
