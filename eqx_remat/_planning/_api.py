@@ -117,8 +117,9 @@ def plan(
       its devices), FSDP over all of them first and data parallelism last,
       as `micro_batches` are (see [Choose the mesh][choose-the-mesh]):
       `result.mesh` is the pick's, `shard(result.mesh)` runs it. Ahead of
-      time a mesh's time adds what each chip sends in collectives, at the
-      chip's interconnect rate, to the roofline's.
+      time every estimate (of a checkpoint, on any mesh) adds what each chip
+      sends in collectives, at the chip's interconnect rate, to the
+      roofline's.
 
     **Returns:**
 

@@ -150,10 +150,11 @@ class PlanResult:
       with `loss_chunks=`, else the model's own; `None` where the model has
       none): `apply` sets it where it was planned.
     - `in_axes`: the batch axes `plan` was given, for `step`.
-    - `estimate`: how a time not measured was estimated: the roofline, and,
-      on a chip whose published runs were compared with it, the fraction of
-      its rate they reach (`"roofline; MaxText's measured v5e runs reach 0.79
-      of it"`): printed beside the estimates.
+    - `estimate`: how a time not measured was estimated: the roofline (then
+      the collectives, where the chips send each other anything), and, on a
+      chip whose published runs were compared with it, the fraction of the
+      roofline's rate they reach (`"roofline; MaxText's measured v5e runs
+      reach 0.79 of it"`): printed beside the estimates.
     - `batches`: planned with `micro_batches=` or `loss_chunks=`, the best
       found for each (micro-batches, loss chunking) combination that fits, as
       [`eqx_remat.BatchOption`][]s, fastest first; else `()`. `frontier` is
