@@ -1550,3 +1550,21 @@ def test_ahead_of_time_a_plan_is_priced_with_what_its_chips_send():
     mix = er.ranges((3, None), (1, "nothing"))
     added = 1 * 6.0  # one layer of "nothing"
     assert ahead.sent(mix) == pytest.approx(1.0 + 2.0 * added / 24)
+
+
+def test_a_plan_not_compiled_has_the_functions_flops():
+    # A frontier point not compiled gives the FLOPs the model prices for its
+    # plan: the function's (`count_flops`), for a uniform option or a mix, not
+    # an option's FLOPs once per layer. A mix's per-layer sum leaves out what
+    # splitting the loop in two adds (0.04% here).
+    m = CostModel(_bench().prices(TINY_PROBLEM), Evidence(2**40), _CPU)
+    none, nothing = m.option(None), m.option("nothing")
+    for plan, rel in (
+        (_uniform(none), 1e-9),
+        (_uniform(nothing), 1e-9),
+        ((Part(nothing, none, 2),), 1e-3),
+    ):
+        c = m.checkpoint(plan)
+        flops = er.count_flops(TINY_GRAD, er.set_checkpoint(TINY, c), TOKENS)
+        assert m.flops(plan) == pytest.approx(int(flops), rel=rel)
+        assert seam.point(m, plan).flops == round(m.flops(plan))

@@ -448,3 +448,19 @@ def _with_base(m: CostModel, base: float) -> CostModel:
             return base
 
     return Known(m.prices, m.evidence, m.hardware)
+
+
+def test_the_flops_of_a_plan_of_several_stacks_are_the_functions():
+    # Each stack's option is priced with the others on "nothing": the model's
+    # FLOPs of a plan count that base once, as `count_flops` of the function.
+    bench = _bench()
+    m = CostModel(
+        bench.prices(Problem.of(GRAD, (MODEL, X), bench.target)), Evidence(0), _CPU
+    )
+    for a, b in itertools.product(UNIFORM, UNIFORM):
+        plan = tuple(
+            Part(o, o, 0) for o in (m.stacks[0].option(a), m.stacks[1].option(b))
+        )
+        c = er.PerStack({PATHS[0]: a, PATHS[1]: b})
+        flops = er.count_flops(GRAD, er.set_checkpoint(MODEL, c), X)
+        assert m.flops(plan) == pytest.approx(int(flops), rel=1e-9), (a, b)

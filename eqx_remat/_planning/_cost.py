@@ -124,6 +124,15 @@ class CostModel:
             for s, (light, heavy, n) in zip(self.stacks, plan)
         )
 
+    def flops(self, plan: Plan) -> float:
+        """The whole function's FLOPs under `plan`: each stack's light
+        option's, plus what its heavy layers add, plus the base's."""
+        assert self.prices is not None
+        return self.prices.base.total_flops + sum(
+            light.total_flops + n * (heavy.flops - light.flops)
+            for light, heavy, n in plan
+        )
+
     def priced(self, plan: Plan, field: str = "time") -> float:
         """`saved(plan, field)` plus the base's, as priced (not scaled)."""
         assert self.prices is not None
@@ -413,7 +422,7 @@ def point(m: CostModel, plan: Plan, predicted: float | None = None) -> FrontierP
     record = m.evidence.records.get(c)
     compiled = None if record is None else record.report and record.memory_bytes
     predicted = m.predict(plan) if predicted is None else predicted
-    flops = m.priced(plan, "total_flops") if record is None else record.flops
+    flops = m.flops(plan) if record is None else record.flops
     seconds, measured = m.time(plan)
     return FrontierPoint(
         c,

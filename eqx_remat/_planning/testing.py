@@ -25,6 +25,7 @@ from ._cost import (
     best_plan as best_plan,
     floor as floor,
     mix_predictor as mix_predictor,
+    point as point,
 )
 from ._evidence import Evidence as Evidence
 from ._loop import Compile as Compile, Time as Time, search as search
