@@ -73,7 +73,11 @@ SECTIONS = (
     ),
     ("Meshes, CPU: 8 host devices", "mesh_sweep", section("mesh_sweep")),
     ("Meshes, v5e: the seed setting", "mesh_sweep_v5e_2x4", section("mesh_sweep")),
-    ("Meshes, v5e: MaxText's 16B", "mesh_sweep_v5e_16x16", section("mesh_sweep")),
+    (
+        "Meshes, v5e: MaxText's 16B, 32B and 64B",
+        "mesh_sweep_v5e_16x16",
+        section("mesh_sweep"),
+    ),
     (
         "Meshes, two v5e slices: MaxText's 16B",
         "mesh_sweep_2xv5e_16x16",
