@@ -1542,6 +1542,9 @@ def test_ahead_of_time_a_plan_is_priced_with_what_its_chips_send():
         ev = ev.compiled(record(c, sent), 0.0, None)
     ahead = CostModel(prices, ev, hw, collectives=True)
     clock = CostModel(prices, ev, hw)
+    refused = _refused(record("dots", 0), 10**6)  # no report: as if not compiled
+    ahead_refused = _with(ahead, records={**ev.records, "dots": refused})
+    assert ahead_refused.sent("dots") == pytest.approx(1.0 + 2.0 * 8 / 24)
     for plan, sent in ((none, 1.0), (nothing, 3.0), (dots, 1.0 + 2.0 * 8 / 24)):
         assert ahead.sent(ahead.checkpoint(plan)) == pytest.approx(sent)
         assert ahead.time(plan)[0] == pytest.approx(clock.time(plan)[0] + sent)

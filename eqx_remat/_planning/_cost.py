@@ -16,6 +16,7 @@ import numpy as np
 
 from .._inspect._clock import Timing
 from .._inspect._hardware import Hardware, collective_time, roofline_time
+from .._inspect._memory import MemoryReport
 from .._schedules._checkpoint import Checkpoint, PerStack, Planned
 from .._schedules._engine import Schedule
 from .._schedules._ranges import ranges
@@ -246,28 +247,26 @@ class CostModel:
         """Ahead of time (`collectives`), the seconds one chip takes to send
         what `c`'s collectives send, after its compute (not overlapped: the
         model held against MaxText's runs, `benchmarks/maxtext_mfu.py`):
-        compiled, its own; else the compiled uniform plans', interpolated in
-        the FLOPs recomputation adds (`flops`: `c`'s, where `c` is not a plan),
-        as recomputing a layer gathers its weights again. 0 on the clock, on
-        one chip and before a compile."""
+        compiled, its own; else (refused by XLA too) the compiled uniform
+        plans', interpolated in the FLOPs recomputation adds (`flops`: `c`'s,
+        where `c` is not a plan), as recomputing a layer gathers its weights
+        again. 0 on the clock, on one chip and before a compile."""
         if not self.collectives:
             return 0.0
-        records, hw = self.evidence.records, self.hardware
+        reports = {c: r.report for c, r in self.evidence.records.items() if r.report}
 
-        def seconds(r: Compiled) -> float:
-            if r.report is None:
-                return 0.0
-            sent = r.report.collective_bytes, r.report.network_bytes
-            return collective_time(hw, *sent) or 0.0
+        def seconds(r: MemoryReport) -> float:
+            sent = r.collective_bytes, r.network_bytes
+            return collective_time(self.hardware, *sent) or 0.0
 
-        if c in records:
-            return seconds(records[c])
+        if c in reports:
+            return seconds(reports[c])
         plan = self.plan(c)
         x = flops if plan is None else self.saved(plan, "flops")
         known = [
             (float(self.saved(q, "flops")), seconds(r))
-            for k, r in records.items()
-            if r.report is not None and (q := self.uniform_plan(k)) is not None
+            for k, r in reports.items()
+            if (q := self.uniform_plan(k)) is not None
         ]
         return 0.0 if x is None else interpolate(known, float(x)) or 0.0
 
