@@ -287,16 +287,21 @@ def _unpaid(
     offloading policies and why they do not pay, or `None` where it pays
     against its save-on-device twin
     (`offload_fails`). The twin is `fn` traced with eqx_remat applying each
-    offloading policy as one that saves what it offloads; where that leaves an
+    offloading policy as one that saves what it offloads (XLA refusing it as
+    too large: it pays); where that leaves an
     offload in the program (a `jax.checkpoint` or `device_put` of the
     caller's own), there is no twin to compare with, and only a program that
     moves no bytes to the host is warned about."""
     with saving_on_device() as seen:
         twin = _trace(fn, args, dynamic, mesh)
     if seen and not offloads(twin.jaxpr):
-        saving = compiled_report(
-            _compile(twin, options, target), flops=report.flops, target=report.target
-        )
+        try:
+            compiled = _compile(twin, options, target)
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return None  # saved on the device it does not fit: offloading pays
+        saving = compiled_report(compiled, flops=report.flops, target=report.target)
         why = offload_fails(report, saving)
         what = ", ".join(map(policy_name, seen))
     elif report.host_temp_bytes <= 0:
