@@ -115,10 +115,11 @@ def _dense(p, name, size, x):  # `size`: the weight's
 
 
 def _attention(qkv, heads):
-    """Causal attention on a `(seq, 3 d_model)` projection (one example)."""
+    """Causal attention on a `(seq, 3 d_model)` projection (one example), laid
+    out by head as the zoo's: each head's query, key and value."""
     seq, head_dim = qkv.shape[0], qkv.shape[1] // (3 * heads)
-    q, k, v = jnp.split(qkv.reshape(seq, 3, heads, head_dim), 3, 1)
-    q, k, v = q[:, 0], k[:, 0], v[:, 0]
+    qkv = qkv.reshape(seq, heads, 3, head_dim)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32)
     scores = scores / math.sqrt(head_dim)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))

@@ -31,6 +31,7 @@ from ._inspect._memory import (
 from ._inspect._offload import offload_fails as offload_fails
 from ._inspect._pallas import with_pallas_costs as with_pallas_costs
 from ._inspect._targets import (
+    TENSOR_AXIS as TENSOR_AXIS,
     hardware as hardware,
     mesh_splits as mesh_splits,
     v5e_shape as v5e_shape,
@@ -52,6 +53,7 @@ from ._validate import check_int as check_int
 
 
 __all__ = [
+    "TENSOR_AXIS",
     "HARDWARE",
     "Collectives",
     "Hardware",

@@ -873,6 +873,56 @@ def test_v5e_mesh_of_data_and_fsdp_axes():
 
 
 @needs_libtpu
+def test_v5e_mesh_of_a_tensor_axis():
+    """`tensor=t` adds a third axis, `"tensor"` (MaxText's
+    `ici_tensor_parallelism`): `("data", "fsdp", "tensor")` over the same chips;
+    `fsdp x tensor` must divide a slice."""
+    one = er.v5e_mesh("v5e:2x4")
+    mesh = er.v5e_mesh("v5e:2x4", fsdp=2, tensor=2)
+    assert mesh.axis_names == ("data", "fsdp", "tensor")
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert set(mesh.devices.flat) == set(one.devices.flat)
+    only = er.v5e_mesh("v5e:2x4", tensor=4)
+    assert dict(only.shape) == {"data": 2, "fsdp": 1, "tensor": 4}
+    with pytest.raises(ValueError, match=r"fsdp x tensor.*Got fsdp=4, tensor=4"):
+        er.v5e_mesh("v5e:2x4", fsdp=4, tensor=4)
+    with pytest.raises(ValueError, match="v5e_mesh.*tensor"):
+        er.v5e_mesh("v5e:2x4", fsdp=2, tensor=0)
+
+
+@needs_libtpu
+def test_an_offload_whose_twin_does_not_fit_pays():
+    """On v5e the save-on-device twin of an offloading program may not fit at
+    all (XLA refuses it, RESOURCE_EXHAUSTED): then offloading pays, the report
+    is the offloading program's, and nothing is said."""
+
+    class Layer(eqx.Module):
+        up: jax.Array
+        down: jax.Array
+
+        def __call__(self, c):
+            return jnp.tanh(checkpoint_name(c @ self.up, "h")) @ self.down
+
+    def loss(layers, x):
+        return er.scan_layers(layers, x, checkpoint=er.offload_names("h")).sum()
+
+    mesh = er.v5e_mesh()
+    # Eight layers of 2 GiB per chip saved: 16 GiB, more than a chip holds.
+    replicated = NamedSharding(mesh, P())
+    layers = Layer(
+        S((8, 64, 512), f32, sharding=replicated),
+        S((8, 512, 64), f32, sharding=replicated),
+    )
+    x = S((2**22, 64), f32, sharding=NamedSharding(mesh, P("data")))
+    ((report, said),) = _said(
+        lambda: er.memory_report(eqx.filter_grad(loss), layers, x, target="v5e")
+    )
+    assert said == []
+    assert report.host_temp_bytes >= 7 * 2**31  # the residuals, on the host
+    assert report.total_bytes < 15.75 * 2**30
+
+
+@needs_libtpu
 def test_v5e_mesh_of_several_slices():
     """`"Nxv5e:AxB"`: N slices, the data axis spanning them slice after slice
     and FSDP within one; a gradient all-reduced over the data axis sends over

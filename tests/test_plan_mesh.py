@@ -155,6 +155,26 @@ def test_ahead_of_time_a_mesh_is_priced_with_its_collectives():
 
 @needs_libtpu
 @pytest.mark.heavy
+def test_a_tensor_axis_shares_each_examples_work():
+    """On v5e:2x4, a mesh with a tensor axis of 2 splits each example's layers
+    over it: one chip's roofline is about that of 8-way data parallelism
+    (the work per chip is an eighth either way; a few unsplit pieces, the
+    norms and the embedding, are done on both chips of the axis), not twice
+    it, as counting only the batch's 4-way split would make it."""
+    model = eqx.filter_eval_shape(lambda: MODEL)
+    tokens = jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype)
+    seconds = {}
+    for tensor in (None, 2):
+        mesh = er.v5e_mesh("v5e:2x4", fsdp=2, tensor=tensor)
+        m = zoo.shard(model, mesh, fsdp=True, axis="fsdp")
+        t = zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))
+        with jax.set_mesh(mesh):
+            seconds[tensor] = er.internal.roofline_seconds(GRAD, m, t, target="v5e:2x4")
+    assert 0.8 < seconds[2] / seconds[None] < 1.25, seconds
+
+
+@needs_libtpu
+@pytest.mark.heavy
 def test_on_several_slices_fsdp_stays_in_a_slice_and_the_network_is_priced():
     """On two v5e:2x2 slices: FSDP over a slice's chips at most, the data axis
     spanning the slices; a mesh's estimate adds what each chip sends other

@@ -168,6 +168,90 @@ def test_data_and_fsdp_on_separate_mesh_axes():
         zoo.shard_batch(tokens, mesh, axis=("data", "model"))
 
 
+def _random(make, seed):
+    """`make()`'s model with random parameters from NumPy (cheaper to compile
+    for 8 devices than the initialiser)."""
+    rng = np.random.default_rng(seed)
+    is_abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    return jax.tree.map(
+        lambda x: (
+            jnp.asarray(rng.normal(0, 0.5, x.shape).astype(x.dtype))
+            if is_abstract(x)
+            else x
+        ),
+        eqx.filter_eval_shape(make),
+        is_leaf=is_abstract,
+    )
+
+
+@pytest.mark.parametrize("llama", [False, True], ids=["gpt2", "llama"])
+def test_tensor_parallel_gradients_equal_single_device_gradients(llama):
+    """On a 2 x 2 x 2 mesh of `("data", "fsdp", "tensor")`: each projection
+    split over `"tensor"` as Megatron-LM splits it (q/k/v and the MLP's first
+    matrices by columns, the output projections by rows; grouped-query heads
+    too), FSDP over `"fsdp"` on another axis, the batch over `("data",
+    "fsdp")`. The gradients equal one device's, come out sharded like the
+    parameters, and the program moves no activations between the devices of
+    the axis but by gathers and sums: with the q/k/v columns laid out by head,
+    each device's share is whole heads (no all-to-all, no permutation)."""
+    mesh = jax.make_mesh(
+        (2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3
+    )
+    options = dict(num_kv_heads=2, checkpoint="dots") if llama else {}
+    build = zoo.Transformer.llama if llama else zoo.Transformer
+    model = _random(
+        lambda: build(32, 9, 16, 4, 2, d_ff=32, key=jr.key(0), **options), 2
+    )
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 32, (DEVICES, 9)))
+    ref = eqx.filter_jit(eqx.filter_grad(loss))(model, tokens)
+
+    sharded = zoo.shard(model, mesh, fsdp=True, axis="fsdp")
+    blocks = sharded.blocks
+    assert blocks.qkv.weight.sharding.spec == P(None, "fsdp", "tensor")
+    assert blocks.out.weight.sharding.spec == P(None, "tensor", "fsdp")
+    assert blocks.mlp_in.weight.sharding.spec == P(None, "fsdp", "tensor")
+    assert blocks.mlp_out.weight.sharding.spec == P(None, "tensor", "fsdp")
+    assert sharded.head.weight.sharding.spec == P("fsdp", "tensor")  # by vocab
+    if not llama:  # a column's bias is split with it, a row's is not
+        assert blocks.qkv.bias.sharding.spec == P("fsdp", "tensor")
+        assert "tensor" not in blocks.out.bias.sharding.spec
+    assert "tensor" not in sharded.token_embedding.weight.sharding.spec
+
+    @eqx.filter_jit
+    def sharded_grad(m, b):
+        return zoo.shard(eqx.filter_grad(loss)(m, b), mesh, fsdp=True, axis="fsdp")
+
+    batch = zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))
+    grads = sharded_grad(sharded, batch)
+    check_allclose(f"tensor, llama={llama}", grads, ref)
+    params = jax.tree.leaves(eqx.filter(sharded, eqx.is_array))
+    for g, p in zip(jax.tree.leaves(grads), params, strict=True):
+        assert g.sharding.is_equivalent_to(p.sharding, g.ndim), g.shape
+    hlo = sharded_grad.lower(sharded, batch).compile().compiled.as_text()
+    assert "all-gather" in hlo and "all-reduce" in hlo
+    assert "all-to-all" not in hlo and "collective-permute" not in hlo
+
+
+def test_tensor_parallel_errors():
+    """What tensor parallelism cannot split is named: key/value heads or an
+    MLP the tensor axis does not divide (when the model is called), a layer's
+    axis (when placed), and FSDP over the tensor axis itself."""
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    tokens = jnp.zeros((2, 9), jnp.int32)
+    # 2 key/value heads on 4 devices: whole heads cannot be split 4 ways.
+    model = zoo.shard(zoo.Transformer.llama(32, 9, 16, 4, 1, num_kv_heads=2, d_ff=32,
+                                            key=jr.key(0)), mesh)  # fmt: skip
+    with pytest.raises(ValueError, match="expected num_kv_heads divisible by 4"):
+        eqx.filter_jit(loss)(model, tokens)
+    # An MLP of 6 hidden units: no 4-way split when placed.
+    with pytest.raises(ValueError, match=r"tensor.*\(4 devices\).*shape \(1, 16, 6\)"):
+        zoo.shard(zoo.Transformer(32, 9, 16, 4, 1, d_ff=6, key=jr.key(0)), mesh)
+    with pytest.raises(ValueError, match="axis=.*leave out the mesh axis 'tensor'"):
+        zoo.shard(jnp.ones((8, 8)), mesh, fsdp=True, axis=("data", "tensor"))
+    with pytest.raises(ValueError, match="unknown parallel .heads.*columns"):
+        zoo.Dense(4, 4, parallel="heads", key=jr.key(0))
+
+
 @pytest.mark.slow
 def test_explicit_mesh_gradients():
     """Under a mesh with Explicit axes (sharding in types, `jax.make_mesh`'s
@@ -349,6 +433,23 @@ def test_flash_attention_stays_per_device_under_every_schedule():
         assert len(kernels) >= 2, (ck, kernels)
         for specs in kernels:
             assert all(spec == P("data") for spec in specs[:3]), (ck, specs)
+    # Under tensor parallelism, each device's kernel runs on its heads too.
+    mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    model = zoo.Transformer.llama(
+        16, 8, 8, 2, 1, num_kv_heads=2, attention="flash", key=jr.key(0)
+    )
+    model = zoo.shard(model, mesh)
+    tokens = zoo.shard_batch(jnp.zeros((DEVICES, 8), jnp.int32), mesh)
+    for ck in [None, "dots"]:
+        with pltpu.force_tpu_interpret_mode(True), jax.set_mesh(mesh):
+            jaxpr = eqx.filter_make_jaxpr(eqx.filter_grad(loss))(
+                eqx_remat.set_checkpoint(model, ck), tokens
+            )[0]
+        kernels = [s for s in _shard_map_specs(jaxpr.jaxpr) if len(s) >= 3]
+        assert len(kernels) >= 2, (ck, kernels)
+        for specs in kernels:
+            heads = P("data", None, "tensor")
+            assert all(spec == heads for spec in specs[:3]), (ck, specs)
 
 
 @pytest.mark.slow

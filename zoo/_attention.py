@@ -13,7 +13,7 @@ from jaxtyping import Array
 import eqx_remat.internal
 
 from ._layers import wide
-from ._sharding import _mesh_of
+from ._sharding import TENSOR, _mesh_of, _tensor_size
 
 
 # The attention implementations, by their `Transformer(attention=...)` name.
@@ -76,7 +76,8 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
     tiles of 128, so the sequence is padded at its end (causal attention never
     looks at later positions: the padding changes no real row). On a mesh the
     kernel runs under `jax.shard_map` (XLA cannot partition a Mosaic kernel): each
-    device runs it on the examples it holds.
+    device runs it on the examples it holds, and on its heads where a tensor axis
+    splits them.
     """
     fa = _flash_module()
     seq, heads, head_dim = q.shape
@@ -107,14 +108,13 @@ def _flash_attention(q: Array, k: Array, v: Array) -> Array:
         return _flash_with_costs(fa, q, k, v, 1 / math.sqrt(head_dim), blocks)
 
     if mesh is not None:
-        # Per example, replicated: under `jax.vmap(..., spmd_axis_name=axis)` the
-        # batch axis is split over the mesh axis `axis`.
+        # Per example: under `jax.vmap(..., spmd_axis_name=axis)` the batch axis
+        # is split over the mesh axis `axis`; the heads over a tensor axis.
+        spec = (
+            PartitionSpec(None, TENSOR) if _tensor_size(mesh) > 1 else PartitionSpec()
+        )
         kernel = jax.shard_map(
-            kernel,
-            mesh=mesh,
-            in_specs=PartitionSpec(),
-            out_specs=PartitionSpec(),
-            check_vma=False,
+            kernel, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
         )
     out = kernel(to_kernel(q), to_kernel(k), to_kernel(v))
     return jnp.transpose(out[0], (1, 0, 2))[:seq]

@@ -14,6 +14,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqx_remat.internal import check_int
 
+from ._base import check_choice
+
 
 _T = TypeVar("_T")
 
@@ -21,6 +23,9 @@ _T = TypeVar("_T")
 Norm = Literal["layer", "rms"]
 # Rotary position embedding: the base of its frequencies (Llama's).
 ROPE_BASE = 10000.0
+# How tensor parallelism splits a `Dense` (Megatron-LM's column- and row-parallel
+# linear layers): its output axis, or its input axis.
+Parallel = Literal["columns", "rows"]
 
 
 class Dense(eqx.Module):
@@ -35,6 +40,13 @@ class Dense(eqx.Module):
     against the same model with `(in, out)` weights; with those, and the norms
     of `_apply_norm`, the temp bytes are Flax linen's to the byte).
 
+    `parallel` says how tensor parallelism splits it over a mesh axis named
+    `"tensor"` ([`zoo.shard`][]): `"columns"` splits the output axis (each
+    device computes some of the outputs: the q/k/v projection by heads, the
+    MLP's first matrices), `"rows"` the input axis (each device sums over its
+    share of the inputs, and the partial sums are added across the axis: the
+    output projections), `None` neither.
+
     The parameters stay in their own dtype (JAX's default float type) and are
     cast inside the
     product to the input's dtype, so a low-precision compute dtype never
@@ -43,6 +55,7 @@ class Dense(eqx.Module):
 
     weight: Float[Array, "*layers in out"]
     bias: Float[Array, "*layers out"] | None
+    parallel: Parallel | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -50,6 +63,7 @@ class Dense(eqx.Module):
         out_size: SupportsIndex,
         *,
         use_bias: bool = True,
+        parallel: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -59,6 +73,8 @@ class Dense(eqx.Module):
         - `out_size`: the size of the output's last axis; an int >= 1 (any
           integer type).
         - `use_bias`: whether to add a bias. (Keyword only.)
+        - `parallel`: `"columns"`, `"rows"` or `None` (the default): how
+          tensor parallelism splits it (see above). (Keyword only.)
         - `key`: a `jax.random` key for the initialisation, uniform in
           `±1/sqrt(in_size)` as `equinox.nn.Linear`'s. (Keyword only.)
         """
@@ -70,6 +86,9 @@ class Dense(eqx.Module):
         self.bias = (
             jr.uniform(bkey, (out_size,), minval=-lim, maxval=lim) if use_bias else None
         )
+        if parallel is not None:
+            check_choice("Dense", "parallel", parallel, Parallel)
+        self.parallel = parallel  # pyright: ignore[reportAttributeAccessIssue]
 
     def __call__(self, x: Float[Array, "*rows in"]) -> Float[Array, "*rows out"]:
         """**Arguments:**

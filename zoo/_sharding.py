@@ -1,6 +1,6 @@
-"""Data parallelism and FSDP over a `jax.sharding.Mesh`: where each array lives,
-and the mesh helpers of the models (which mesh an array is on, gathering
-weights sharded over Explicit axes)."""
+"""Data parallelism, FSDP and tensor parallelism over a `jax.sharding.Mesh`:
+where each array lives, and the mesh helpers of the models (which mesh an array
+is on, gathering a layer's weights)."""
 
 import math
 from typing import Any, TypeVar
@@ -12,7 +12,9 @@ import jax.tree_util as jtu
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, PyTree
 
-from eqx_remat.internal import is_array_like
+from eqx_remat.internal import TENSOR_AXIS, is_array_like
+
+from ._layers import Dense
 
 
 _T = TypeVar("_T")
@@ -20,6 +22,60 @@ _T = TypeVar("_T")
 
 Axes = str | tuple[str, ...]
 """One mesh axis, or several taken together (their devices multiplied)."""
+
+# The mesh axis that tensor parallelism splits each `Dense` with `parallel` over
+# (MaxText's `ici_tensor_parallelism`): the one eqx_remat's planner counts.
+TENSOR = TENSOR_AXIS
+
+
+def _tensor_size(mesh: Mesh | AbstractMesh | None) -> int:
+    """The devices of `mesh`'s tensor axis (1: it has none)."""
+    return 1 if mesh is None else dict(mesh.shape).get(TENSOR, 1)
+
+
+def _tensor_dims(m: Dense) -> tuple[int | None, int | None]:
+    """The axes of `m`'s weight and bias that tensor parallelism splits."""
+    if m.parallel == "columns":
+        return -1, -1
+    return (-2, None) if m.parallel == "rows" else (None, None)
+
+
+def _map_dense(f: Any, tree: _T) -> _T:
+    """`tree` with `f(x, dim)` for each array `x`: `dim` the axis tensor
+    parallelism splits (a `Dense`'s), else `None`."""
+
+    def each(m):
+        if not isinstance(m, Dense):
+            return f(m, None)
+        weight, bias = _tensor_dims(m)
+        m = eqx.tree_at(lambda d: d.weight, m, f(m.weight, weight))
+        if m.bias is not None:
+            m = eqx.tree_at(lambda d: d.bias, m, f(m.bias, bias))
+        return m
+
+    return jax.tree.map(each, tree, is_leaf=lambda m: isinstance(m, Dense))
+
+
+def _check_tensor(weight: Array, **sizes: int) -> None:
+    """Under tensor parallelism (`weight`'s mesh has a tensor axis), raise a
+    `ValueError` naming the first of `sizes` (a model's) that its devices do
+    not divide, or the mesh's Explicit axes."""
+    mesh = _mesh_of(weight)
+    n = _tensor_size(mesh)
+    if n > 1 and mesh is not None and _explicit(mesh):
+        raise ValueError(
+            f"zoo.Transformer: tensor parallelism over the mesh axis {TENSOR!r} "
+            "needs a mesh of Auto axes (jax.sharding.AxisType.Auto). Got a mesh "
+            f"with axis types {tuple(mesh.axis_types)}."
+        )
+    for name, size in sizes.items():
+        if n > 1 and size % n:
+            raise ValueError(
+                f"zoo.Transformer: tensor parallelism over the mesh axis "
+                f"{TENSOR!r} ({n} devices) splits the attention by key/value "
+                f"heads and the MLP by its hidden units: expected {name} divisible "
+                f"by {n}. Got {name}={size}."
+            )
 
 
 def _axis_size(fn: str, mesh: Mesh, axis: Axes) -> int:
@@ -48,33 +104,51 @@ def _explicit_mesh(x: ArrayLike) -> Mesh | AbstractMesh | None:
 
 def _gathered(tree: _T) -> _T:
     """`tree` with every array on a mesh of more than one device gathered to
-    replicated: what FSDP does with a layer's weights before using them. On
-    Explicit mesh axes the array is resharded (its type changes); on Auto axes
-    it is constrained to be replicated. Without that constraint XLA's sharding
-    propagation may keep the weights split and gather the activations over the
-    batch instead: the MLP of a Llama block (d_model 4096, MLP 28672) on 256 TPU
-    v5e chips gathered the whole batch's layer inputs, 24 GiB a chip. Off a
-    mesh, and on Auto axes of one device or outside `jax.jit`, and on Manual
-    axes (inside `jax.shard_map`), arrays are returned unchanged."""
+    replicated, but for the axis tensor parallelism splits (a `Dense` with
+    `parallel`, on a mesh with a tensor axis), which stays split over it: what
+    FSDP does with a layer's weights before using them. On Explicit mesh axes
+    the array is resharded (its type changes); on Auto axes it is constrained.
+    Without that constraint XLA's sharding propagation may keep the weights
+    split and gather the activations over the batch instead: the MLP of a
+    Llama block (d_model 4096, MLP 28672) on 256 TPU v5e chips gathered the
+    whole batch's layer inputs, 24 GiB a chip. Off a mesh, and on Auto axes of
+    one device or outside `jax.jit`, and on Manual axes (inside
+    `jax.shard_map`), arrays are returned unchanged."""
 
-    def gather(x):
+    def gather(x, dim):
         if not eqx.is_array(x):
             return x
         sharding = getattr(jax.typeof(x), "sharding", None)
         mesh = getattr(sharding, "mesh", None)
         if mesh is None or not mesh.axis_names:
             return x
-        replicated = NamedSharding(mesh, PartitionSpec())
+        spec: list[str | None] = [None] * x.ndim
+        if dim is not None and _tensor_size(mesh) > 1:
+            spec[dim] = TENSOR
+        kept = NamedSharding(mesh, PartitionSpec(*spec))
         if _explicit(mesh):
-            if all(p is None for p in getattr(sharding, "spec", ())):
+            have = tuple(getattr(sharding, "spec", ()))
+            if have + (None,) * (x.ndim - len(have)) == tuple(spec):
                 return x
-            return jax.sharding.reshard(x, replicated)
+            return jax.sharding.reshard(x, kept)
         auto = all(t == AxisType.Auto for t in mesh.axis_types)
         if auto and math.prod(mesh.axis_sizes) > 1 and isinstance(x, jax.core.Tracer):
-            return jax.lax.with_sharding_constraint(x, replicated)
+            return jax.lax.with_sharding_constraint(x, kept)
         return x  # one device, outside `jax.jit`, or Manual axes (`jax.shard_map`)
 
-    return jax.tree.map(gather, tree)
+    return _map_dense(gather, tree)
+
+
+def _split_features(x: Array, like: Array) -> Array:
+    """`x` with its last axis split over the tensor axis of `like`'s mesh, as
+    MaxText splits its activations' `embed` axis: under tensor parallelism
+    the residual stream between (and saved by) the layers is split, not held
+    whole by every device of the axis; else `x` unchanged."""
+    mesh = _mesh_of(like)
+    if mesh is None or _tensor_size(mesh) <= 1 or not isinstance(x, jax.core.Tracer):
+        return x
+    spec = PartitionSpec(*[None] * (x.ndim - 1), TENSOR)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def _embed(table: Array, tokens: Array) -> Array:
@@ -100,11 +174,13 @@ def _mesh_of(x: Array) -> Mesh | AbstractMesh | None:
     return mesh
 
 
-def _fsdp_dim(shape: tuple[int, ...], n: int) -> int | None:
-    """The largest axis of `shape` divisible by `n` (the first among equals), or
-    `None` if there is none."""
+def _fsdp_dim(shape: tuple[int, ...], n: int, skip: int | None = None) -> int | None:
+    """The largest axis of `shape` but `skip` divisible by `n` (the first among
+    equals), or `None` if there is none."""
     best = None
     for i, size in enumerate(shape):
+        if i == skip:
+            continue
         if size % n == 0 and (best is None or size > shape[best]):
             best = i
     return best
@@ -146,24 +222,44 @@ def _shardings(
       with `fsdp=True`, or a tuple of names (split over all of them together).
       Default `"data"`. (Keyword only.)
 
+    On a mesh with an axis named `"tensor"`, each `zoo.Dense` with `parallel`
+    is split over it too (see [`zoo.shard`][]).
+
     **Returns:**
 
     A pytree with the structure of `tree`: a `jax.sharding.NamedSharding` in place
     of every array, and the other leaves unchanged.
     """
-    n = _axis_size("zoo.shard", mesh, axis)
+    n, t = _axis_size("zoo.shard", mesh, axis), _tensor_size(mesh)
     axis = axis if isinstance(axis, str) else tuple(axis)
+    if fsdp and t > 1 and TENSOR in ((axis,) if isinstance(axis, str) else axis):
+        raise ValueError(
+            f"zoo.shard: expected FSDP's axis={axis!r} to leave out the mesh axis "
+            f"{TENSOR!r}, which tensor parallelism splits the layers over."
+        )
 
-    def leaf_sharding(x):
+    def leaf_sharding(x, tensor_dim):
         if not is_array_like(x):
             return x
-        spec: list[Axes | None] = [None] * len(x.shape)
-        dim = _fsdp_dim(tuple(x.shape), n) if fsdp else None
+        shape = tuple(x.shape)
+        spec: list[Axes | None] = [None] * len(shape)
+        if tensor_dim is not None and t > 1:
+            tensor_dim %= len(shape)
+            if shape[tensor_dim] % t:
+                raise ValueError(
+                    f"zoo.shard: tensor parallelism over the mesh axis {TENSOR!r} "
+                    f"({t} devices) splits axis {tensor_dim} of a Dense layer's "
+                    f"array of shape {shape}: expected its size divisible by {t}."
+                )
+            spec[tensor_dim] = TENSOR
+        else:
+            tensor_dim = None
+        dim = _fsdp_dim(shape, n, tensor_dim) if fsdp else None
         if dim is not None:
             spec[dim] = axis
         return NamedSharding(mesh, PartitionSpec(*spec))
 
-    return jtu.tree_map(leaf_sharding, tree, is_leaf=is_array_like)
+    return _map_dense(leaf_sharding, tree)
 
 
 def shard(
@@ -215,6 +311,21 @@ def shard(
       `"data"` and FSDP over `"fsdp"` is
       `zoo.shard(model, mesh, fsdp=True, axis="fsdp")` with
       `zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))`. (Keyword only.)
+
+    **Tensor parallelism.** On a mesh with an axis named `"tensor"` (MaxText's
+    `ici_tensor_parallelism`), each `zoo.Dense` with `parallel` is split over
+    it as Megatron-LM splits its linear layers: `"columns"` along its output
+    axis (the Transformer's q/k/v projection, by whole key/value heads, its
+    MLP's first matrices and its output head), `"rows"` along its input axis
+    (the attention's and MLP's output projections), and FSDP, with
+    `fsdp=True`, along its largest other axis. Inside each layer the weights
+    are gathered over every axis but `"tensor"`: each device computes its
+    heads and its share of the MLP, and the partial sums of the output
+    projections are added across the axis. The batch is not split over it
+    (`zoo.shard_batch(tokens, mesh, axis=("data", "fsdp"))`). A layer whose
+    split axis the tensor axis does not divide raises a `ValueError`, as does
+    a Transformer whose `num_kv_heads` or `d_ff` it does not divide (when it
+    is called), and an FSDP `axis` that includes `"tensor"`.
 
     **Returns:**
 

@@ -29,7 +29,7 @@ from ._layers import (
     wide,
 )
 from ._loss import cross_entropy
-from ._sharding import _embed, _gathered
+from ._sharding import _check_tensor, _embed, _gathered, _split_features
 
 
 # The position encodings: a learned embedding, or rotary embeddings of q and k.
@@ -75,16 +75,24 @@ class _Block(eqx.Module):
         qkey, okey, ikey, mkey, gkey = jr.split(key, 5)
         qkv_size = (num_heads + 2 * num_kv_heads) * head_dim
         self.attention_norm = _norm(norm, d_model)
-        self.qkv = Dense(d_model, qkv_size, use_bias=use_bias, key=qkey)
-        self.out = Dense(num_heads * head_dim, d_model, use_bias=use_bias, key=okey)
+        self.qkv = Dense(
+            d_model, qkv_size, use_bias=use_bias, parallel="columns", key=qkey
+        )
+        self.out = Dense(
+            num_heads * head_dim, d_model, use_bias=use_bias, parallel="rows", key=okey
+        )
         self.mlp_norm = _norm(norm, d_model)
         self.mlp_gate = (
-            Dense(d_model, d_ff, use_bias=use_bias, key=gkey)
+            Dense(d_model, d_ff, use_bias=use_bias, parallel="columns", key=gkey)
             if mlp == "swiglu"
             else None
         )
-        self.mlp_in = Dense(d_model, d_ff, use_bias=use_bias, key=ikey)
-        self.mlp_out = Dense(d_ff, d_model, use_bias=use_bias, key=mkey)
+        self.mlp_in = Dense(
+            d_model, d_ff, use_bias=use_bias, parallel="columns", key=ikey
+        )
+        self.mlp_out = Dense(
+            d_ff, d_model, use_bias=use_bias, parallel="rows", key=mkey
+        )
         self.dropout = eqx.nn.Dropout(dropout)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -96,9 +104,12 @@ class _Block(eqx.Module):
     def __call__(self, x: Array, key: Array | None = None) -> Array:
         # On a mesh: this layer's weights whole (FSDP gathers one layer at a time),
         # the matrices in the compute dtype.
-        self = _gathered(_dense_in(self, x.dtype))
         seq = x.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        d_ff = self.mlp_in.weight.shape[-1]
+        _check_tensor(self.qkv.weight, num_kv_heads=kv_heads, d_ff=d_ff)
+        x = _split_features(x, self.qkv.weight)
+        self = _gathered(_dense_in(self, x.dtype))
         akey, mkey = (None, None) if key is None else jr.split(key)
         x = checkpoint_name(x, "layer_input")
 
@@ -106,20 +117,17 @@ class _Block(eqx.Module):
         with jax.named_scope("attention"):
             h = _apply_norm(self.attention_norm, x)
             qkv = checkpoint_name(self.qkv(h), "qkv_proj")
-            if kv_heads == heads:
-                q, k, v = jnp.split(qkv.reshape(seq, 3, heads, head_dim), 3, 1)
-                q, k, v = q[:, 0], k[:, 0], v[:, 0]
-            else:
-                q_size, kv_size = heads * head_dim, kv_heads * head_dim
-                q = qkv[:, :q_size].reshape(seq, heads, head_dim)
-                k = qkv[:, q_size : q_size + kv_size].reshape(seq, kv_heads, head_dim)
-                v = qkv[:, q_size + kv_size :].reshape(seq, kv_heads, head_dim)
+            # Per key/value head: its group of query heads, its key, its value.
+            group = heads // kv_heads
+            qkv = qkv.reshape(seq, kv_heads, group + 2, head_dim)
+            q = qkv[:, :, :group].reshape(seq, heads, head_dim)
+            k, v = qkv[:, :, group], qkv[:, :, group + 1]
             if self.position == "rope":
                 q, k = _rope(q), _rope(k)
             context = attend(self.attention, q, k, v).reshape(seq, heads * head_dim)
             context = checkpoint_name(context, "attention_context")
             a = checkpoint_name(self.out(context), "out_proj")
-            x = x + self.dropout(a, key=akey)
+            x = _split_features(x + self.dropout(a, key=akey), self.qkv.weight)
 
         with jax.named_scope("mlp"):
             h = _apply_norm(self.mlp_norm, x)
@@ -131,7 +139,7 @@ class _Block(eqx.Module):
                 hidden = jax.nn.silu(gate) * up
             m = checkpoint_name(self.mlp_out(hidden), "mlp_out")
             x = x + self.dropout(m, key=mkey)
-        return x
+        return _split_features(x, self.qkv.weight)
 
 
 class Transformer(AbstractModel):
@@ -162,7 +170,10 @@ class Transformer(AbstractModel):
       embeddings are computed in at least float32 (float64 for a float64
       model).
     - The queries, keys and values come from one fused `qkv` projection, of size
-      `(num_heads + 2 num_kv_heads) head_dim`.
+      `(num_heads + 2 num_kv_heads) head_dim`, laid out by key/value head: for
+      each, its group of `num_heads / num_kv_heads` query heads, then its key,
+      then its value. Split into equal parts by column, each part holds whole
+      heads: what tensor parallelism splits (see [`zoo.shard`][]).
     - Dropout (`dropout > 0`) is applied to the embeddings and to the output of
       each attention and MLP branch (not to the attention weights). The `key` of
       `__call__` is split into one key per layer, passed to the scan as per-layer
@@ -361,7 +372,9 @@ class Transformer(AbstractModel):
         self.head = (
             None
             if tie_embeddings
-            else Dense(d_model, vocab_size, use_bias=False, key=hkey)
+            else Dense(
+                d_model, vocab_size, use_bias=False, parallel="columns", key=hkey
+            )
         )
         self.vocab_size = vocab_size
         self.max_len = max_len

@@ -26,6 +26,10 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 MESH_AXES = ("data", "fsdp")
 """The axes of a mesh that splits the chips between data parallelism and FSDP."""
 
+TENSOR_AXIS = "tensor"
+"""The mesh axis of tensor parallelism: `zoo.shard` splits the layers' heads
+and hidden units over it, and each chip does its share of every example."""
+
 VALID_TARGETS = (
     'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
     'reports name it), "v5e" (TPU v5e 2x2, 4 chips), "v5e:AxB" (e.g. "v5e:2x4", '
@@ -97,7 +101,12 @@ def at_hand(fn: str, target: Any) -> Any:
     return None
 
 
-def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
+def v5e_mesh(
+    target: str = "v5e",
+    *,
+    fsdp: SupportsIndex | None = None,
+    tensor: SupportsIndex | None = None,
+) -> Mesh:
     """The device mesh that `memory_report(..., target=target)` compiles for.
 
     By default one axis, `"data"`, over all the chips of the slice. Use it to
@@ -111,6 +120,10 @@ def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
     TPU v5e chips of a topology description: nothing can run on them, only
     compile; each mesh is built once.
 
+    With `tensor` too, three axes, `("data", "fsdp", "tensor")`: MaxText's
+    `ici_tensor_parallelism`, the axis `zoo.shard` splits the layers' heads
+    and hidden units over (tensor parallelism).
+
     Of several slices (`"Nxv5e:AxB"`), the `"data"` axis spans them, slice
     after slice, as MaxText's `dcn_data_parallelism` joins slices: FSDP stays
     within a slice, and what crosses the data center network is the data
@@ -121,29 +134,38 @@ def v5e_mesh(target: str = "v5e", *, fsdp: SupportsIndex | None = None) -> Mesh:
     - `target`: `"v5e"` (2x2, 4 chips), `"v5e:AxB"` or `"Nxv5e:AxB"`.
     - `fsdp`: `None` (the default) for one axis; else an int `>= 1` that
       divides a slice's chips: the size of the `"fsdp"` axis. (Keyword only.)
+    - `tensor`: `None` (the default) for no tensor axis; else an int `>= 1`
+      that divides a slice's chips over `fsdp` (1 where `fsdp` is `None`): the
+      size of the `"tensor"` axis. (Keyword only.)
 
     **Returns:**
 
-    A `jax.sharding.Mesh` with axis names `("data",)`, or `("data", "fsdp")`
-    with `fsdp`.
+    A `jax.sharding.Mesh` with axis names `("data",)`, `("data", "fsdp")`
+    with `fsdp`, or `("data", "fsdp", "tensor")` with `tensor`.
 
     **Raises:**
 
-    `ValueError` for an unknown target, or an `fsdp` that is not an int `>= 1`
-    dividing a slice's chips.
+    `ValueError` for an unknown target, or an `fsdp` (times `tensor`) that is
+    not an int `>= 1` dividing a slice's chips.
     """
     name, mesh = v5e_target(target)
-    if fsdp is None:
+    if fsdp is None and tensor is None:
         return mesh
     slices, (a, b) = v5e_slices(name), v5e_shape(name) or (0, 0)
-    n, fsdp = a * b, check_int("v5e_mesh", "fsdp", fsdp, 1)
-    if n % fsdp:
+    n = a * b
+    fsdp = 1 if fsdp is None else check_int("v5e_mesh", "fsdp", fsdp, 1)
+    shape: tuple[int, ...] = (fsdp,)
+    if tensor is not None:
+        shape += (check_int("v5e_mesh", "tensor", tensor, 1),)
+    if n % math.prod(shape):
         each = " of each slice" if slices > 1 else ""
+        got = ", ".join(f"{k}={v}" for k, v in zip(("fsdp", "tensor"), shape))
         raise ValueError(
-            f"v5e_mesh expected fsdp to divide the {n} chips{each} of {name} (one "
-            f"of {divisors(n)[::-1]}). Got fsdp={fsdp}."
+            f"v5e_mesh expected {' x '.join(('fsdp', 'tensor')[: len(shape)])} to "
+            f"divide the {n} chips{each} of {name} (one of {divisors(n)[::-1]}). "
+            f"Got {got}."
         )
-    return slice_mesh(a, b, (slices * n // fsdp, fsdp), slices)
+    return slice_mesh(a, b, (slices * n // math.prod(shape), *shape), slices)
 
 
 def divisors(n: int) -> list[int]:
@@ -186,16 +208,16 @@ def v5e_target(target: Any) -> tuple[str, Mesh]:
 def slice_mesh(
     a: int, b: int, shape: tuple[int, ...] | None = None, slices: int = 1
 ) -> Mesh:
-    """The mesh of `slices` `a`x`b` slices: one axis, `"data"`, or, of `shape`
-    `(data, fsdp)`, two, laid out on each slice's chips by JAX's
-    `create_device_mesh` (as `topologies.make_mesh` does), splitting a
-    physical axis where an axis of `shape` is no product of them (`fsdp=128`
-    of `16x16`: 16 = 2 x 8, as MaxText's `allow_split_physical_axes`), the
-    slices one after another along `"data"` (`create_hybrid_device_mesh`)."""
+    """The mesh of `slices` `a`x`b` slices: one axis, `"data"`, or, of `shape` `(data,
+    fsdp)` or `(data, fsdp, tensor)`, two or three, laid out on each slice's chips
+    by JAX's `create_device_mesh` (as `topologies.make_mesh` does), splitting a
+    physical axis where an axis of `shape` is no product of them (`fsdp=128` of
+    `16x16`: 16 = 2 x 8, as MaxText's `allow_split_physical_axes`), the slices one
+    after another along `"data"` (`create_hybrid_device_mesh`)."""
     from jax.experimental import mesh_utils
 
     devices = list(_topology(a, b, slices).devices)
-    axes = MESH_AXES if shape is not None else ("data",)
+    axes = (*MESH_AXES, TENSOR_AXIS)[: len(shape)] if shape is not None else ("data",)
     shape = shape if shape is not None else (len(devices),)
     # Within a slice: the data axis a slice's share of it.
     each, across = (shape[0] // slices, *shape[1:]), (slices, *[1] * (len(shape) - 1))
@@ -439,7 +461,9 @@ describe_no_slice()
 def share_per_chip(args: tuple, chips: int) -> float:
     """The part of the activations one chip holds: `1 / k` when an argument
     (the batch) is split `k` ways along its first axis, else 1 (everything
-    replicated)."""
+    replicated); and, on a mesh with a tensor axis (`TENSOR_AXIS`) the batch
+    is not split over, that much less again (each example's layers split
+    over it)."""
     ways = 1
     for x in jax.tree.leaves(args):
         sharding = getattr(x, "sharding", None)
@@ -448,6 +472,9 @@ def share_per_chip(args: tuple, chips: int) -> float:
             continue
         first = spec[0]
         axes = (first,) if isinstance(first, str) else tuple(first or ())
-        k = math.prod(sharding.mesh.shape[a] for a in axes)
+        shape = dict(sharding.mesh.shape)
+        k = math.prod(shape[a] for a in axes)
+        if TENSOR_AXIS not in axes:
+            k *= shape.get(TENSOR_AXIS, 1)
         ways = max(ways, k)
     return 1.0 / min(ways, max(chips, 1))
