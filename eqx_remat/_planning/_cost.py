@@ -279,9 +279,7 @@ class CostModel:
             record = self.evidence.records.get(inner)
             if t is not None and record is not None and record.flops > 0:
                 return t.seconds * flops / record.flops
-        if c in self.evidence.records or self.prices is None:
-            return self.roofline(c)
-        none = self.prices.option(None)
+        none = None if self.prices is None else self.prices.option(None)
         added = None if none is None else flops - none.total_flops
         return self._compute(c) + self.sent(c, added)
 
