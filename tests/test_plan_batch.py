@@ -279,12 +279,12 @@ def test_the_roofline_counts_a_micro_batch_loop_once_per_trip():
     is alive one micro-batch at a time (the memory), and written and read
     once per micro-batch (the bytes the roofline charges): 4 times as much."""
     from eqx_remat._inspect._jaxpr import saved_across
-    from eqx_remat._planning.testing import stack_depths
+    from eqx_remat._planning.testing import stacks_of
     from eqx_remat._util import traceable
 
     step = er.accumulate(GRAD, 4)
     args = er.set_checkpoint((MODEL, TOKENS), "dots")
-    depths = frozenset(stack_depths(step, args))
+    depths = frozenset(d for _, d in stacks_of(step, args))
     f, dynamic = traceable(step, args)
     jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
     alive = saved_across(jaxpr, depths)[0]

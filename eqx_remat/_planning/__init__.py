@@ -2,7 +2,7 @@
 The entries (`_api`: `plan`, `roofline_seconds`); the one pricer (`_prices`),
 cost model (`_cost`, over the solver's pieces in `_solve`), loop and race
 (`_loop`); what was learnt (`_evidence`) and the one part with effects
-(`_bench`: compiling, `_compiled`; the cache, `_cache`; it times on
-`eqx_remat._inspect._clock`, the clock the benchmarks use too);
+(`_bench`; the cache, `_cache`; it compiles with `eqx_remat._inspect._compiled`
+and times on `eqx_remat._inspect._clock`, the clock the benchmarks use too);
 the thresholds (`_thresholds`); the report (`_report`); the outer loop over
 ways of running a batch (`_batch`); and the tests' one way in (`testing`)."""

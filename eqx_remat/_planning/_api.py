@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from .._inspect._hardware import roofline_time
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
@@ -18,8 +19,8 @@ from .._schedules._ranges import ranges
 from .._util import parse_bytes, split_args
 from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
-from ._evidence import Evidence
-from ._loop import State, compare, loop, models, solve, traced
+from ._loop import compare, solve
+from ._prices import check_stacks
 from ._report import PlanResult, Progress
 
 
@@ -306,11 +307,16 @@ def roofline_seconds(
         )
     on = Target.of(target, "roofline_seconds")
     c = found[0]
-    parts = [p for _, p in c.parts] if isinstance(c, ranges) else [c]
+    parts = c.parts if isinstance(c, ranges) else ((1, c),)
     with warnings.catch_warnings(), on.placed(split_args(args)[0]).traced():
         warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
         bench = Bench(on, False)
         problem = Problem.of(fn, args, on)
-        model = models(bench, problem, bench.prices(problem))
-        st = loop(bench, problem, model, State(Evidence(2**62)), [traced(parts)])
-        return model(st.evidence).roofline(c)
+        check_stacks(bench.stacks(problem))
+        prices = [bench.price(problem, p) for _, p in parts]
+    hw, s = bench.hardware, problem.share
+    seconds = (
+        n * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
+        for (n, _), p in zip(parts, prices)
+    )
+    return sum(seconds) / sum(n for n, _ in parts)

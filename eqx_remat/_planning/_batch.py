@@ -19,6 +19,7 @@ import jax
 
 from .._accumulate import accumulate, check_split
 from .._inspect._clock import on_one_clock
+from .._inspect._compiled import Compiled
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
 from .._schedules._uniform import recursive
@@ -26,7 +27,6 @@ from .._util import traceable
 from .._validate import check_int
 from ._bench import Bench, Problem
 from ._cache import PlanCache
-from ._compiled import Compiled
 from ._cost import entry
 from ._evidence import Evidence, is_mix
 from ._loop import State, compiled, loop, models, notes, solve, timing, traced

@@ -18,17 +18,17 @@ from .._inspect._clock import (
     time_interleaved,
     warm_up,
 )
+from .._inspect._compiled import Compiled, Program, compile_program
 from .._inspect._memory import unpaid_offload
 from .._inspect._targets import Target, share_per_chip
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
 from . import _cache
 from ._cache import PlanCache, cache_key
-from ._compiled import Compiled, Program, compile_checkpoint
 from ._evidence import Evidence, is_mix
 from ._prices import Prices, price_function
 from ._report import Progress
-from ._solve import Price, price, stack_depths, stacks_of
+from ._solve import Price, price, stacks_of
 from ._thresholds import RACE_ROUNDS, RULED_OUT, TIME_ROUNDS
 
 
@@ -78,6 +78,14 @@ def still_open(
             if j != i
         )
     ]
+
+
+def compile_checkpoint(
+    fn: Callable, args: tuple, c: Planned, target: str | None, *, runnable: bool
+) -> Compiled:
+    """Compile `fn(*args)` with every checkpoint field of `args` set to `c`, for
+    `target`; `runnable`: keep the executable (the device at hand)."""
+    return compile_program(fn, set_checkpoint(args, c), c, target, runnable)
 
 
 class Bench:
@@ -156,21 +164,17 @@ class Bench:
         return None if unpaid is None else unpaid[1]
 
     def stacks(self, problem: Problem) -> list[tuple[str, int]]:
-        """`(path, depth)` of each stack `problem` differentiates, once each,
-        in the order it first runs them."""
+        """`(path, depth)` of each run of a stack `problem` differentiates, in
+        the order it runs them (`stacks_of`, traced once)."""
         return self.cache.get(
             problem.fn,
             problem.k("stacks"),
-            lambda: list(dict(stacks_of(problem.fn, problem.args)).items()),
+            lambda: stacks_of(problem.fn, problem.args),
         )
 
     def price(self, problem: Problem, c: Planned) -> Price:
         """`c` priced by tracing (once)."""
-        depths = self.cache.get(
-            problem.fn,
-            problem.k("depths"),
-            lambda: frozenset(stack_depths(problem.fn, problem.args)),
-        )
+        depths = frozenset(d for _, d in self.stacks(problem))
         return self.cache.get(
             problem.fn,
             problem.k("price", c),

@@ -15,12 +15,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .._inspect._clock import Timing
+from .._inspect._compiled import Compiled
 from .._inspect._hardware import Hardware, collective_time, roofline_time
 from .._inspect._memory import MemoryReport
 from .._schedules._checkpoint import Checkpoint, PerStack, Planned
 from .._schedules._engine import Schedule
 from .._schedules._ranges import ranges
-from ._compiled import Compiled
 from ._evidence import Evidence
 from ._prices import Prices, Stack
 from ._report import FrontierPoint, PlanEntry

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .._inspect._clock import Timing
+from .._inspect._compiled import Compiled
 from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
-from ._compiled import Compiled
 from ._solve import Price
 
 

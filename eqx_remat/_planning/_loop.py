@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .._inspect._clock import on_one_clock
+from .._inspect._compiled import Compiled
 from .._schedules._checkpoint import Planned, checkpoint_name
 from .._util import format_bytes, format_size, format_time
 from ._bench import Bench, Problem
-from ._compiled import Compiled
 from ._cost import (
     CostModel,
     Part,

@@ -29,7 +29,6 @@ from ._solve import (
     Price,
     lower_hull,
     price,
-    stack_depths,
 )
 
 
@@ -114,28 +113,34 @@ def useful(c: Schedule, depth: int) -> bool:
     return depth > 2
 
 
-def price_function(
-    fn: Callable[..., Any],
-    args: tuple,
-    stacks: Sequence[tuple[str, int]],
-    hw: Hardware,
-    share: float,
-    say: Callable[..., None],
-    check: Callable[[Planned], str | None] | None = None,
-) -> Prices:
-    """Trace `fn(*args)`: each of its `stacks` (`(path, depth)`) on each of
-    its per-layer options, every other stack on `"nothing"` (each said, as a
-    detail). With `check` (why `c` does not pay, or `None`), an offloading
-    option on a stack's lower hull that does not pay is dropped, with a note."""
-    say("tracing the function to find its stacks")
-    depths = tuple(stack_depths(fn, args))
-    if not depths:
+def check_stacks(runs: Sequence[tuple[str, int]]) -> None:
+    """A `ValueError` where the function runs no stack (`runs`, as `stacks_of`)."""
+    if not runs:
         raise ValueError(
             "plan expected fn to differentiate the stacks of the modules in "
             "its arguments (pass a gradient or training step, e.g. "
             "eqx.filter_grad(loss)). Got a function whose backward pass runs "
             "no checkpointed stack."
         )
+
+
+def price_function(
+    fn: Callable[..., Any],
+    args: tuple,
+    runs: Sequence[tuple[str, int]],
+    hw: Hardware,
+    share: float,
+    say: Callable[..., None],
+    check: Callable[[Planned], str | None] | None = None,
+) -> Prices:
+    """Trace `fn(*args)`: each of its stacks (`runs`: each run's `(path,
+    depth)`, as `stacks_of`) on each of its per-layer options, every other
+    stack on `"nothing"` (each said, as a detail). With `check` (why `c` does
+    not pay, or `None`), an offloading option on a stack's lower hull that
+    does not pay is dropped, with a note."""
+    say("tracing the function to find its stacks")
+    check_stacks(runs)
+    stacks, depths = list(dict(runs).items()), tuple(d for _, d in runs)
     kinds, several = frozenset(depths), len(stacks) > 1
     per = depths[0] if len(set(depths)) == 1 else 1
     nothing = {p: "nothing" for p, _ in stacks}

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 from .._accumulate import accumulate
+from .._inspect._compiled import Compiled
 from .._inspect._memory import MemoryReport
 from .._schedules._checkpoint import (
     Checkpoint,
@@ -22,7 +23,6 @@ from .._schedules._checkpoint import (
 )
 from .._schedules._ranges import ranges
 from .._util import format_bytes, format_flops, format_size, format_time
-from ._compiled import Compiled
 
 
 class PlanEntry(NamedTuple):

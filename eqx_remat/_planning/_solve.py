@@ -52,13 +52,6 @@ class _Probe(Schedule):
         return 2 * depth
 
 
-def stack_depths(fn: Callable[..., Any], args: tuple) -> list[int]:
-    """The depth of every stack whose `checkpoint` field is in `args` and that
-    `fn` differentiates, in the order `fn` runs them: `fn` is traced once
-    (`jax.eval_shape`), with every `checkpoint` field set to a probe."""
-    return [depth for _, depth in stacks_of(fn, args)]
-
-
 def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
     """`(path, depth)` of every run of a stack whose `checkpoint` field is in
     `args` and that `fn` differentiates, in the order `fn` runs them (`path`:

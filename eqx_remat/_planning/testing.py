@@ -10,15 +10,16 @@ module of the planner (`tests/test_layout.py` checks it). Not part of any
 public API: a name here changes with the planner.
 """
 
+from .._inspect._compiled import Compiled as Compiled
 from ._api import plan_on as plan_on
 from ._bench import (
     Bench as Bench,
     Problem as Problem,
     Timed as Timed,
+    compile_checkpoint as compile_checkpoint,
     still_open as still_open,
 )
 from ._cache import CACHE as CACHE, PlanCache as PlanCache
-from ._compiled import Compiled as Compiled, compile_checkpoint as compile_checkpoint
 from ._cost import (
     CostModel as CostModel,
     Part as Part,
@@ -42,6 +43,6 @@ from ._solve import (
     lower_hull as lower_hull,
     pareto as pareto,
     price as price,
-    stack_depths as stack_depths,
+    stacks_of as stacks_of,
 )
 from ._thresholds import MIX_TRIES as MIX_TRIES, RULED_OUT as RULED_OUT
