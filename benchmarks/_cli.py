@@ -26,8 +26,11 @@ def parse_bytes(text: str) -> int:
 
 
 def _target_type(text: str) -> str:
-    if er.internal.v5e_shape(text) is None:
-        raise ValueError(f"expected v5e or v5e:AxB (e.g. v5e:2x4). Got {text!r}.")
+    if er.internal.slice_shape(text) is None:
+        raise ValueError(
+            "expected a TPU target: v5e, v5e:AxB, v6e:AxB or v5p:AxBxC (e.g. "
+            f"v5e:2x4), or Nx before one. Got {text!r}."
+        )
     try:
         er.v5e_mesh(text)  # a slice libtpu knows, before any work
     except ImportError as e:

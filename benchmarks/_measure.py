@@ -231,7 +231,9 @@ def worker(args: Any, variants: Sequence[Variant]) -> dict:
 
 def compiled_aot(fn: Callable, args: tuple, target: str) -> dict[str, Any]:
     """`fn(*args)` compiled for `target` (`eqx_remat.memory_report`): per-chip
-    memory, FLOPs, collectives, whether it fits a chip's `V5E_HBM`. A program
+    memory, FLOPs, collectives, whether it fits a chip's memory (16 GiB of a
+    v5e: XLA compiles programs a little over its 15.75 GiB limit, by this
+    count). A program
     that does not fit a chip does not compile: XLA says how much memory it
     would need (`eqx_remat.internal.needed_bytes`), kept as `temp_bytes` with
     `fits: False` and `total_bytes: None`. The one compile of every script that
@@ -249,14 +251,15 @@ def compiled_aot(fn: Callable, args: tuple, target: str) -> dict[str, Any]:
             "error": _format.first_line(e),
         }
     fields = _report_fields(report)
-    return fields | {"fits": report.total_bytes <= V5E_HBM, "error": None}
+    hbm = er.internal.hardware(target)[0].memory_bytes
+    return fields | {"fits": report.total_bytes <= hbm, "error": None}
 
 
 def compile_aot(v: Variant, target: str) -> dict[str, Any]:
     """The row of `v` compiled for `target` (`compiled_aot`). `compile_s`
     includes counting the FLOPs, which `memory_report` does too."""
     fn, args = v.build()
-    row = v.row(target=target, device_kind="TPU v5 lite")
+    row = v.row(target=target, device_kind=er.internal.hardware(target)[0].kind)
     row["device_count"] = er.v5e_mesh(target).size
     t0 = time.perf_counter()
     row |= compiled_aot(fn, args, target)

@@ -108,8 +108,12 @@ class Config(NamedTuple):
     # base_num_decoder_layers; head_dim
     base: tuple[int, int, int, int] = (2560, 8, 8192, 16)
     head_dim: int = 256
-    slices: int = 1  # v5e slices, data parallel over the DCN
+    slices: int = 1  # slices, data parallel over the DCN
     tensor: int = 1  # ici_tensor_parallelism; FSDP over the rest of a slice
+    # The published MFU's FLOPs of causal attention: in full (9bc243c's
+    # `calculate_training_tflops`, the v5e table), or half (76bd53b0's on, the
+    # v5p table).
+    causal_half: bool = False
 
     @property
     def target(self) -> str:
@@ -160,6 +164,53 @@ CONFIGS |= {
     for n, runs in MULTISLICE.items()
     for k, mfu, t in runs
 }
+# MaxText's v5p table (MaxText/configs/v5p/README.md, from its first commit,
+# 76bd53b0 of 2023-12-15): (slices, chips of a slice's topology, MFU, TFLOP/s
+# per chip), run with that commit's `configs/v5p/*.sh` and base.yml (the v5e
+# runs' dims): per-device batch 8, 4, 2, 2, 2, 2; remat `minimal`
+# (`checkpoint_dots_with_no_batch_dims`) to 256b, `full` above;
+# `ici_tensor_parallelism` 4, 4, 8, 8, 16, 16, FSDP over the rest of a slice.
+# A v5p-N slice has N / 2 chips: v5p-128 is 4x4x4.
+V5P_SOURCE = (
+    "AI-Hypercomputer/maxtext 76bd53b0 (2023-12-15), MaxText/configs/v5p/"
+    "README.md and v5p/*.sh + base.yml"
+)
+_V5P_TOPOLOGY = {
+    128: "v5p:4x4x4",
+    256: "v5p:4x4x8",
+    512: "v5p:4x8x8",
+    1024: "v5p:8x8x8",
+    2048: "v5p:8x8x16",
+    4096: "v5p:8x16x16",
+}
+V5P = {
+    # name: (scale, batch, remat policy, tensor, runs: (slices, v5p-N, MFU, TFLOP/s))
+    "32b": (32, 8, "minimal", 4, ((1, 128, 0.7147, 328), (2, 128, 0.6943, 319))),
+    "64b": (64, 4, "minimal", 4, ((1, 128, 0.7031, 323), (2, 128, 0.6726, 309))),
+    "128b": (128, 2, "minimal", 8, ((1, 256, 0.6868, 315), (2, 256, 0.6634, 305),
+                                    (1, 512, 0.6883, 316), (2, 512, 0.5966, 274))),
+    "256b": (256, 2, "minimal", 8, ((1, 1024, 0.6709, 308), (2, 1024, 0.6299, 289))),
+    "512b": (512, 2, "full", 16, ((1, 1024, 0.6399, 294), (2, 1024, 0.6145, 282))),
+    "1024b": (1024, 2, "full", 16, ((1, 2048, 0.5535, 254), (2, 2048, 0.5155, 237),
+                                    (1, 4096, 0.6480, 297), (2, 4096, 0.6083, 279))),
+}  # fmt: skip
+_OURS = {"minimal": "dots_no_batch", "full": "nothing"}
+CONFIGS |= {
+    f"v5p-{n}-{cores}" + (f"-{k}x" if k > 1 else ""): Config(
+        scale,
+        batch,
+        mfu,
+        t,
+        remat_policy=policy,
+        checkpoint=_OURS[policy],
+        topology=_V5P_TOPOLOGY[cores],
+        slices=k,
+        tensor=tensor,
+        causal_half=True,
+    )
+    for n, (scale, batch, policy, tensor, runs) in V5P.items()
+    for k, cores, mfu, t in runs
+}
 QUICK = {
     "tiny": Config(
         1, 1, None, None, topology="v5e:2x2", seq=256, vocab=512,
@@ -190,12 +241,15 @@ def maxtext_params(d: Dims, vocab: int) -> int:
     return vocab * d.emb + d.layers * (layer + 32 * d.heads) + d.emb
 
 
-def model_flops(params: int, d: Dims, batch: int, seq: int) -> float:
+def model_flops(
+    params: int, d: Dims, batch: int, seq: int, causal_half: bool = False
+) -> float:
     """Training FLOPs per chip as the published MFU counts them (MaxText's
     `calculate_training_tflops` at 9bc243c): `6 N` per token and causal
-    attention in full, `12 heads layers head_dim seq^2` per sequence."""
+    attention in full, `12 heads layers head_dim seq^2` per sequence; with
+    `causal_half` (at 76bd53b0), half of that attention."""
     attention = 12 * d.heads * d.layers * d.head_dim * seq**2 * batch
-    return 6 * params * seq * batch + attention
+    return 6 * params * seq * batch + attention / (2 if causal_half else 1)
 
 
 class Row(NamedTuple):
@@ -260,7 +314,7 @@ def make(c: Config, checkpoint: er.Checkpoint) -> zoo.Transformer:
 
 
 def describe(c: Config) -> str:
-    d, chips = dims(c), math.prod(er.internal.v5e_shape(c.topology) or (1,))
+    d, chips = dims(c), math.prod(er.internal.slice_shape(c.topology) or (1,))
     return (
         f"d_model {d.emb}, {d.heads} heads of {d.head_dim}, MLP {d.mlp}, "
         f"{d.layers} layers, vocab {c.vocab}, seq {c.seq}, batch "
@@ -304,7 +358,7 @@ def measure(name: str, c: Config, spec: str) -> Row:
     params = sum(x.size for x in leaves)
     hw = hardware(c.topology)[0]
     peak = hw.peak_flops
-    flops = model_flops(params, dims(c), c.per_device_batch, c.seq)
+    flops = model_flops(params, dims(c), c.per_device_batch, c.seq, c.causal_half)
     counted = None if compiled["flops"] is None else compiled["flops"] / mesh.size
     mfu = flops / (roofline * peak)
     sent, network = compiled["collective_bytes"], compiled.get("network_bytes")
@@ -343,14 +397,17 @@ def measure(name: str, c: Config, spec: str) -> Row:
 
 def factor(rows: list[Row]) -> dict[str, Any]:
     """The one figure taken from the comparison: the median of published over
-    predicted MFU on one slice (`None` where nothing published was measured),
-    and how the roofline ranks the runs against how they measured (Spearman;
-    not fitted): with the collectives, over every run and over one slice's."""
+    predicted MFU of the v5e runs on one slice (`None` where nothing published
+    was measured; the factor v5e's estimates are printed with), and how the
+    roofline ranks those runs against how they measured (Spearman; not
+    fitted): with the collectives, over every run (every TPU) and over the
+    runs on one slice."""
     mine = [r for r in rows if r.ratio is not None]
-    one = [r for r in mine if er.internal.v5e_slices(r.target) == 1]
-    ratios = {r.config: r.ratio for r in one}
-    predicted = [r.predicted_mfu for r in one]
-    published = [r.published_mfu for r in one]
+    one = [r for r in mine if er.internal.slice_count(r.target) == 1]
+    v5e = [r for r in one if "v5e" in (r.target or "v5e")]
+    ratios = {r.config: r.ratio for r in v5e}
+    predicted = [r.predicted_mfu for r in v5e]
+    published = [r.published_mfu for r in v5e]
     overlap = {}
     for model in ("serial", "overlapped"):
         est = {r.config: getattr(r, f"{model}_mfu") for r in mine}
@@ -364,7 +421,9 @@ def factor(rows: list[Row]) -> dict[str, Any]:
             "median": mid,
             "most_off": _most_off(list(each.values())),
             "spearman": _targets.spearman(*zip(*pairs)),
-            "one_slice": _targets.spearman([est[r.config] for r in one], published),
+            "one_slice": _targets.spearman(
+                [est[r.config] for r in one], [r.published_mfu for r in one]
+            ),
         }
     return {
         "name": "measured fraction of the roofline: median of published / "
@@ -372,7 +431,7 @@ def factor(rows: list[Row]) -> dict[str, Any]:
         "value": statistics.median(ratios.values()) if ratios else None,
         "ratios": ratios,
         "spearman": _targets.spearman(predicted, published),
-        "source": SOURCE,
+        "source": f"{SOURCE}; TPU v5p: {V5P_SOURCE}",
         "collectives": overlap,
     }
 
@@ -420,7 +479,10 @@ def main(argv: list[str] | None = None) -> dict:
     topology = ", ".join(dict.fromkeys(configs[n].target for n in names))
     data = {
         "meta": _results.meta(
-            args, seconds=time.perf_counter() - t0, target=topology, source=SOURCE
+            args,
+            seconds=time.perf_counter() - t0,
+            target=topology,
+            source=f"{SOURCE}; TPU v5p: {V5P_SOURCE}",
         ),
         "presets": {
             n: {

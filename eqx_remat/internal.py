@@ -34,8 +34,8 @@ from ._inspect._targets import (
     TENSOR_AXIS as TENSOR_AXIS,
     hardware as hardware,
     mesh_splits as mesh_splits,
-    v5e_shape as v5e_shape,
-    v5e_slices as v5e_slices,
+    slice_count as slice_count,
+    slice_shape as slice_shape,
 )
 from ._jax_private import pallas_interpreting as pallas_interpreting
 from ._planning._api import roofline_seconds as roofline_seconds
@@ -77,9 +77,9 @@ __all__ = [
     "paired_ratio",
     "platform_of",
     "roofline_seconds",
+    "slice_count",
+    "slice_shape",
     "time_interleaved",
     "traceable",
-    "v5e_shape",
-    "v5e_slices",
     "with_pallas_costs",
 ]

@@ -139,7 +139,7 @@ def test_seed_claim_run_mode_on_cpu(tmp_path):
         ("run.py", ["--memory-limit", "16XB"], "such as '16GiB'"),
         ("run.py", ["--checkpoint", "every(x)"], "expected an integer"),
         ("run.py", ["--checkpoint", "dot"], "every(k[, policy])"),
-        ("run.py", ["--target", "v6e"], "v5e:AxB"),
+        ("run.py", ["--target", "v7x"], "v5e:AxB"),
         ("run.py", ["--preset", "nope"], "invalid choice"),
         ("run.py", ["--device", "tpu"], "no tpu device"),
         ("seed_claim.py", ["--repeats", "0"], "expected a positive integer"),
@@ -759,7 +759,7 @@ def test_aot_beside_names_the_slice_of_every_chip_count():
     from eqx_remat._inspect._targets import V5E_SLICES
 
     shapes = {
-        n: er.internal.v5e_shape(f"v5e:{s}") for n, s in _measure._TOPOLOGY.items()
+        n: er.internal.slice_shape(f"v5e:{s}") for n, s in _measure._TOPOLOGY.items()
     }
     assert sorted(shapes.values()) == sorted(V5E_SLICES)
     assert all(a * b == n for n, (a, b) in shapes.items())

@@ -927,9 +927,9 @@ def test_v5e_mesh_of_several_slices():
     """`"Nxv5e:AxB"`: N slices, the data axis spanning them slice after slice
     and FSDP within one; a gradient all-reduced over the data axis sends over
     the data center network (`network_bytes`), which one slice never does."""
-    assert er.internal.v5e_slices("2xv5e:2x2") == 2
-    assert er.internal.v5e_slices("v5e:2x2") == 1
-    assert er.internal.v5e_shape("2xv5e:2x4") == (2, 4)
+    assert er.internal.slice_count("2xv5e:2x2") == 2
+    assert er.internal.slice_count("v5e:2x2") == 1
+    assert er.internal.slice_shape("2xv5e:2x4") == (2, 4)
     mesh = er.v5e_mesh("2xv5e:2x2")
     assert dict(mesh.shape) == {"data": 8}
     assert [d.slice_index for d in mesh.devices.flat] == [0] * 4 + [1] * 4
@@ -1082,6 +1082,43 @@ def test_v5e_slice_shapes_are_those_v5e_comes_in(target):
     # libtpu describes a 2x3 slice, which no one can run on.
     with pytest.raises(ValueError, match="comes in slices of 1x1, 2x2, 2x4.*v5e:AxB"):
         er.memory_report(jnp.sin, S((2,), f32), target=target)
+
+
+@pytest.mark.parametrize(
+    "target", ["v5p:2x2", "v5p:3x4x4", "v5p:4x4x6", "v6e:2x3", "v6e:2x2x1"]
+)
+def test_v5p_and_v6e_slice_shapes_are_those_they_come_in(target):
+    with pytest.raises(ValueError, match=r"TPU v(5p|6e) comes in slices of"):
+        er.memory_report(jnp.sin, S((2,), f32), target=target)
+
+
+@needs_libtpu
+@pytest.mark.parametrize(
+    "target, shape, chips, kind",
+    [
+        ("v5p", (2, 2, 1), 4, "TPU v5"),
+        ("v5p:4x4x4", (4, 4, 4), 64, "TPU v5"),
+        ("2xv5p:2x2x2", (2, 2, 2), 16, "TPU v5"),
+        ("v6e:2x4", (2, 4), 8, "TPU v6 lite"),
+    ],
+)
+def test_v5p_and_v6e_targets_compile_for_their_chips(target, shape, chips, kind):
+    """A v5p or v6e target is a slice of that TPU: its chips (a v5p-128 is 64
+    chips: v5p names count TensorCores), their figures and per-chip memory,
+    compiled ahead of time as v5e's are."""
+    assert er.internal.slice_shape(target) == shape
+    mesh = er.v5e_mesh(target)
+    assert mesh.size == chips
+    assert {d.device_kind for d in mesh.devices.flat} == {kind}
+    hw, known = er.internal.hardware(target)
+    assert known and hw.kind == kind
+    assert [dict(m.shape)["fsdp"] for m in er.internal.mesh_splits(target)][0] == (
+        chips // er.internal.slice_count(target)
+    )
+    x = S((chips * 4, 256), f32, sharding=NamedSharding(mesh, P("data")))
+    report = er.memory_report(lambda x: jnp.sin(x).sum(), x, target=target)
+    assert report.target == (target if ":" in target else "v5p:2x2x1")
+    assert report.argument_bytes == 4 * 256 * 4  # one chip's rows
 
 
 @needs_libtpu

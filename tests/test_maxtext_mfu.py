@@ -15,7 +15,11 @@ from benchmarks import maxtext_mfu as mm
 
 # MaxText's "16B" ... "128B": the names are the parameter counts, in billions
 # (then, on several slices, "-2x" ... "-32x").
-@pytest.mark.parametrize("name", list(mm.CONFIGS))
+V5E = [n for n in mm.CONFIGS if not n.startswith("v5p")]
+V5P = [n for n in mm.CONFIGS if n.startswith("v5p")]
+
+
+@pytest.mark.parametrize("name", V5E)
 def test_configs_are_maxtexts_models(name):
     c = mm.CONFIGS[name]
     d = mm.dims(c)
@@ -24,7 +28,7 @@ def test_configs_are_maxtexts_models(name):
     assert abs(billions / int(size[:-1]) - 1) < 0.03, (name, billions)
     assert c.slices == (int(slices[:-1]) if slices else 1)
     assert c.target == (f"{slices}v5e:16x16" if slices else "v5e:16x16")
-    assert er.internal.v5e_slices(c.target) == c.slices
+    assert er.internal.slice_count(c.target) == c.slices
     # The same model on every count of slices; only what was measured differs,
     # and 128b's remat policy on several slices (MaxText's configs/v5e/128b.sh).
     one = mm.CONFIGS[size]
@@ -45,6 +49,31 @@ def test_configs_are_maxtexts_models(name):
     er.parse_checkpoint(c.checkpoint, mm.dims(c).layers)  # a checkpoint
 
 
+@pytest.mark.parametrize("name", V5P)
+def test_v5p_configs_are_maxtexts_v5p_runs(name):
+    """ "v5p-32b-128-2x": MaxText's 32B on 2 slices of v5p-128 (64 chips each:
+    v5p-N names count TensorCores, 2 a chip), as its first v5p table ran them
+    (76bd53b0): the v5e runs' dims, `minimal` remat up to 256B, `full` above,
+    causal attention counted half in the published MFU."""
+    c = mm.CONFIGS[name]
+    _, size, cores, *slices = name.split("-")
+    billions = mm.maxtext_params(mm.dims(c), c.vocab) / 1e9
+    assert abs(billions / int(size[:-1]) - 1) < 0.03, (name, billions)
+    assert c.slices == (int(slices[0][:-1]) if slices else 1)
+    assert er.internal.slice_count(c.target) == c.slices
+    assert math.prod(er.internal.slice_shape(c.topology)) == int(cores) // 2
+    assert c.topology.startswith("v5p:") and c.causal_half
+    assert c.base == mm.CONFIGS["16b"].base and c.head_dim == 256
+    big = int(size[:-1]) > 256
+    assert (c.remat_policy, c.checkpoint) == (
+        ("full", "nothing") if big else ("minimal", "dots_no_batch")
+    )
+    assert c.tensor == {32: 4, 64: 4, 128: 8, 256: 8}.get(int(size[:-1]), 16)
+    # The published TFLOP/s per chip is the MFU of a v5p chip's 459 TFLOP/s.
+    assert abs(c.published_tflops / 459 - c.published_mfu) < 0.005
+    er.parse_checkpoint(c.checkpoint, mm.dims(c).layers)
+
+
 def test_dims_follow_get_individual_scales():
     """log2 of the scale rotates: heads and MLP, then the embedding, then the
     layers (MaxText's pyconfig); 16B is 5120 wide, 32 heads, 32 layers."""
@@ -59,7 +88,11 @@ def test_dims_follow_get_individual_scales():
 def test_model_flops_count_causal_attention_in_full():
     d = mm.Dims(emb=4, heads=2, mlp=8, layers=3, head_dim=5)
     weights = 6 * 100 * 7 * 2  # 6 N per token, 7 tokens, batch 2
-    assert mm.model_flops(100, d, batch=2, seq=7) == weights + 12 * 2 * 3 * 5 * 49 * 2
+    attention = 12 * 2 * 3 * 5 * 49 * 2
+    assert mm.model_flops(100, d, batch=2, seq=7) == weights + attention
+    # From 76bd53b0 (the v5p table), causal attention counted half.
+    half = mm.model_flops(100, d, batch=2, seq=7, causal_half=True)
+    assert half == weights + attention / 2
 
 
 def test_factor_is_the_median_ratio():

@@ -23,7 +23,7 @@ from ._offload import (
     policy_name,
     saving_on_device,
 )
-from ._targets import Target, v5e_slices
+from ._targets import Target, slice_count
 
 
 class ReplicatedArgumentsWarning(UserWarning):
@@ -113,7 +113,8 @@ def memory_report(
     larger than this machine's memory can be measured without allocating it.
 
     `target="v5e"` compiles for a TPU v5e slice with libtpu, without a TPU (the
-    way MaxText's `train_compile.py` does), and reports per-chip memory:
+    way MaxText's `train_compile.py` does; v6e and v5p alike), and reports
+    per-chip memory:
 
     - By default every argument is replicated on every chip. To shard one, pass
       it as a `jax.ShapeDtypeStruct` whose `sharding` is a `NamedSharding` on
@@ -170,9 +171,12 @@ def memory_report(
     - `target`: `None` for the default backend (or its platform name, `"cpu"`,
       `"gpu"` or `"tpu"`, as [`eqx_remat.MemoryReport`][]`.target` names it), `"v5e"`
       for a TPU v5e 2x2 slice (4 chips), `"v5e:AxB"` for another slice shape
-      TPU v5e comes in (1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16), or
-      `"Nxv5e:AxB"` for `N` such slices joined by the data center network
-      (multislice, e.g. `"2xv5e:16x16"`: `network_bytes` says what crosses it).
+      TPU v5e comes in (1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16),
+      `"v6e:AxB"` for TPU v6e (the same shapes), `"v5p:AxBxC"` for TPU v5p
+      (2x2x1, 2x2x2, 2x2x4, 2x4x4, or sides that are multiples of 4: `"v5p:4x4x4"`
+      is a v5p-128, 64 chips), or `"Nx"` before any of them for `N` such slices
+      joined by the data center network (multislice, e.g. `"2xv5e:16x16"`:
+      `network_bytes` says what crosses it).
     - `compiler_options`: XLA options passed to `.compile(...)`.
 
     **Returns:**
@@ -329,7 +333,7 @@ def compiled_report(
             f"its sizes. Got one compiled for {jax.default_backend()}, whose "
             "memory_analysis() is None."
         )
-    sent = collectives(compiled.as_text() or "", v5e_slices(target))
+    sent = collectives(compiled.as_text() or "", slice_count(target))
     return MemoryReport(
         temp_bytes=int(m.temp_size_in_bytes),
         argument_bytes=int(m.argument_size_in_bytes),

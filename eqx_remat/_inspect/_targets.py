@@ -1,7 +1,8 @@
 """Targets: what `memory_report`, `plan` and the benchmarks compile for. The one
-parser of their names (`None`: the default backend, a platform name, or a TPU
-v5e slice, `"v5e"` (2x2) or `"v5e:AxB"`), and `Target`, the value a name is
-normalised to once: its name, its mesh and its chips' figures."""
+parser of their names (`None`: the default backend, a platform name, or TPU
+slices: `"v5e"`, `"v5e:AxB"`, `"v6e:AxB"`, `"v5p:AxBxC"`, `"Nxv5e:AxB"`), and
+`Target`, the value a name is normalised to once: its name, its mesh and its
+chips' figures."""
 
 import contextlib
 import dataclasses
@@ -12,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from typing import Any, SupportsIndex
+from typing import Any, NamedTuple, SupportsIndex
 
 import jax
 from jax.sharding import Mesh
@@ -33,56 +34,94 @@ and hidden units over it, and each chip does its share of every example."""
 VALID_TARGETS = (
     'None (the default backend), its platform name ("cpu", "gpu" or "tpu", as '
     'reports name it), "v5e" (TPU v5e 2x2, 4 chips), "v5e:AxB" (e.g. "v5e:2x4", '
-    '"v5e:4x4") or "Nxv5e:AxB" (N such slices joined by the data center network, '
-    'e.g. "2xv5e:16x16")'
+    '"v5e:4x4"), "v6e:AxB" (TPU v6e, the same shapes), "v5p:AxBxC" (TPU v5p, e.g. '
+    '"v5p:4x4x4", 64 chips), or "Nx" before any of them (N such slices joined by '
+    'the data center network, e.g. "2xv5e:16x16")'
 )
 
-_V5E = re.compile(r"(?:(\d+)x)?v5e(?::(\d+)x(\d+))?")
-
-# The slice shapes TPU v5e comes in (Cloud TPU's "TPU v5e" page: "v5e supports
-# the following 2D slice shapes", with no custom topologies): libtpu describes
-# others too (a 2x3 slice), which no one can run on.
+# The slice shapes TPU v5e and v6e come in (Cloud TPU's "TPU v5e" and "TPU v6e"
+# pages: "supports the following 2D slice shapes", with no custom topologies):
+# libtpu describes others too (a 2x3 slice), which no one can run on.
 V5E_SLICES = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+# TPU v5p's (its Cloud TPU page): 2x2x1 to 2x4x4, then any 3D shape whose sides
+# are multiples of 4 (4x4x4 is a v5p-128: v5p names count TensorCores, 2 a chip).
+_V5P_SMALL = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
 
 
-def v5e_shape(target: Any) -> tuple[int, int] | None:
-    """The slice shape `(A, B)` that a TPU v5e target names: `(2, 2)` for
-    `"v5e"`, `(A, B)` for `"v5e:AxB"` (not checked to be a slice v5e comes in:
-    `V5E_SLICES`); `None` for any other value.
+class Generation(NamedTuple):
+    """A TPU generation a target can name: its chip's `kind` (as a device
+    reports it, the key of its figures in `HARDWARE`), its slice shape's
+    `dims`, the shape of a bare name, and the accelerator type a slice of `n`
+    chips is (`TPU_ACCELERATOR_TYPE`, what libtpu asks of a TPU VM)."""
+
+    kind: str
+    dims: int
+    default: tuple[int, ...]
+    accelerator: str
+
+    def comes_in(self, shape: tuple[int, ...]) -> bool:
+        """Whether the generation comes in slices of `shape`."""
+        if self.dims == 2:
+            return shape in V5E_SLICES
+        return shape in _V5P_SMALL or all(d % 4 == 0 and d > 0 for d in shape)
+
+
+GENERATIONS = {
+    "v5e": Generation("TPU v5 lite", 2, (2, 2), "v5litepod-{n}"),
+    "v6e": Generation("TPU v6 lite", 2, (2, 2), "v6e-{n}"),
+    "v5p": Generation("TPU v5", 3, (2, 2, 1), "v5p-{cores}"),
+}
+
+_TPU = re.compile(r"(?:(\d+)x)?(v5e|v6e|v5p)(?::(\d+(?:x\d+)*))?")
+
+
+def slice_shape(target: Any) -> tuple[int, ...] | None:
+    """The slice shape that a TPU target names: `(2, 2)` for `"v5e"`, `(A, B)`
+    for `"v5e:AxB"` or `"v6e:AxB"`, `(A, B, C)` for `"v5p:AxBxC"` (not checked
+    to be a slice the TPU comes in); `None` for any other value.
 
     ```python
     import eqx_remat
 
-    print(eqx_remat.internal.v5e_shape("v5e:2x4"), eqx_remat.internal.v5e_shape("cpu"))
+    shape = eqx_remat.internal.slice_shape
+    print(shape("v5e:2x4"), shape("v5p:4x4x4"), shape("cpu"))
     ```
 
     ```text
-    (2, 4) None
+    (2, 4) (4, 4, 4) None
     ```
     """
-    parts = _v5e_parts(target)
-    return None if parts is None else parts[1:]
+    parts = _tpu_parts(target)
+    return None if parts is None else parts[2]
 
 
-def v5e_slices(target: Any) -> int:
-    """How many slices a TPU v5e target names: `N` for `"Nxv5e:AxB"`, else 1
-    (any other value too)."""
-    parts = _v5e_parts(target)
+def slice_count(target: Any) -> int:
+    """How many slices a TPU target names: `N` for `"Nxv5e:AxB"` (or any
+    generation's), else 1 (any other value too)."""
+    parts = _tpu_parts(target)
     return 1 if parts is None else parts[0]
 
 
-def _v5e_parts(target: Any) -> tuple[int, int, int] | None:
-    """`(N, A, B)` of `"Nxv5e:AxB"` (`N` 1 and `AxB` 2x2 where left out), or
-    `None` for any value that is not a TPU v5e target's name: the one parser."""
-    match = _V5E.fullmatch(target) if isinstance(target, str) else None
+def _tpu_parts(target: Any) -> tuple[int, str, tuple[int, ...]] | None:
+    """`(N, generation, shape)` of `"NxGEN:AxB[xC]"` (`N` 1 and the shape the
+    generation's default where left out), or `None` for any value that is
+    not a TPU target's name: the one parser."""
+    match = _TPU.fullmatch(target) if isinstance(target, str) else None
     if match is None:
         return None
-    n, a, b = match.groups()
-    return int(n or 1), int(a or 2), int(b or 2)
+    n, gen, shape = match.groups()
+    dims = GENERATIONS[gen].default if shape is None else shape.split("x")
+    return int(n or 1), gen, tuple(map(int, dims))
+
+
+def _name(n: int, gen: str, shape: tuple[int, ...]) -> str:
+    """The canonical name of `n` slices of `shape` (`"v5e:2x2"`, `"2xv5p:4x4x4"`)."""
+    one = f"{gen}:{'x'.join(map(str, shape))}"
+    return one if n == 1 else f"{n}x{one}"
 
 
 TPU_EXTRA_HINT = (
-    "Compiling for TPU v5e ahead of time needs libtpu (no TPU needed). Install "
+    "Compiling for TPU ahead of time needs libtpu (no TPU needed). Install "
     "it with `pip install 'eqx-remat[tpu]'`."
 )
 
@@ -96,7 +135,8 @@ def at_hand(fn: str, target: Any) -> Any:
         raise ValueError(
             f"{fn}(target={target!r}): a platform name must be the default "
             f"backend, here {jax.default_backend()!r}. Use None for it, or "
-            '"v5e" / "v5e:AxB" to compile for TPU v5e without a TPU.'
+            '"v5e" / "v5e:AxB" (or "v6e:AxB", "v5p:AxBxC") to compile for a TPU '
+            "slice without a TPU."
         )
     return None
 
@@ -117,21 +157,23 @@ def v5e_mesh(
     and `ici_fsdp_parallelism` set: the parameters split over `"fsdp"`
     (`zoo.shard(model, mesh, fsdp=True, axis="fsdp")`), the batch over both
     (`zoo.shard_batch(batch, mesh, axis=("data", "fsdp"))`). The devices are
-    TPU v5e chips of a topology description: nothing can run on them, only
-    compile; each mesh is built once.
+    the TPU chips of a topology description (v5e, or the v6e or v5p a target
+    names: the name predates them): nothing can run on them, only compile;
+    each mesh is built once.
 
     With `tensor` too, three axes, `("data", "fsdp", "tensor")`: MaxText's
     `ici_tensor_parallelism`, the axis `zoo.shard` splits the layers' heads
     and hidden units over (tensor parallelism).
 
-    Of several slices (`"Nxv5e:AxB"`), the `"data"` axis spans them, slice
-    after slice, as MaxText's `dcn_data_parallelism` joins slices: FSDP stays
-    within a slice, and what crosses the data center network is the data
-    parallelism's (the gradients' all-reduce).
+    Of several slices (`"Nxv5e:AxB"`, any generation's), the `"data"` axis
+    spans them, slice after slice, as MaxText's `dcn_data_parallelism` joins
+    slices: FSDP stays within a slice, and what crosses the data center
+    network is the data parallelism's (the gradients' all-reduce).
 
     **Arguments:**
 
-    - `target`: `"v5e"` (2x2, 4 chips), `"v5e:AxB"` or `"Nxv5e:AxB"`.
+    - `target`: `"v5e"` (2x2, 4 chips), `"v5e:AxB"`, `"v6e:AxB"`,
+      `"v5p:AxBxC"`, or `"Nx"` before one of them.
     - `fsdp`: `None` (the default) for one axis; else an int `>= 1` that
       divides a slice's chips: the size of the `"fsdp"` axis. (Keyword only.)
     - `tensor`: `None` (the default) for no tensor axis; else an int `>= 1`
@@ -148,11 +190,11 @@ def v5e_mesh(
     `ValueError` for an unknown target, or an `fsdp` (times `tensor`) that is
     not an int `>= 1` dividing a slice's chips.
     """
-    name, mesh = v5e_target(target)
+    name, mesh = tpu_target(target)
     if fsdp is None and tensor is None:
         return mesh
-    slices, (a, b) = v5e_slices(name), v5e_shape(name) or (0, 0)
-    n = a * b
+    slices, gen, dims = _tpu_parts(name) or (1, "v5e", (0,))
+    n = math.prod(dims)
     fsdp = 1 if fsdp is None else check_int("v5e_mesh", "fsdp", fsdp, 1)
     shape: tuple[int, ...] = (fsdp,)
     if tensor is not None:
@@ -165,7 +207,7 @@ def v5e_mesh(
             f"divide the {n} chips{each} of {name} (one of {divisors(n)[::-1]}). "
             f"Got {got}."
         )
-    return slice_mesh(a, b, (slices * n // math.prod(shape), *shape), slices)
+    return slice_mesh(gen, dims, (slices * n // math.prod(shape), *shape), slices)
 
 
 def divisors(n: int) -> list[int]:
@@ -173,26 +215,32 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(n, 0, -1) if n % k == 0]
 
 
-def v5e_target(target: Any) -> tuple[str, Mesh]:
-    """`(name, mesh)` of a TPU v5e target: its canonical name (`"v5e:2x2"`) and
-    the mesh it compiles for; a `ValueError` for another value or a slice
-    shape v5e does not come in, an `ImportError` without libtpu."""
-    shape = v5e_shape(target)
-    if shape is None:
+def tpu_target(target: Any) -> tuple[str, Mesh]:
+    """`(name, mesh)` of a TPU target: its canonical name (`"v5e:2x2"`) and the
+    mesh it compiles for; a `ValueError` for another value or a slice shape
+    the TPU does not come in, an `ImportError` without libtpu."""
+    parts = _tpu_parts(target)
+    if parts is None:
         raise ValueError(
             f"Unknown target {target!r}. It needs to be one of {VALID_TARGETS}."
         )
-    a, b = shape
-    if shape not in V5E_SLICES:
-        slices = ", ".join(f"{a}x{b}" for a, b in V5E_SLICES)
-        raise ValueError(
-            f"Unknown target {target!r}: TPU v5e comes in slices of {slices}. "
-            f"It needs to be one of {VALID_TARGETS}."
+    n, gen, shape = parts
+    g = GENERATIONS[gen]
+    if len(shape) != g.dims or not g.comes_in(shape):
+        sizes = "x".join("ABC"[: g.dims])
+        how = (
+            ", ".join("x".join(map(str, s)) for s in V5E_SLICES)
+            if g.dims == 2
+            else f"{', '.join('x'.join(map(str, s)) for s in _V5P_SMALL)} or "
+            "AxBxC with every side a multiple of 4"
         )
-    n = v5e_slices(target)
+        raise ValueError(
+            f"Unknown target {target!r}: TPU {gen} comes in slices of {how} "
+            f"({gen}:{sizes}). It needs to be one of {VALID_TARGETS}."
+        )
     if n < 1:
         raise ValueError(
-            f"Unknown target {target!r}: N slices of Nxv5e:AxB need N >= 1. "
+            f"Unknown target {target!r}: N slices of Nx{gen} need N >= 1. "
             f"It needs to be one of {VALID_TARGETS}."
         )
     if not installed("libtpu"):
@@ -200,23 +248,26 @@ def v5e_target(target: Any) -> tuple[str, Mesh]:
             f"memory_report(target={target!r}): libtpu is not installed. "
             + TPU_EXTRA_HINT
         )
-    name = f"v5e:{a}x{b}" if n == 1 else f"{n}xv5e:{a}x{b}"
-    return name, slice_mesh(a, b, None, n)
+    return _name(n, gen, shape), slice_mesh(gen, shape, None, n)
 
 
 @functools.lru_cache(maxsize=16)
 def slice_mesh(
-    a: int, b: int, shape: tuple[int, ...] | None = None, slices: int = 1
+    gen: str,
+    dims: tuple[int, ...],
+    shape: tuple[int, ...] | None = None,
+    slices: int = 1,
 ) -> Mesh:
-    """The mesh of `slices` `a`x`b` slices: one axis, `"data"`, or, of `shape` `(data,
-    fsdp)` or `(data, fsdp, tensor)`, two or three, laid out on each slice's chips
-    by JAX's `create_device_mesh` (as `topologies.make_mesh` does), splitting a
-    physical axis where an axis of `shape` is no product of them (`fsdp=128` of
-    `16x16`: 16 = 2 x 8, as MaxText's `allow_split_physical_axes`), the slices one
-    after another along `"data"` (`create_hybrid_device_mesh`)."""
+    """The mesh of `slices` slices of TPU `gen` of shape `dims`: one axis,
+    `"data"`, or, of `shape` `(data, fsdp)` or `(data, fsdp, tensor)`, two or
+    three, laid out on each slice's chips by JAX's `create_device_mesh` (as
+    `topologies.make_mesh` does), splitting a physical axis where an axis of
+    `shape` is no product of them (`fsdp=128` of `16x16`: 16 = 2 x 8, as
+    MaxText's `allow_split_physical_axes`), the slices one after another along
+    `"data"` (`create_hybrid_device_mesh`)."""
     from jax.experimental import mesh_utils
 
-    devices = list(_topology(a, b, slices).devices)
+    devices = list(_topology(gen, dims, slices).devices)
     axes = (*MESH_AXES, TENSOR_AXIS)[: len(shape)] if shape is not None else ("data",)
     shape = shape if shape is not None else (len(devices),)
     # Within a slice: the data axis a slice's share of it.
@@ -238,17 +289,20 @@ def slice_mesh(
 
 
 @functools.lru_cache(maxsize=16)
-def _topology(a: int, b: int, slices: int = 1) -> Any:
+def _topology(gen: str, dims: tuple[int, ...], slices: int = 1) -> Any:
     from jax.experimental import topologies
 
-    # A v5e host holds up to 8 chips (v5litepod-1/4/8 are single hosts); larger
-    # slices are made of 2x2 hosts.
-    per_host = [a, b, 1] if a * b <= 8 else [2, 2, 1]
-    with libtpu_environment(a * b):
+    # A v5e or v6e host holds up to 8 chips (v5litepod-1/4/8 are single hosts),
+    # a v5p host 4; larger slices are made of 2x2 hosts.
+    shape = (*dims, 1)[:3]
+    chips = math.prod(dims)
+    per_host = list(shape) if chips <= (8 if len(dims) == 2 else 4) else [2, 2, 1]
+    name = _name(1, gen, dims)
+    with libtpu_environment(gen, chips):
         try:
             topo = topologies.get_topology_desc(
                 platform="tpu",
-                topology_name=f"v5e:{a}x{b}",
+                topology_name=name,
                 chip_config_name="default",
                 chips_per_host_bounds=per_host,
                 num_slices=slices,
@@ -258,9 +312,9 @@ def _topology(a: int, b: int, slices: int = 1) -> Any:
             if "INVALID_ARGUMENT" not in str(e):
                 raise
             raise ValueError(
-                f"libtpu could not describe a TPU v5e {a}x{b} slice: {e}. Targets "
-                f"need to be one of {VALID_TARGETS}, for a slice shape that TPU "
-                "v5e comes in."
+                f"libtpu could not describe a TPU {name} slice: {e}. Targets "
+                f"need to be one of {VALID_TARGETS}, for a slice shape that the "
+                "TPU comes in."
             ) from e
     return topo
 
@@ -273,7 +327,7 @@ def has_tpu() -> bool:
 
 def describe_no_slice() -> None:
     """On a machine with libtpu installed (the `tpu` extra, for compiling for
-    v5e ahead of time) and no TPU, JAX's first use of a backend loads libtpu to
+    TPU ahead of time) and no TPU, JAX's first use of a backend loads libtpu to
     look for chips. Asked nothing about the slice it runs on, libtpu looks for
     it, finds none and prints errors on stderr ("could not determine TPU
     accelerator type", "unexpected worker hostname", a source location trace)
@@ -303,7 +357,7 @@ SLICE_DEFAULTS = {
 
 
 @contextlib.contextmanager
-def libtpu_environment(chips: int) -> Iterator[None]:
+def libtpu_environment(gen: str, chips: int) -> Iterator[None]:
     """The environment variables libtpu reads when it loads (in
     `get_topology_desc`), set while it loads and restored afterwards: compiling
     for the topology later needs none of them.
@@ -317,7 +371,8 @@ def libtpu_environment(chips: int) -> Iterator[None]:
       (pytest-xdist workers, parallel benchmarks) must not fail: allow several
       loads, for this load only.
     """
-    defaults = {**SLICE_DEFAULTS, "TPU_ACCELERATOR_TYPE": f"v5litepod-{chips}"}
+    kind = GENERATIONS[gen].accelerator.format(n=chips, cores=2 * chips)
+    defaults = {**SLICE_DEFAULTS, "TPU_ACCELERATOR_TYPE": kind}
     values = {k: v for k, v in defaults.items() if k not in os.environ}
     values["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     previous = {k: os.environ.get(k) for k in values}
@@ -339,7 +394,8 @@ class Target:
     (`Target.of(target)`).
 
     - `name`: `None` for the device at hand (the default backend), else a TPU
-      v5e slice, or several, by its canonical name (`"v5e:2x4"`, `"2xv5e:16x16"`).
+      slice, or several, by its canonical name (`"v5e:2x4"`, `"2xv5e:16x16"`,
+      `"v5p:4x4x4"`).
     - `mesh`: the slice's mesh (one axis, `"data"`), `None` for the device at
       hand.
     - `figures`: the chips' [`eqx_remat.internal.Hardware`][] where given (a
@@ -352,12 +408,12 @@ class Target:
 
     @staticmethod
     def of(target: Any, fn: str = "memory_report") -> "Target":
-        """`target` (`None`, a platform name, `"v5e"`, `"v5e:AxB"`) as a
+        """`target` (`None`, a platform name, `"v5e"`, `"v5e:AxB"`, ...) as a
         `Target`; errors name `fn`, the function it was given to."""
         target = at_hand(fn, target)
         if target is None:
             return Target(None)
-        return Target(*v5e_target(target))
+        return Target(*tpu_target(target))
 
     @property
     def label(self) -> str:
@@ -387,7 +443,7 @@ class Target:
         """`mesh_splits` of this target."""
         n = self.chips
         if self.name is not None:  # FSDP within a slice
-            per = n // v5e_slices(self.name)
+            per = n // slice_count(self.name)
             return [v5e_mesh(self.name, fsdp=k) for k in divisors(per)]
         auto = (jax.sharding.AxisType.Auto,) * 2
         return [
@@ -395,18 +451,19 @@ class Target:
         ]
 
     def hardware(self) -> tuple[Hardware, bool]:
-        """`(figures of one chip, known)`: a v5e target's from the table; the
+        """`(figures of one chip, known)`: a TPU target's from the table; the
         device at hand's measured (a CPU) or by its kind (`known` is `False`
         where its kind is not in the table and a platform's are used)."""
         if self.figures is not None:
             return self.figures, True
-        if self.name is not None:
-            return HARDWARE["TPU v5 lite"], True
+        parts = _tpu_parts(self.name)
+        if parts is not None:
+            return HARDWARE[GENERATIONS[parts[1]].kind], True
         return device_hardware()
 
     def traced(self) -> contextlib.AbstractContextManager:
         """A context in which functions are traced (not compiled) for this
-        target: on a v5e target's abstract mesh, so that code asking what it
+        target: on a TPU target's abstract mesh, so that code asking what it
         is traced for (zoo's flash attention) sees the TPU."""
         if self.mesh is None:
             return contextlib.nullcontext()
@@ -417,15 +474,15 @@ def mesh_splits(target: str | None = None) -> list[Mesh]:
     """Every split of `target`'s chips between data parallelism and FSDP, as
     [`eqx_remat.plan`][]`(..., shard=...)` plans them: meshes of axes
     `("data", "fsdp")`, FSDP over every chip first, data parallelism last (of
-    several slices, `"Nxv5e:AxB"`: FSDP over every chip of a slice first, the
-    data axis spanning the slices).
+    several slices, `"Nxv5e:AxB"` or another generation's: FSDP over every
+    chip of a slice first, the data axis spanning the slices).
 
     **Arguments:**
 
     - `target`: `None` for the device at hand (its devices: a CPU's host
       devices, `XLA_FLAGS=--xla_force_host_platform_device_count=8`), or
-      `"v5e"` / `"v5e:AxB"` / `"Nxv5e:AxB"`
-      ([`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`).
+      a TPU target, `"v5e"` / `"v5e:AxB"` / `"v6e:AxB"` / `"v5p:AxBxC"` /
+      `"Nxv5e:AxB"` ([`eqx_remat.v5e_mesh`][]`(target, fsdp=k)`).
 
     ```python
     import eqx_remat
@@ -445,7 +502,8 @@ def mesh_splits(target: str | None = None) -> list[Mesh]:
 
 def hardware(target: str | None) -> tuple[Hardware, bool]:
     """The figures for a [`eqx_remat.memory_report`][] target: `None` (the
-    default backend's first device), its platform name, or `"v5e[:AxB]"`.
+    default backend's first device), its platform name, or a TPU target
+    (`"v5e[:AxB]"`, `"v6e:AxB"`, `"v5p:AxBxC"`).
 
     **Returns:**
 

@@ -78,8 +78,9 @@ def plan(
       lets a program use of a target's chip (15.75 GiB of a v5e's 16 GiB);
       less, where XLA refuses a program and says it holds less.
     - `target`: `None` (the default) or the default backend's name (e.g.
-      `"cpu"`) for the device at hand; `"v5e"` / `"v5e:AxB"` to compile for
-      TPU v5e without a TPU (see [`eqx_remat.memory_report`][]).
+      `"cpu"`) for the device at hand; `"v5e"` / `"v5e:AxB"` (or `"v6e:AxB"`,
+      `"v5p:AxBxC"`) to compile for a TPU slice without a TPU (see
+      [`eqx_remat.memory_report`][]).
     - `candidates`: `None` (the default) to solve; or a non-empty sequence of
       checkpoints to compare, each compiled (and timed, with `measure`).
     - `measure`: `True` to time programs by running them, `False` to take a
