@@ -54,6 +54,7 @@ compute).
 import argparse
 import functools
 import math
+import re
 import statistics
 import time
 from typing import Any, NamedTuple
@@ -404,7 +405,7 @@ def factor(rows: list[Row]) -> dict[str, Any]:
     runs on one slice."""
     mine = [r for r in rows if r.ratio is not None]
     one = [r for r in mine if er.internal.slice_count(r.target) == 1]
-    v5e = [r for r in one if "v5e" in (r.target or "v5e")]
+    v5e = [r for r in one if _tpu(r) == "v5e"]
     ratios = {r.config: r.ratio for r in v5e}
     predicted = [r.predicted_mfu for r in v5e]
     published = [r.published_mfu for r in v5e]
@@ -424,6 +425,18 @@ def factor(rows: list[Row]) -> dict[str, Any]:
             "one_slice": _targets.spearman(
                 [est[r.config] for r in one], [r.published_mfu for r in one]
             ),
+            # Each TPU's runs on their own: their ranking, their spread.
+            "by_tpu": {
+                tpu: {
+                    "runs": len(runs),
+                    "spearman": _targets.spearman(
+                        [est[r.config] for r in runs], [r.published_mfu for r in runs]
+                    ),
+                    "most_off": _most_off([each[r.config] for r in runs]),
+                }
+                for tpu in dict.fromkeys(map(_tpu, mine))
+                for runs in [[r for r in mine if _tpu(r) == tpu]]
+            },
         }
     return {
         "name": "measured fraction of the roofline: median of published / "
@@ -434,6 +447,12 @@ def factor(rows: list[Row]) -> dict[str, Any]:
         "source": f"{SOURCE}; TPU v5p: {V5P_SOURCE}",
         "collectives": overlap,
     }
+
+
+def _tpu(r: Row) -> str:
+    """The TPU generation `r` was compiled for (`"v5e"` where none is named)."""
+    found = re.search(r"v\d[a-z]", r.target or "")
+    return "v5e" if found is None else found.group(0)
 
 
 def _most_off(ratios: list[float]) -> float | None:

@@ -18,7 +18,8 @@ from benchmarks import _format, _results
 
 def provenance(data: dict) -> str:
     m = data["meta"]
-    aot = "v5e" in str(m.get("target") or "")  # "v5e:AxB", "Nxv5e:AxB"
+    # "v5e:AxB", "Nxv5e:AxB", "v5p:AxBxC", ...: compiled ahead of time
+    aot = any(tpu in str(m.get("target") or "") for tpu in ("v5e", "v5p", "v6e"))
     target = f", compiled for TPU {m['target']}, not run" if aot else ""
     return (
         f"`{m['command']}` — {m['device']}{target}, {m['cpu_count']}-core host, "

@@ -131,6 +131,14 @@ def test_each_model_of_overlap_is_held_against_the_runs_unfitted():
     assert f["collectives"]["overlapped"]["one_slice"] is None  # too few to rank
     assert f["collectives"]["overlapped"]["spearman"] == pytest.approx(1.0)
     assert list(f["ratios"]) == ["a", "b"]
+    # Each TPU's runs are ranked on their own too; v5e's factor is v5e's alone.
+    rows[0] = rows[0]._replace(target="v5p:4x4x4")
+    f = mm.factor(rows)
+    by = f["collectives"]["serial"]["by_tpu"]
+    assert {k: v["runs"] for k, v in by.items()} == {"v5p": 1, "v5e": 2}
+    assert by["v5e"]["most_off"] == pytest.approx(0.1 / 0.9)  # 1.0, 0.8: median 0.9
+    assert by["v5p"]["spearman"] is None  # one run: nothing to rank
+    assert list(f["ratios"]) == ["b"]
 
 
 @needs_libtpu
