@@ -54,7 +54,6 @@ compute).
 import argparse
 import functools
 import math
-import re
 import statistics
 import time
 from typing import Any, NamedTuple
@@ -176,6 +175,7 @@ V5P_SOURCE = (
     "AI-Hypercomputer/maxtext 76bd53b0 (2023-12-15), MaxText/configs/v5p/"
     "README.md and v5p/*.sh + base.yml"
 )
+SOURCES = f"{SOURCE}; TPU v5p: {V5P_SOURCE}"
 _V5P_TOPOLOGY = {
     128: "v5p:4x4x4",
     256: "v5p:4x4x8",
@@ -427,15 +427,8 @@ def factor(rows: list[Row]) -> dict[str, Any]:
             ),
             # Each TPU's runs on their own: their ranking, their spread.
             "by_tpu": {
-                tpu: {
-                    "runs": len(runs),
-                    "spearman": _targets.spearman(
-                        [est[r.config] for r in runs], [r.published_mfu for r in runs]
-                    ),
-                    "most_off": _most_off([each[r.config] for r in runs]),
-                }
+                tpu: _held([r for r in mine if _tpu(r) == tpu], est, each)
                 for tpu in dict.fromkeys(map(_tpu, mine))
-                for runs in [[r for r in mine if _tpu(r) == tpu]]
             },
         }
     return {
@@ -444,15 +437,26 @@ def factor(rows: list[Row]) -> dict[str, Any]:
         "value": statistics.median(ratios.values()) if ratios else None,
         "ratios": ratios,
         "spearman": _targets.spearman(predicted, published),
-        "source": f"{SOURCE}; TPU v5p: {V5P_SOURCE}",
+        "source": SOURCES,
         "collectives": overlap,
     }
 
 
 def _tpu(r: Row) -> str:
     """The TPU generation `r` was compiled for (`"v5e"` where none is named)."""
-    found = re.search(r"v\d[a-z]", r.target or "")
-    return "v5e" if found is None else found.group(0)
+    return er.internal.slice_generation(r.target) or "v5e"
+
+
+def _held(runs: list[Row], est: dict[str, float], each: dict[str, float]) -> dict:
+    """How an overlap model's estimates `est` (and published over them,
+    `each`) hold against `runs`: how many, their ranking, their spread."""
+    return {
+        "runs": len(runs),
+        "spearman": _targets.spearman(
+            [est[r.config] for r in runs], [r.published_mfu for r in runs]
+        ),
+        "most_off": _most_off([each[r.config] for r in runs]),
+    }
 
 
 def _most_off(ratios: list[float]) -> float | None:
@@ -501,7 +505,7 @@ def main(argv: list[str] | None = None) -> dict:
             args,
             seconds=time.perf_counter() - t0,
             target=topology,
-            source=f"{SOURCE}; TPU v5p: {V5P_SOURCE}",
+            source=SOURCES,
         ),
         "presets": {
             n: {

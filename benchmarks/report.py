@@ -13,13 +13,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import eqx_remat as er
 from benchmarks import _format, _results
 
 
 def provenance(data: dict) -> str:
     m = data["meta"]
-    # "v5e:AxB", "Nxv5e:AxB", "v5p:AxBxC", ...: compiled ahead of time
-    aot = any(tpu in str(m.get("target") or "") for tpu in ("v5e", "v5p", "v6e"))
+    # TPU targets ("v5e:16x16, 2xv5p:4x4x4", "v5e (each config's slice)"):
+    # compiled ahead of time
+    words = str(m.get("target") or "").replace(",", " ").split()
+    aot = any(er.internal.slice_generation(w) for w in words)
     target = f", compiled for TPU {m['target']}, not run" if aot else ""
     return (
         f"`{m['command']}` — {m['device']}{target}, {m['cpu_count']}-core host, "

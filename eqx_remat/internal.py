@@ -35,6 +35,7 @@ from ._inspect._targets import (
     hardware as hardware,
     mesh_splits as mesh_splits,
     slice_count as slice_count,
+    slice_generation as slice_generation,
     slice_shape as slice_shape,
 )
 from ._jax_private import pallas_interpreting as pallas_interpreting
@@ -78,6 +79,7 @@ __all__ = [
     "platform_of",
     "roofline_seconds",
     "slice_count",
+    "slice_generation",
     "slice_shape",
     "time_interleaved",
     "traceable",

@@ -1092,6 +1092,16 @@ def test_v5p_and_v6e_slice_shapes_are_those_they_come_in(target):
         er.memory_report(jnp.sin, S((2,), f32), target=target)
 
 
+def test_a_targets_generation_is_read_by_the_one_parser():
+    generation = er.internal.slice_generation
+    assert [generation(t) for t in ("v5e", "2xv5p:4x4x4", "v6e:2x4")] == [
+        "v5e",
+        "v5p",
+        "v6e",
+    ]
+    assert generation("cpu") is None and generation("v7x:2x2") is None
+
+
 @needs_libtpu
 @pytest.mark.parametrize(
     "target, shape, chips, kind",

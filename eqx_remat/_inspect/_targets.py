@@ -51,25 +51,38 @@ _V5P_SMALL = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
 class Generation(NamedTuple):
     """A TPU generation a target can name: its chip's `kind` (as a device
     reports it, the key of its figures in `HARDWARE`), its slice shape's
-    `dims`, the shape of a bare name, and the accelerator type a slice of `n`
-    chips is (`TPU_ACCELERATOR_TYPE`, what libtpu asks of a TPU VM)."""
+    `dims`, the shape of a bare name, the accelerator type a slice of `n`
+    chips is (`TPU_ACCELERATOR_TYPE`, what libtpu asks of a TPU VM), and the
+    most chips one host holds (larger slices are made of 2x2 hosts)."""
 
     kind: str
     dims: int
     default: tuple[int, ...]
     accelerator: str
+    host_chips: int
 
     def comes_in(self, shape: tuple[int, ...]) -> bool:
         """Whether the generation comes in slices of `shape`."""
+        if len(shape) != self.dims:
+            return False
         if self.dims == 2:
             return shape in V5E_SLICES
         return shape in _V5P_SMALL or all(d % 4 == 0 and d > 0 for d in shape)
 
+    def shapes(self) -> str:
+        """The slice shapes it comes in, in words (`comes_in`)."""
+        if self.dims == 2:
+            return ", ".join("x".join(map(str, s)) for s in V5E_SLICES)
+        small = ", ".join("x".join(map(str, s)) for s in _V5P_SMALL)
+        return f"{small} or AxBxC with every side a multiple of 4"
+
 
 GENERATIONS = {
-    "v5e": Generation("TPU v5 lite", 2, (2, 2), "v5litepod-{n}"),
-    "v6e": Generation("TPU v6 lite", 2, (2, 2), "v6e-{n}"),
-    "v5p": Generation("TPU v5", 3, (2, 2, 1), "v5p-{cores}"),
+    # A v5e or v6e host holds up to 8 chips (v5litepod-1/4/8 are single
+    # hosts), a v5p host 4.
+    "v5e": Generation("TPU v5 lite", 2, (2, 2), "v5litepod-{n}", 8),
+    "v6e": Generation("TPU v6 lite", 2, (2, 2), "v6e-{n}", 8),
+    "v5p": Generation("TPU v5", 3, (2, 2, 1), "v5p-{cores}", 4),
 }
 
 _TPU = re.compile(r"(?:(\d+)x)?(v5e|v6e|v5p)(?::(\d+(?:x\d+)*))?")
@@ -93,6 +106,13 @@ def slice_shape(target: Any) -> tuple[int, ...] | None:
     """
     parts = _tpu_parts(target)
     return None if parts is None else parts[2]
+
+
+def slice_generation(target: Any) -> str | None:
+    """The TPU generation a target names (`"v5e"`, `"v6e"` or `"v5p"`), or
+    `None` for any other value."""
+    parts = _tpu_parts(target)
+    return None if parts is None else parts[1]
 
 
 def slice_count(target: Any) -> int:
@@ -193,7 +213,9 @@ def v5e_mesh(
     name, mesh = tpu_target(target)
     if fsdp is None and tensor is None:
         return mesh
-    slices, gen, dims = _tpu_parts(name) or (1, "v5e", (0,))
+    parts = _tpu_parts(name)
+    assert parts is not None  # `name` is canonical
+    slices, gen, dims = parts
     n = math.prod(dims)
     fsdp = 1 if fsdp is None else check_int("v5e_mesh", "fsdp", fsdp, 1)
     shape: tuple[int, ...] = (fsdp,)
@@ -226,17 +248,11 @@ def tpu_target(target: Any) -> tuple[str, Mesh]:
         )
     n, gen, shape = parts
     g = GENERATIONS[gen]
-    if len(shape) != g.dims or not g.comes_in(shape):
+    if not g.comes_in(shape):
         sizes = "x".join("ABC"[: g.dims])
-        how = (
-            ", ".join("x".join(map(str, s)) for s in V5E_SLICES)
-            if g.dims == 2
-            else f"{', '.join('x'.join(map(str, s)) for s in _V5P_SMALL)} or "
-            "AxBxC with every side a multiple of 4"
-        )
         raise ValueError(
-            f"Unknown target {target!r}: TPU {gen} comes in slices of {how} "
-            f"({gen}:{sizes}). It needs to be one of {VALID_TARGETS}."
+            f"Unknown target {target!r}: TPU {gen} comes in slices of "
+            f"{g.shapes()} ({gen}:{sizes}). It needs to be one of {VALID_TARGETS}."
         )
     if n < 1:
         raise ValueError(
@@ -292,11 +308,9 @@ def slice_mesh(
 def _topology(gen: str, dims: tuple[int, ...], slices: int = 1) -> Any:
     from jax.experimental import topologies
 
-    # A v5e or v6e host holds up to 8 chips (v5litepod-1/4/8 are single hosts),
-    # a v5p host 4; larger slices are made of 2x2 hosts.
     shape = (*dims, 1)[:3]
     chips = math.prod(dims)
-    per_host = list(shape) if chips <= (8 if len(dims) == 2 else 4) else [2, 2, 1]
+    per_host = list(shape) if chips <= GENERATIONS[gen].host_chips else [2, 2, 1]
     name = _name(1, gen, dims)
     with libtpu_environment(gen, chips):
         try:
