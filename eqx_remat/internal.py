@@ -39,7 +39,7 @@ from ._inspect._targets import (
     slice_shape as slice_shape,
 )
 from ._jax_private import pallas_interpreting as pallas_interpreting
-from ._planning._api import roofline_seconds as roofline_seconds
+from ._roofline import roofline_seconds as roofline_seconds
 from ._schedules._checkpoint import (
     check_checkpoint as check_checkpoint,
     map_loss_chunk_sizes as map_loss_chunk_sizes,

@@ -47,6 +47,7 @@ LAYERS = (
     ("_policies",),  # policy values and how one is applied to a layer
     ("_schedules",),  # the engine, the checkpoint value, the schedules
     ("_accumulate", "_combinators", "_stacked"),  # the stack and batch combinators
+    ("_roofline",),  # a function's price by tracing, and its roofline time
     ("_planning",),  # plan: its pricer, cost model, loop, bench and report
     ("__init__", "internal"),  # the namespaces
 )

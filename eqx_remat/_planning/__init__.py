@@ -1,5 +1,6 @@
 """Planning: pick the checkpoint that fits a memory budget at the least cost.
-The entries (`_api`: `plan`, `roofline_seconds`); the one pricer (`_prices`),
+The entries (`_api`: `plan`); the one pricer (`_prices`, over
+`eqx_remat._roofline`'s tracing),
 cost model (`_cost`, over the solver's pieces in `_solve`), loop and race
 (`_loop`); what was learnt (`_evidence`) and the one part with effects
 (`_bench`; the cache, `_cache`; it compiles with `eqx_remat._inspect._compiled`

@@ -1,6 +1,6 @@
 """The planner's public entries: `eqx_remat.plan`, which checks its arguments,
 then solves one function (`_loop.solve`), compares candidates (`_loop.compare`)
-or solves a global batch's ways of running it (`_batch`); `roofline_seconds`."""
+or solves a global batch's ways of running it (`_batch`)."""
 
 import dataclasses
 import warnings
@@ -11,16 +11,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from .._inspect._hardware import roofline_time
 from .._inspect._memory import ReplicatedArgumentsWarning, warn_replicated
 from .._inspect._targets import Target
 from .._schedules._checkpoint import Checkpoint, check_checkpoint, map_checkpoints
-from .._schedules._ranges import ranges
 from .._util import parse_bytes, split_args
 from ._batch import batch_ways, plan_batches, warn_if_chunks_do_nothing
 from ._bench import Bench, Problem
 from ._loop import compare, solve
-from ._prices import check_stacks
 from ._report import PlanResult, Progress
 
 
@@ -285,39 +282,3 @@ def _measuring(measure: Any, target: str | None) -> bool:
             "answer on every process) or False."
         )
     return bool(measure)
-
-
-def roofline_seconds(
-    fn: Callable[..., Any], *args: Any, target: str | None = None
-) -> float:
-    """The roofline's estimate of one step of `fn(*args)` on one chip of
-    `target`, under the checkpoint that `args`' checkpoint fields hold now:
-    the function's FLOPs at the chip's peak, the bytes it moves through
-    device memory at its bandwidth, and what it offloads over the host link
-    ([`eqx_remat.plan`][]'s cost where it cannot time). A `ranges` mix is its
-    parts' estimates, each per layer, weighted by their layers. On the CPU
-    the figures are this CPU's, measured once.
-
-    **Raises:** `ValueError` as [`eqx_remat.plan`][] for arguments without a
-    `checkpoint` field or a function that differentiates no stack."""
-    found = map_checkpoints(args, lambda c: c)[1]
-    if not found:
-        raise ValueError(
-            "roofline_seconds expected arguments containing an eqx.Module with a "
-            "`checkpoint` field. Got none."
-        )
-    on = Target.of(target, "roofline_seconds")
-    c = found[0]
-    parts = c.parts if isinstance(c, ranges) else ((1, c),)
-    with warnings.catch_warnings(), on.placed(split_args(args)[0]).traced():
-        warnings.simplefilter("ignore", ReplicatedArgumentsWarning)
-        bench = Bench(on, False)
-        problem = Problem.of(fn, args, on)
-        check_stacks(bench.stacks(problem))
-        prices = [bench.price(problem, p) for _, p in parts]
-    hw, s = bench.hardware, problem.share
-    seconds = (
-        n * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
-        for (n, _), p in zip(parts, prices)
-    )
-    return sum(seconds) / sum(n for n, _ in parts)

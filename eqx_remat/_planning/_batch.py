@@ -18,7 +18,6 @@ from typing import Any, NamedTuple, SupportsIndex
 import jax
 
 from .._accumulate import accumulate, check_split
-from .._inspect._clock import on_one_clock
 from .._inspect._compiled import Compiled
 from .._inspect._memory import user_stacklevel
 from .._schedules._checkpoint import Planned, checkpoint_name, map_loss_chunk_sizes
@@ -399,9 +398,9 @@ def _race_bests(
             bench.program(b.way.problem, b.evidence.records[b.checkpoint]) for b in run
         ],
         left,
+        (0, run[0].time_s),
     )
     assert timings is not None  # raced: `go`
-    timings = on_one_clock(timings, 0, run[0].time_s, by="faster_half")
     i = min(range(len(run)), key=lambda i: timings[i].seconds)
     bench.say(
         "raced the bests of "

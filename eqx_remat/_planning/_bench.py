@@ -21,6 +21,7 @@ from .._inspect._clock import (
 from .._inspect._compiled import Compiled, Program, compile_program
 from .._inspect._memory import unpaid_offload
 from .._inspect._targets import Target, share_per_chip
+from .._roofline import Price, price, stacks_of
 from .._schedules._checkpoint import Planned, set_checkpoint
 from .._util import split_args
 from . import _cache
@@ -28,7 +29,6 @@ from ._cache import PlanCache, cache_key
 from ._evidence import Evidence, is_mix
 from ._prices import Prices, price_function
 from ._report import Progress
-from ._solve import Price, price, stacks_of
 from ._thresholds import RACE_ROUNDS, RULED_OUT, TIME_ROUNDS
 
 
@@ -312,12 +312,14 @@ class Bench:
         what: Any,
         programs: Callable[[], Sequence[Program]],
         seconds: float,
+        pivot: tuple[int, float],
         go: bool = True,
     ) -> tuple[tuple[Timing, ...] | None, float]:
         """`(timings, seconds taken)`: the `programs()` round-robin after a
-        warm-up, 2 to `RACE_ROUNDS` rounds, as many as fit in `seconds`; an
-        earlier race of the same programs (`what`) from the cache; `None` where
-        there is none and not `go`."""
+        warm-up, 2 to `RACE_ROUNDS` rounds, as many as fit in `seconds`, on the
+        clock of `pivot` (`(i, seconds)`: program `i`'s step time, by the
+        faster halves); an earlier race of the same programs (`what`) from the
+        cache; `None` where there is none and not `go`."""
         key = problem.k("race", what)
         if not go and not self.cache.has(problem.fn, key):
             return None, 0.0
@@ -333,6 +335,7 @@ class Bench:
             )
 
         timings = self.cache.get(problem.fn, key, measure)
+        timings = tuple(on_one_clock(timings, *pivot, by="faster_half"))
         return timings, time.perf_counter() - start
 
     def keep(self, problem: Problem, timings: dict[Planned, Timing]) -> None:

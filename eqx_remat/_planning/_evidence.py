@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 from .._inspect._clock import Timing
 from .._inspect._compiled import Compiled
+from .._roofline import Price
 from .._schedules._checkpoint import PerStack, Planned
 from .._schedules._ranges import ranges
-from ._solve import Price
 
 
 class Raced(NamedTuple):

@@ -10,7 +10,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .._inspect._clock import on_one_clock
 from .._inspect._compiled import Compiled
 from .._schedules._checkpoint import Planned, checkpoint_name
 from .._util import format_bytes, format_size, format_time
@@ -165,10 +164,8 @@ def _raced(bench: Bench, problem: Problem, ev: Evidence, request: Race) -> Evide
     """`ev` with the race of `request.run`, on the clock of `run[1]`'s timing."""
     run = request.run
     programs = lambda: [bench.program(problem, ev.records[c]) for c in run]
-    timings, took = bench.race(problem, run, programs, ev.left_s, request.go)
-    if timings is not None:
-        pivot = ev.timings[run[1]].seconds
-        timings = tuple(on_one_clock(timings, 1, pivot, by="faster_half"))
+    pivot = (1, ev.timings[run[1]].seconds)
+    timings, took = bench.race(problem, run, programs, ev.left_s, pivot, request.go)
     out = ev.raced(Raced(run, timings), took)
     bench.keep(problem, {c: t for c, t in out.timings.items() if c in run})
     how = "raced the pick"

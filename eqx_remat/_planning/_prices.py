@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from .._inspect._flops import count_flops
 from .._inspect._hardware import Hardware, roofline_time
 from .._policies._values import offload_names, save_names
+from .._roofline import Price, check_stacks, price
 from .._schedules._binomial import binomial
 from .._schedules._checkpoint import (
     Checkpoint,
@@ -24,12 +25,7 @@ from .._schedules._checkpoint import (
 from .._schedules._engine import Schedule
 from .._schedules._uniform import every, nested, recursive
 from .._util import format_flops, format_size
-from ._solve import (
-    Option,
-    Price,
-    lower_hull,
-    price,
-)
+from ._solve import Option, lower_hull
 
 
 DEFAULT_CANDIDATES: tuple[Checkpoint, ...] = (
@@ -111,17 +107,6 @@ def useful(c: Schedule, depth: int) -> bool:
     if isinstance(c, nested):
         return 2**c.levels <= depth
     return depth > 2
-
-
-def check_stacks(runs: Sequence[tuple[str, int]]) -> None:
-    """A `ValueError` where the function runs no stack (`runs`, as `stacks_of`)."""
-    if not runs:
-        raise ValueError(
-            "plan expected fn to differentiate the stacks of the modules in "
-            "its arguments (pass a gradient or training step, e.g. "
-            "eqx.filter_grad(loss)). Got a function whose backward pass runs "
-            "no checkpointed stack."
-        )
 
 
 def price_function(

@@ -1,80 +1,16 @@
-"""The solver's pieces: what tracing tells of a function (its stacks, and the
-`Price` of a checkpoint: the bytes it keeps and moves, its FLOPs and tags), the
-roofline, and a stack's best two-option mix at a budget. Memory and cost of a
-mix are a base plus a per-layer term per range, so the optimum mixes two
-neighbours on the lower convex hull of `(bytes, time)` (why, and how whole
-layers are chosen: the tutorial *Fit a model in a budget*, step 3)."""
+"""The solver's pieces: a checkpoint priced per layer (`Option`), the lower
+convex hull and Pareto front of options, and a stack's best two-option mix at
+a budget. Memory and cost of a mix are a base plus a per-layer term per range,
+so the optimum mixes two neighbours on the lower convex hull of `(bytes,
+time)` (why, and how whole layers are chosen: the tutorial *Fit a model in a
+budget*, step 3)."""
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-import jax
 import numpy as np
 
-from .._combinators import stacking_lists
-from .._inspect._flops import count_flops
-from .._inspect._hardware import bytes_moved
-from .._inspect._jaxpr import checkpoint_names, saved_across
-from .._schedules._checkpoint import (
-    Checkpoint,
-    Planned,
-    checkpoint_paths,
-    copies,
-    part_paths,
-    set_checkpoint,
-)
-from .._schedules._engine import Layers, Schedule
-from .._util import traceable
-
-
-# --- the stacks ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Probe(Schedule):
-    """A schedule that records the depth of every stack it checkpoints (its
-    forward pass runs when a differentiated function is traced) and then
-    differentiates the stack as one segment. Compared by identity of `seen`."""
-
-    seen: list = dataclasses.field(compare=False, hash=False)
-    policy: Any = None
-    path: str = ""
-
-    def forward(self, layers: Layers, carry: Any) -> tuple[Any, Any]:
-        self.seen.append((self.path, layers.depth))
-        return layers.run(carry, 0, layers.depth), carry
-
-    def backward(self, layers: Layers, saved: Any, cts: Any) -> Any:
-        return layers.reverse_segment(0, layers.depth, saved, cts)
-
-    def evaluations(self, depth: int) -> int:
-        return 2 * depth
-
-
-def stacks_of(fn: Callable[..., Any], args: tuple) -> list[tuple[str, int]]:
-    """`(path, depth)` of every run of a stack whose `checkpoint` field is in
-    `args` and that `fn` differentiates, in the order `fn` runs them (`path`:
-    the field's, as [`eqx_remat.set_checkpoint`][] takes it, from inside the
-    argument that holds the stacks where one does: `part_paths`): `fn` is
-    traced once (`jax.eval_shape`), each `checkpoint` field set to a probe,
-    the copies of the model's fields in an optimiser state to their
-    field's."""
-    seen: list[tuple[str, int]] = []
-    # A copy of the model (in Adam's state) gets its field's probe, and so
-    # the same static metadata as the model.
-    copied = copies(args)
-    probes = {
-        p: _Probe(seen, path=p) for p in checkpoint_paths(args) if p not in copied
-    }
-    f, dynamic = traceable(fn, set_checkpoint(args, probes))
-    with stacking_lists():
-        jax.eval_shape(f, dynamic)
-    spelling = part_paths(args, [p for p, _ in seen])
-    return [(spelling[p], depth) for p, depth in seen]
-
-
-# --- the options ----------------------------------------------------------------
+from .._schedules._checkpoint import Checkpoint
 
 
 class Option(NamedTuple):
@@ -94,40 +30,6 @@ class Option(NamedTuple):
 
 Real = float | int
 T = TypeVar("T")
-
-
-class Price(NamedTuple):
-    """What tracing a function under one checkpoint told (the whole program's,
-    all chips together): the bytes it keeps across its stacks on the device
-    and on the host, its FLOPs (loop trip counts and recomputation included),
-    the bytes it moves through device memory (`bytes_moved`) and the
-    `checkpoint_name` tags in its program."""
-
-    device: int
-    host: int
-    flops: int
-    moved: int
-    tags: tuple[str, ...] = ()
-
-
-def price(
-    fn: Callable[..., Any], args: tuple, checkpoint: Planned, depths: frozenset[int]
-) -> Price:
-    """`fn(*args)`'s `Price` under `checkpoint`: traced, not compiled."""
-    checkpointed = set_checkpoint(args, checkpoint)
-    f, dynamic = traceable(fn, checkpointed)
-    with stacking_lists():  # a list of layers as a stack: see `stacking_lists`
-        jaxpr = jax.make_jaxpr(f)(dynamic).jaxpr
-        flops = count_flops(fn, *checkpointed)
-    device, host = saved_across(jaxpr, depths)
-    # A schedule's segments save their layers' residuals (as its inner policy
-    # says) in loops shorter than the stack: counted too, once per trip.
-    written = saved_across(jaxpr, None, per_trip=True)[0]
-    moved = bytes_moved(flops, written)
-    return Price(device, host, int(flops), moved, tuple(checkpoint_names(jaxpr)))
-
-
-# --- the hull and the mix -------------------------------------------------------
 
 
 def lower_hull(options: Sequence[Option]) -> list[Option]:

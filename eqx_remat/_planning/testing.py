@@ -11,6 +11,7 @@ public API: a name here changes with the planner.
 """
 
 from .._inspect._compiled import Compiled as Compiled
+from .._roofline import price as price, stacks_of as stacks_of
 from ._api import plan_on as plan_on
 from ._bench import (
     Bench as Bench,
@@ -42,7 +43,5 @@ from ._solve import (
     linear as linear,
     lower_hull as lower_hull,
     pareto as pareto,
-    price as price,
-    stacks_of as stacks_of,
 )
 from ._thresholds import MIX_TRIES as MIX_TRIES, RULED_OUT as RULED_OUT
