@@ -45,6 +45,14 @@ step is the roofline's time plus the collectives') and *overlapped* (the larger
 of the two: XLA schedules collectives asynchronously on TPU, beside the
 compute).
 
+MaxText's tiering page adds Llama runs: Llama 2 70B (43.8%), Llama 3.1 8B
+(45.46%) and Llama 3.1 70B (50.33%) on v6e-256, and Llama 2 70B on 512 v5p chips
+(65.4%), each rebuilt with `zoo.Transformer` (SwiGLU, 8 KV heads, untied head)
+and compiled with its linked settings: FSDP over every chip, its batch, and its
+remat policy (`full`: `"nothing"`; `custom` offloading the layer input and q, k,
+v (and out) projections: `offload_names(...)`; `save_dot_except_mlpwi`:
+`save_names(mlp_out, out_proj, qkv_proj)`).
+
     python benchmarks/maxtext_mfu.py                  # every run, 1 to 32 slices
     python benchmarks/maxtext_mfu.py --preset 16b 32b # one slice each
     python benchmarks/maxtext_mfu.py --preset 16b-2x  # 16b on 2 slices
@@ -91,6 +99,14 @@ SOURCE = (
 )
 
 
+class Dims(NamedTuple):
+    emb: int
+    heads: int
+    mlp: int
+    layers: int
+    head_dim: int
+
+
 class Config(NamedTuple):
     """One MaxText run: its `global_parameter_scale` over `base.yml`'s dims, its
     batch and remat policy, and what it measured (`None`: nothing published)."""
@@ -114,19 +130,16 @@ class Config(NamedTuple):
     # `calculate_training_tflops`, the v5e table), or half (76bd53b0's on, the
     # v5p table).
     causal_half: bool = False
+    # A Llama (MaxText's `llama2` decoder block: SwiGLU, grouped-query
+    # attention with `kv_heads`, an untied head) of these dims; else MaxText's
+    # default decoder of `scale` (`None`).
+    llama: Dims | None = None
+    kv_heads: int | None = None
 
     @property
     def target(self) -> str:
         """What it is compiled for: `topology`, on `slices` slices."""
         return self.topology if self.slices == 1 else f"{self.slices}x{self.topology}"
-
-
-class Dims(NamedTuple):
-    emb: int
-    heads: int
-    mlp: int
-    layers: int
-    head_dim: int
 
 
 CONFIGS = {
@@ -175,7 +188,6 @@ V5P_SOURCE = (
     "AI-Hypercomputer/maxtext 76bd53b0 (2023-12-15), MaxText/configs/v5p/"
     "README.md and v5p/*.sh + base.yml"
 )
-SOURCES = f"{SOURCE}; TPU v5p: {V5P_SOURCE}"
 _V5P_TOPOLOGY = {
     128: "v5p:4x4x4",
     256: "v5p:4x4x8",
@@ -212,6 +224,56 @@ CONFIGS |= {
     for n, (scale, batch, policy, tensor, runs) in V5P.items()
     for k, cores, mfu, t in runs
 }
+# MaxText's tiering page (docs/reference/models/tiering.md of
+# AI-Hypercomputer/maxtext e591f30, 2026-08): its Llama runs on v6e-256 and
+# v5p (MFU, tokens/s a chip), each with the settings of the commit the page
+# links (92e59fdf, 2025-09-26: benchmarks/maxtext_trillium_model_configs.py
+# and maxtext_v5p_model_configs.py; models from src/MaxText/configs/models):
+# per-device batch, FSDP over every chip, the remat policy. Their MFU counts
+# causal attention in full, as the v5e table does: 6 x (parameters less the
+# input embedding) x tokens + full attention gives their MFU from their
+# tokens/s to 0.2% (e.g. Llama 3.1 8B: 45.45% against 45.46%).
+TIERING_SOURCE = (
+    "AI-Hypercomputer/maxtext e591f30, docs/reference/models/tiering.md, with "
+    "the settings of 92e59fdf (2025-09-26) benchmarks/maxtext_trillium_model_"
+    "configs.py and maxtext_v5p_model_configs.py"
+)
+SOURCES = f"{SOURCE}; TPU v5p: {V5P_SOURCE}; Llama on TPU v6e and v5p: {TIERING_SOURCE}"
+_LLAMA2_70B = Dims(8192, 64, 28672, 80, 128)
+_LLAMA31_8B = Dims(4096, 32, 14336, 32, 128)
+# MaxText's `custom` remat: decoder_layer_input, query/key/value_proj (and
+# out_proj for 8B) offloaded, the rest recomputed; `save_dot_except_mlpwi`:
+# save_only_these_names(query/key/value/qkv_proj, out_proj, mlpwo).
+_OFFLOAD_QKV = "offload_names(layer_input, qkv_proj, dst=pinned_host)"
+_OFFLOAD_QKV_OUT = "offload_names(layer_input, out_proj, qkv_proj, dst=pinned_host)"
+_LLAMA = {
+    # name: (dims, vocab, seq, batch, MFU, remat policy, ours, topology)
+    "llama2-70b-v6e": (_LLAMA2_70B, 32000, 4096, 4, 0.438, "full", "nothing",
+                       "v6e:16x16"),
+    "llama3.1-8b-v6e": (_LLAMA31_8B, 128256, 8192, 4, 0.4546, "custom",
+                        _OFFLOAD_QKV_OUT, "v6e:16x16"),
+    "llama3.1-70b-v6e": (_LLAMA2_70B, 128256, 8192, 5, 0.5033, "custom",
+                         _OFFLOAD_QKV, "v6e:16x16"),
+    "llama2-70b-v5p": (_LLAMA2_70B, 32000, 4096, 4, 0.654, "save_dot_except_mlpwi",
+                       "save_names(mlp_out, out_proj, qkv_proj)", "v5p:8x8x8"),
+}  # fmt: skip
+CONFIGS |= {
+    name: Config(
+        1,
+        batch,
+        mfu,
+        None,
+        remat_policy=policy,
+        checkpoint=ours,
+        topology=topology,
+        seq=seq,
+        vocab=vocab,
+        head_dim=d.head_dim,
+        llama=d,
+        kv_heads=8,
+    )
+    for name, (d, vocab, seq, batch, mfu, policy, ours, topology) in _LLAMA.items()
+}
 QUICK = {
     "tiny": Config(
         1, 1, None, None, topology="v5e:2x2", seq=256, vocab=512,
@@ -221,8 +283,10 @@ QUICK = {
 
 
 def dims(c: Config) -> Dims:
-    """MaxText's `get_individual_scales`: the scale's log2 rotates between
-    doubling the heads and MLP, the embedding and the layers."""
+    """A Llama's own; else MaxText's `get_individual_scales`: the scale's log2
+    rotates between doubling the heads and MLP, the embedding and the layers."""
+    if c.llama is not None:
+        return c.llama
     log2 = int(math.log2(c.scale))
     if 2**log2 != c.scale:
         raise ValueError(f"expected a power of 2 for the scale. Got {c.scale}.")
@@ -232,11 +296,17 @@ def dims(c: Config) -> Dims:
     return Dims(e << emb, h << heads_mlp, m << heads_mlp, n << base, c.head_dim)
 
 
-def maxtext_params(d: Dims, vocab: int) -> int:
+def maxtext_params(c: Config) -> int:
     """The parameters of MaxText's model of that commit: tied embedding, per
     layer q, k, v, out (`emb x heads x head_dim`), ReLU MLP `wi`, `wo`, and
     the norms (pre-attention, query, key; final), relative position biases (32
-    buckets per head)."""
+    buckets per head); a Llama's: embedding and head, per layer q, out, k and
+    v of `kv_heads`, SwiGLU's three matrices, two norms; the final norm."""
+    d, vocab = dims(c), c.vocab
+    if c.llama is not None:
+        attention = d.emb * d.head_dim * (2 * d.heads + 2 * (c.kv_heads or d.heads))
+        layer = attention + 3 * d.emb * d.mlp + 2 * d.emb
+        return 2 * vocab * d.emb + d.layers * layer + d.emb
     width = d.heads * d.head_dim
     layer = 4 * d.emb * width + 2 * d.emb * d.mlp + d.emb + 2 * d.head_dim
     return vocab * d.emb + d.layers * (layer + 32 * d.heads) + d.emb
@@ -311,6 +381,13 @@ def make(c: Config, checkpoint: er.Checkpoint) -> zoo.Transformer:
         checkpoint=checkpoint,
         key=jax.random.key(0),
     )
+    if c.llama is not None:
+        build = functools.partial(
+            build,
+            mlp="swiglu",
+            num_kv_heads=c.kv_heads,
+            tie_embeddings=False,
+        )
     return eqx.filter_eval_shape(build)
 
 
@@ -320,6 +397,7 @@ def describe(c: Config) -> str:
         f"d_model {d.emb}, {d.heads} heads of {d.head_dim}, MLP {d.mlp}, "
         f"{d.layers} layers, vocab {c.vocab}, seq {c.seq}, batch "
         f"{c.per_device_batch}/chip, bf16, flash, "
+        + ("" if c.llama is None else f"Llama ({c.kv_heads} KV heads, SwiGLU), ")
         + (f"FSDP {chips // c.tensor} x tensor {c.tensor}" if c.tensor > 1 else "FSDP")
     )
 
@@ -359,7 +437,10 @@ def measure(name: str, c: Config, spec: str) -> Row:
     params = sum(x.size for x in leaves)
     hw = hardware(c.topology)[0]
     peak = hw.peak_flops
-    flops = model_flops(params, dims(c), c.per_device_batch, c.seq, c.causal_half)
+    # The input embedding is a lookup, not a product: an untied one not counted.
+    counted_params = params - (0 if c.llama is None else c.vocab * dims(c).emb)
+    d, batch = dims(c), c.per_device_batch
+    flops = model_flops(counted_params, d, batch, c.seq, c.causal_half)
     counted = None if compiled["flops"] is None else compiled["flops"] / mesh.size
     mfu = flops / (roofline * peak)
     sent, network = compiled["collective_bytes"], compiled.get("network_bytes")
@@ -373,7 +454,7 @@ def measure(name: str, c: Config, spec: str) -> Row:
         target=c.target,
         chips=mesh.size,
         params=params,
-        maxtext_params=maxtext_params(dims(c), c.vocab),
+        maxtext_params=maxtext_params(c),
         model_flops_per_chip=flops,
         counted_flops_per_chip=counted,
         roofline_s=roofline,

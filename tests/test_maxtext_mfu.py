@@ -15,15 +15,15 @@ from benchmarks import maxtext_mfu as mm
 
 # MaxText's "16B" ... "128B": the names are the parameter counts, in billions
 # (then, on several slices, "-2x" ... "-32x").
-V5E = [n for n in mm.CONFIGS if not n.startswith("v5p")]
+V5E = [n for n in mm.CONFIGS if not n.startswith(("v5p", "llama"))]
 V5P = [n for n in mm.CONFIGS if n.startswith("v5p")]
+LLAMA = [n for n in mm.CONFIGS if n.startswith("llama")]
 
 
 @pytest.mark.parametrize("name", V5E)
 def test_configs_are_maxtexts_models(name):
     c = mm.CONFIGS[name]
-    d = mm.dims(c)
-    billions = mm.maxtext_params(d, c.vocab) / 1e9
+    billions = mm.maxtext_params(c) / 1e9
     size, _, slices = name.partition("-")
     assert abs(billions / int(size[:-1]) - 1) < 0.03, (name, billions)
     assert c.slices == (int(slices[:-1]) if slices else 1)
@@ -57,7 +57,7 @@ def test_v5p_configs_are_maxtexts_v5p_runs(name):
     causal attention counted half in the published MFU."""
     c = mm.CONFIGS[name]
     _, size, cores, *slices = name.split("-")
-    billions = mm.maxtext_params(mm.dims(c), c.vocab) / 1e9
+    billions = mm.maxtext_params(c) / 1e9
     assert abs(billions / int(size[:-1]) - 1) < 0.03, (name, billions)
     assert c.slices == (int(slices[0][:-1]) if slices else 1)
     assert er.internal.slice_count(c.target) == c.slices
@@ -72,6 +72,36 @@ def test_v5p_configs_are_maxtexts_v5p_runs(name):
     # The published TFLOP/s per chip is the MFU of a v5p chip's 459 TFLOP/s.
     assert abs(c.published_tflops / 459 - c.published_mfu) < 0.005
     er.parse_checkpoint(c.checkpoint, mm.dims(c).layers)
+
+
+@pytest.mark.parametrize("name", LLAMA)
+def test_llama_configs_are_maxtexts_tiering_runs(name):
+    """ "llama3.1-70b-v6e": MaxText's Llama 3.1 70B on v6e-256, as its tiering
+    page links it: Meta's dims, 8 KV heads, FSDP over every chip, its batch
+    and remat policy, causal attention counted in full."""
+    c = mm.CONFIGS[name]
+    size, generation = name.split("-")[1], name.split("-")[2]
+    billions = mm.maxtext_params(c) / 1e9
+    assert abs(billions / int(size[:-1]) - 1) < 0.05, (name, billions)
+    assert c.topology.startswith(f"{generation}:") and c.slices == c.tensor == 1
+    chips = math.prod(er.internal.slice_shape(c.topology))
+    assert chips == {"v6e": 256, "v5p": 512}[generation]
+    assert c.kv_heads == 8 and not c.causal_half and c.llama == mm.dims(c)
+    assert c.vocab == (128256 if name.startswith("llama3") else 32000)
+    assert c.seq == (8192 if name.startswith("llama3") else 4096)
+    if c.remat_policy == "custom":  # the layer input and projections offloaded
+        assert c.checkpoint.startswith("offload_names(layer_input,")
+    er.parse_checkpoint(c.checkpoint, mm.dims(c).layers)
+
+
+def test_llama_flops_leave_out_the_input_embedding():
+    """MaxText's count: the untied input embedding is a lookup, no FLOPs; the
+    head is a product. Its published MFU follows from its tokens/s so."""
+    c = mm.CONFIGS["llama3.1-8b-v6e"]
+    params = mm.maxtext_params(c) - c.vocab * c.llama.emb
+    flops = mm.model_flops(params, c.llama, 1, c.seq) / c.seq  # per token
+    mfu = flops * 7207 / 918e12  # the page's tokens/s a chip, a v6e's peak
+    assert abs(mfu - c.published_mfu) < 0.002
 
 
 def test_dims_follow_get_individual_scales():
