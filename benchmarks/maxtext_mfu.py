@@ -312,6 +312,13 @@ def maxtext_params(c: Config) -> int:
     return vocab * d.emb + d.layers * (layer + 32 * d.heads) + d.emb
 
 
+def counted_params(c: Config, params: int) -> int:
+    """Of a model's `params`, those the published FLOPs count: every one but
+    an untied input embedding (a lookup, not a product; a tied one is the
+    output head's product too)."""
+    return params - (0 if c.llama is None else c.vocab * dims(c).emb)
+
+
 def model_flops(
     params: int, d: Dims, batch: int, seq: int, causal_half: bool = False
 ) -> float:
@@ -437,10 +444,8 @@ def measure(name: str, c: Config, spec: str) -> Row:
     params = sum(x.size for x in leaves)
     hw = hardware(c.topology)[0]
     peak = hw.peak_flops
-    # The input embedding is a lookup, not a product: an untied one not counted.
-    counted_params = params - (0 if c.llama is None else c.vocab * dims(c).emb)
-    d, batch = dims(c), c.per_device_batch
-    flops = model_flops(counted_params, d, batch, c.seq, c.causal_half)
+    batch = c.per_device_batch
+    flops = model_flops(counted_params(c, params), dims(c), batch, c.seq, c.causal_half)
     counted = None if compiled["flops"] is None else compiled["flops"] / mesh.size
     mfu = flops / (roofline * peak)
     sent, network = compiled["collective_bytes"], compiled.get("network_bytes")

@@ -12,7 +12,7 @@ import jax
 
 from ._combinators import stacking_lists
 from ._inspect._flops import count_flops
-from ._inspect._hardware import bytes_moved, roofline_time
+from ._inspect._hardware import Hardware, bytes_moved, roofline_time
 from ._inspect._jaxpr import checkpoint_names, saved_across
 from ._inspect._memory import ReplicatedArgumentsWarning
 from ._inspect._targets import Target, share_per_chip
@@ -85,6 +85,11 @@ class Price(NamedTuple):
     moved: int
     tags: tuple[str, ...] = ()
 
+    def seconds(self, hw: Hardware, share: float = 1.0) -> float:
+        """The roofline's seconds on one chip of `hw` holding `share` of it."""
+        s = share
+        return roofline_time(hw, s * self.flops, s * self.moved, s * self.host)
+
 
 def price(
     fn: Callable[..., Any], args: tuple, checkpoint: Planned, depths: frozenset[int]
@@ -143,8 +148,5 @@ def roofline_seconds(
         depths = frozenset(d for _, d in runs)
         prices = [price(fn, args, p, depths) for _, p in parts]
     hw, s = on.hardware()[0], share_per_chip(args, on.chips)
-    seconds = (
-        n * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
-        for (n, _), p in zip(parts, prices)
-    )
+    seconds = (n * p.seconds(hw, s) for (n, _), p in zip(parts, prices))
     return sum(seconds) / sum(n for n, _ in parts)

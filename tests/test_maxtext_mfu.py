@@ -98,7 +98,9 @@ def test_llama_flops_leave_out_the_input_embedding():
     """MaxText's count: the untied input embedding is a lookup, no FLOPs; the
     head is a product. Its published MFU follows from its tokens/s so."""
     c = mm.CONFIGS["llama3.1-8b-v6e"]
-    params = mm.maxtext_params(c) - c.vocab * c.llama.emb
+    params = mm.counted_params(c, mm.maxtext_params(c))
+    assert params == mm.maxtext_params(c) - c.vocab * c.llama.emb
+    assert mm.counted_params(mm.CONFIGS["16b"], 100) == 100  # tied: the head
     flops = mm.model_flops(params, c.llama, 1, c.seq) / c.seq  # per token
     mfu = flops * 7207 / 918e12  # the page's tokens/s a chip, a v6e's peak
     assert abs(mfu - c.published_mfu) < 0.002

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._inspect._clock import Timing
 from .._inspect._compiled import Compiled
-from .._inspect._hardware import Hardware, collective_time, roofline_time
+from .._inspect._hardware import Hardware, collective_time
 from .._inspect._memory import MemoryReport
 from .._schedules._checkpoint import Checkpoint, PerStack, Planned
 from .._schedules._engine import Schedule
@@ -239,9 +239,8 @@ class CostModel:
         if isinstance(c, ranges) and c not in self.evidence.priced:
             depth = sum(n for n, _ in c.parts)
             return sum(n * self._compute(part) for n, part in c.parts) / depth
-        p, s = self.evidence.priced[c], self.share
-        hw = self.hardware
-        return self.scale() * roofline_time(hw, s * p.flops, s * p.moved, s * p.host)
+        price = self.evidence.priced[c]
+        return self.scale() * price.seconds(self.hardware, self.share)
 
     def sent(self, c: Planned, flops: float | int | None = None) -> float:
         """Ahead of time (`collectives`), the seconds one chip takes to send

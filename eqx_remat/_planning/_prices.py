@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._inspect._flops import count_flops
-from .._inspect._hardware import Hardware, roofline_time
+from .._inspect._hardware import Hardware
 from .._policies._values import offload_names, save_names
 from .._roofline import Price, check_stacks, price
 from .._schedules._binomial import binomial
@@ -256,7 +256,7 @@ def _option(
         s * p.device / per,
         s * p.host / per,
         (p.flops - flops_none) / per,
-        roofline_time(hw, s * p.flops, s * p.moved, s * p.host) / per,
+        p.seconds(hw, s) / per,
         p.flops,
     )
 
